@@ -1,0 +1,111 @@
+"""pyflow's exception types: one place, below every layer.
+
+Every layer (``pyflow.kernels`` included) raises these, so a user can catch
+``PyflowError`` for anything pyflow itself diagnosed.  Each class also derives
+from the built-in exception a Python user would expect (``ValueError`` for bad
+input, ``RuntimeError`` for failures while running, ``MemoryError`` for OOM), so
+``except ValueError`` keeps working.
+
+This module imports nothing from pyflow: it is safe to import from anywhere.
+"""
+
+from __future__ import annotations
+
+
+class PyflowError(Exception):
+    """Base class of every error pyflow raises on purpose."""
+
+
+# --- backend -----------------------------------------------------------------
+
+
+class BackendError(PyflowError, RuntimeError):
+    """The GPU/simulator choice cannot be honoured (e.g. PYFLOW_CUDA=gpu, no driver)."""
+
+
+# --- devices and streams (seed 000) ------------------------------------------
+
+
+class DeviceError(PyflowError, ValueError):
+    """A device string, type or index is invalid, or the device does not exist."""
+
+
+class StreamTypeError(PyflowError, ValueError):
+    """An unknown stream type, or a stream type a device does not support."""
+
+
+class StreamExecutionError(PyflowError, RuntimeError):
+    """Work queued on a stream failed; raised at the next synchronisation point."""
+
+
+# --- memory ------------------------------------------------------------------
+
+
+class AllocationError(PyflowError, ValueError):
+    """An allocation request the allocator cannot interpret (negative or non-integer size)."""
+
+
+class InvalidFreeError(PyflowError, ValueError):
+    """Freeing a pointer the allocator never handed out (or already took back)."""
+
+
+class DoubleFreeError(InvalidFreeError):
+    """Freeing a pointer that is already free."""
+
+
+class OutOfMemoryError(PyflowError, MemoryError):
+    """An allocation cannot be satisfied even after emptying the cache.
+
+    Attributes: ``request`` (bytes asked for), ``device`` (a string such as
+    ``"cuda:0"``) and ``stats`` (the allocator's statistics when it failed).
+    """
+
+    def __init__(self, message: str, *, request: int = 0, device: str = "", stats=None):
+        super().__init__(message)
+        self.request = request
+        self.device = device
+        self.stats = stats
+
+
+# --- kernel launches (the simulator and the GPU wrapper) ---------------------
+
+
+class LaunchConfigError(PyflowError, ValueError):
+    """A kernel launch configuration real CUDA would reject (0 blocks, >1024 threads...)."""
+
+
+class CooperativeLaunchTooLargeError(LaunchConfigError):
+    """A grid that uses grid sync has more blocks than can be co-resident."""
+
+
+class KernelError(PyflowError, RuntimeError):
+    """An exception raised by one CUDA thread of a simulated kernel.
+
+    ``thread_idx`` and ``block_idx`` say which thread; ``__cause__`` is the
+    original exception with its traceback into the kernel source.
+    """
+
+    def __init__(self, message: str, *, kernel: str = "", thread_idx=None, block_idx=None):
+        super().__init__(message)
+        self.kernel = kernel
+        self.thread_idx = thread_idx
+        self.block_idx = block_idx
+
+
+class DeadlockError(PyflowError, RuntimeError):
+    """Simulated threads wait at barriers that can never complete."""
+
+
+class DivergentBarrierError(DeadlockError):
+    """Threads of one block wait at different ``syncthreads`` call sites."""
+
+
+class GridSyncExitError(DeadlockError):
+    """A thread exited while others wait (or will wait) at a grid barrier.
+
+    On a GPU this hangs: a grid barrier needs every thread of the grid.
+    """
+
+
+class KernelHangError(DeadlockError):
+    """A simulated kernel made no progress for the configured timeout."""
