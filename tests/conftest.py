@@ -33,5 +33,5 @@ def pytest_collection_modifyitems(config, items):
         return
     no_gpu = pytest.mark.skip(reason="needs a real GPU (PYFLOW_CUDA=gpu)")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(no_gpu)

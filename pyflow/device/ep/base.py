@@ -1,0 +1,248 @@
+"""Seed 000: the ep ("execution provider") interface -- OneFlow's ``ep::Device``,
+``ep::Stream`` and ``ep::Event`` -- plus ``RawBuffer``, what ``ep::Device::Alloc``
+hands back.
+
+Providers implement these: ``cpu.py`` (numpy, work runs inline), ``cuda.py``
+(numba.cuda on a real GPU), ``emulated.py`` (asynchronous streams as worker
+threads: CUDA in the simulator, and ``mock`` devices). ``pyflow.device.ep``
+(the registry) picks one per device.
+
+Error contract shared by every provider:
+- ``alloc`` raises ``MemoryError`` when the device is out of memory (the caching
+  allocator catches it, shrinks its cache and retries);
+- an exception raised by work queued on a stream never escapes ``launch``: it is
+  kept (with the task's and the stream's names) and raised as
+  ``StreamExecutionError`` by the next ``sync()`` of that stream, which clears it;
+- bad arguments (wrong shapes, a view past the end of a buffer) raise at once.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import itertools
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from pyflow.device.device import Device as DeviceSymbol
+from pyflow.device.device import DeviceType
+
+__all__ = ["RawBuffer", "Device", "Stream", "Event", "view_extent", "numpy_view"]
+
+
+@dataclasses.dataclass(eq=False)
+class RawBuffer:
+    """One raw device allocation (what OneFlow's ``Alloc`` writes into ``void** ptr``).
+
+    ``ptr`` is the base address, ``nbytes`` the usable size, ``handle`` the object
+    keeping the memory alive (a numpy uint8 array, or numba's device pointer), and
+    ``device`` the pyflow ``Device`` it lives on. Compared by identity.
+    """
+
+    ptr: int
+    nbytes: int
+    handle: Any
+    device: DeviceSymbol
+
+
+class Event(abc.ABC):
+    """A marker in a stream's work (OneFlow ``ep::Event``; CUDA event semantics).
+
+    An event that was never recorded counts as done; recording it again makes it
+    stand for the newer point (``query_done`` / ``sync`` look at the latest record).
+    """
+
+    @abc.abstractmethod
+    def query_done(self) -> bool:
+        """True when all work queued before the latest ``record_event`` has finished."""
+
+    @abc.abstractmethod
+    def sync(self) -> None:
+        """Block the calling thread until ``query_done()`` is true."""
+
+
+class Stream(abc.ABC):
+    """An in-order queue of work on one device (OneFlow ``ep::Stream``).
+
+    Work launched on one stream runs in launch order; work on different streams
+    may run in any order unless ordered with ``record_event`` / ``wait_event``.
+    """
+
+    device: "Device"
+    name: str
+
+    @property
+    def native(self) -> Any:
+        """The numba stream to pass to kernel launches on a GPU; 0 elsewhere."""
+        return 0
+
+    @abc.abstractmethod
+    def launch(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:
+        """Enqueue ``fn(*args)`` after the work already queued; may return before it ran.
+
+        ``name`` (default ``fn.__name__``) identifies the task in error messages.
+        """
+
+    @abc.abstractmethod
+    def memcpy_h2d(self, dst_dev: Any, src_host: np.ndarray) -> None:
+        """Stream-ordered copy of a host array into a device array of the same shape/dtype."""
+
+    @abc.abstractmethod
+    def memcpy_d2h(self, dst_host: np.ndarray, src_dev: Any) -> None:
+        """Stream-ordered copy of a device array into a host array of the same shape/dtype."""
+
+    @abc.abstractmethod
+    def memcpy_d2d(self, dst: Any, src: Any) -> None:
+        """Stream-ordered copy between two device arrays of the same shape/dtype."""
+
+    @abc.abstractmethod
+    def record_event(self, event: Event) -> None:
+        """Make ``event`` stand for "everything queued on this stream so far"."""
+
+    @abc.abstractmethod
+    def wait_event(self, event: Event) -> None:
+        """Later work on this stream waits until ``event``'s recorded work is done.
+
+        The host does not block. Waiting on a never-recorded event waits for nothing;
+        the record that counts is the latest one *at the time of this call*.
+        """
+
+    @abc.abstractmethod
+    def sync(self) -> None:
+        """Block the host until everything queued so far is done.
+
+        Raises ``StreamExecutionError`` (``from`` the original exception) if a task
+        failed since the last ``sync``; the error is then cleared.
+        """
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.device.device}/{self.name}>"
+
+
+class Device(abc.ABC):
+    """One physical (or emulated) device (OneFlow ``ep::Device``).
+
+    Keeps track of the streams it created so ``close()`` can destroy them.
+    """
+
+    def __init__(self, device: DeviceSymbol) -> None:
+        self.device = device
+        self._streams: list[Stream] = []
+        self._stream_serial = itertools.count()
+
+    def _name_and_serial(self, name: str | None) -> tuple[str, int]:
+        """(``name`` or ``stream<n>``, n) where n counts this device's streams from 0."""
+        serial = next(self._stream_serial)
+        return (name if name is not None else f"stream{serial}"), serial
+
+    @property
+    def device_type(self) -> DeviceType:
+        """The device's type (OneFlow ``device_type()``)."""
+        return self.device.device_type
+
+    @property
+    def device_index(self) -> int:
+        """The device's index (OneFlow ``device_index()``)."""
+        return self.device.index
+
+    @abc.abstractmethod
+    def create_stream(self, name: str | None = None) -> Stream:
+        """A new stream on this device; ``name`` defaults to ``stream<n>``."""
+
+    @abc.abstractmethod
+    def destroy_stream(self, stream: Stream) -> None:
+        """Finish the stream's queued work and release it; raises its pending error."""
+
+    @abc.abstractmethod
+    def create_event(self) -> Event:
+        """A new, never-recorded (hence done) event."""
+
+    def destroy_event(self, event: Event) -> None:
+        """Release an event (nothing to do for most providers)."""
+
+    @abc.abstractmethod
+    def alloc(self, nbytes: int) -> RawBuffer:
+        """Allocate ``nbytes`` of device memory; ``MemoryError`` when out of memory."""
+
+    @abc.abstractmethod
+    def free(self, raw: RawBuffer) -> None:
+        """Give back a buffer from ``alloc``; ``InvalidFreeError`` for one it never gave."""
+
+    @abc.abstractmethod
+    def alloc_pinned(self, nbytes: int) -> np.ndarray:
+        """Allocate ``nbytes`` of page-locked host memory, as a numpy uint8 array."""
+
+    def free_pinned(self, arr: np.ndarray) -> None:
+        """Give back a buffer from ``alloc_pinned`` (freed when unreferenced)."""
+
+    def set_as_active(self) -> None:
+        """Make this the calling thread's current device (cudaSetDevice); no-op by default."""
+
+    @abc.abstractmethod
+    def as_array(
+        self,
+        raw: RawBuffer,
+        offset: int,
+        shape: Sequence[int],
+        dtype: Any,
+        strides: Sequence[int] | None = None,
+    ) -> Any:
+        """An array over bytes ``[offset, offset + extent)`` of ``raw``, of the kind this
+        device's kernels take (numpy on CPU and mock, ``FakeCUDAArray`` in the CUDA
+        simulator, ``DeviceNDArray`` on a GPU). Writes through it change ``raw``.
+        ``ValueError`` if the view would reach outside ``raw``.
+        """
+
+    def close(self) -> None:
+        """Destroy every stream this device created; raise the first pending error."""
+        first: BaseException | None = None
+        for stream in list(self._streams):
+            try:
+                self.destroy_stream(stream)
+            except Exception as error:  # keep closing the others
+                first = first or error
+        if first is not None:
+            raise first
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.device}>"
+
+
+def view_extent(offset: int, shape: Sequence[int], dtype: Any, strides: Sequence[int] | None) -> tuple:
+    """Validate a view request; return (shape, dtype, strides, nbytes spanned).
+
+    C-contiguous strides when ``strides`` is None. Negative strides and offsets are
+    rejected (a view is described from its lowest byte).
+    """
+    dtype = np.dtype(dtype)
+    shape = tuple(int(n) for n in shape)
+    if any(n < 0 for n in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
+    if strides is None:
+        strides, step = [], dtype.itemsize
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= max(n, 1)
+    strides = tuple(int(s) for s in strides)
+    if len(strides) != len(shape):
+        raise ValueError(f"strides {strides} do not match shape {shape}")
+    if any(s < 0 for s in strides) or int(offset) < 0:
+        raise ValueError(f"negative offset or strides (offset={offset}, strides={strides})")
+    if 0 in shape:
+        return shape, dtype, strides, 0
+    extent = sum((n - 1) * s for n, s in zip(shape, strides)) + dtype.itemsize
+    return shape, dtype, strides, extent
+
+
+def numpy_view(
+    raw: RawBuffer, buffer: np.ndarray, offset: int, shape: Sequence[int], dtype: Any, strides: Sequence[int] | None
+) -> np.ndarray:
+    """A numpy array over ``buffer`` (a uint8 array of ``raw.nbytes``) at ``offset``."""
+    shape, dtype, strides, extent = view_extent(offset, shape, dtype, strides)
+    if offset + extent > raw.nbytes:
+        raise ValueError(
+            f"view of {extent} bytes at offset {offset} ({shape}, {dtype}) reaches past the end of a "
+            f"{raw.nbytes}-byte buffer on {raw.device}"
+        )
+    return np.ndarray(shape, dtype, buffer=buffer, offset=int(offset), strides=strides)

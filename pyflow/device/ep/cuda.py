@@ -1,0 +1,222 @@
+"""Seed 000: the CUDA execution provider on a real GPU (OneFlow ``ep::CudaDevice`` /
+``ep::CudaStream`` / ``ep::CudaEvent``), over numba.cuda.
+
+Used only when ``pyflow.kernels.backend.is_gpu()``; under the simulator the
+registry uses ``emulated.py`` instead. Every numba call runs inside
+``with cuda.gpus[index]:`` so the device's primary context is current on whatever
+thread calls (the VM calls from its worker threads).
+
+``launch`` runs ``fn`` right away on the caller's thread: ``fn`` launches kernels
+with ``stream.native``, and those run asynchronously on the GPU. An exception from
+``fn`` (the host side of a launch) is kept for the next ``sync()``, as on every
+provider; an asynchronous device error surfaces from ``sync()`` as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from pyflow.device.device import Device as DeviceSymbol
+from pyflow.device.ep import base
+from pyflow.device.ep.cpu import CpuEvent, TaskErrors, check_copy, task_name
+from pyflow.errors import AllocationError, DoubleFreeError, InvalidFreeError, StreamExecutionError
+from pyflow.kernels.backend import cuda
+
+__all__ = ["CudaDevice", "CudaStream", "CudaEvent", "gpu_count"]
+
+
+def gpu_count() -> int:
+    """How many GPUs numba sees (raises numba's ``CudaSupportError`` without a driver)."""
+    return len(cuda.gpus)
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    """Whether a numba ``CudaAPIError`` is CUDA_ERROR_OUT_OF_MEMORY."""
+    driver = cuda.cudadrv.driver
+    return isinstance(error, driver.CudaAPIError) and (
+        error.code == driver.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY or "OUT_OF_MEMORY" in str(error.code)
+    )
+
+
+class CudaEvent(base.Event):
+    """A ``cuda.event()`` (never recorded: done, as in CUDA)."""
+
+    def __init__(self, device: "CudaDevice") -> None:
+        self.device = device
+        with device.activated():
+            self.native = cuda.event(timing=False)
+
+    def query_done(self) -> bool:
+        """``cudaEventQuery`` == success."""
+        with self.device.activated():
+            return self.native.query()
+
+    def sync(self) -> None:
+        """``cudaEventSynchronize``."""
+        with self.device.activated():
+            self.native.synchronize()
+
+
+class CudaStream(base.Stream):
+    """A ``cuda.stream()``; kernels launched with ``native`` are queued on it."""
+
+    def __init__(self, device: "CudaDevice", name: str) -> None:
+        self.device = device
+        self.name = name
+        self.destroyed = False
+        self._errors = TaskErrors(f"{device.device}/{name}")
+        with device.activated():
+            self._native = cuda.stream()
+
+    @property
+    def native(self) -> Any:
+        """The numba stream (``kernel[grid, block, stream.native](...)``)."""
+        return self._native
+
+    def launch(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:
+        """Run ``fn(*args)`` now with the device active; its kernels run asynchronously."""
+        if self.destroyed:
+            raise StreamExecutionError(f"stream {self.device.device}/{self.name} was destroyed")
+        try:
+            with self.device.activated():
+                fn(*args)
+        except Exception as error:
+            self._errors.add(task_name(fn, name), error)
+
+    def memcpy_h2d(self, dst_dev: Any, src_host: np.ndarray) -> None:
+        """Async copy (truly asynchronous when ``src_host`` is pinned)."""
+        check_copy(dst_dev, src_host)
+        with self.device.activated():
+            dst_dev.copy_to_device(src_host, stream=self._native)
+
+    def memcpy_d2h(self, dst_host: np.ndarray, src_dev: Any) -> None:
+        """Async copy (truly asynchronous when ``dst_host`` is pinned)."""
+        check_copy(dst_host, src_dev)
+        with self.device.activated():
+            src_dev.copy_to_host(dst_host, stream=self._native)
+
+    def memcpy_d2d(self, dst: Any, src: Any) -> None:
+        """Async device-to-device copy."""
+        check_copy(dst, src)
+        with self.device.activated():
+            dst.copy_to_device(src, stream=self._native)
+
+    def record_event(self, event: base.Event) -> None:
+        """``cudaEventRecord(event, stream)``."""
+        if not isinstance(event, CudaEvent):
+            raise TypeError(f"record_event on {self!r} needs a CudaEvent, got {type(event).__name__}")
+        with self.device.activated():
+            event.native.record(self._native)
+
+    def wait_event(self, event: base.Event) -> None:
+        """``cudaStreamWaitEvent`` (a foreign, non-CPU event is waited for on the host)."""
+        if isinstance(event, CudaEvent):
+            with self.device.activated():
+                event.native.wait(self._native)
+        elif not isinstance(event, CpuEvent):
+            event.sync()
+
+    def sync(self) -> None:
+        """``cudaStreamSynchronize``; raise a kept launch error or a device error."""
+        try:
+            with self.device.activated():
+                self._native.synchronize()
+        except cuda.cudadrv.driver.CudaAPIError as error:
+            raise StreamExecutionError(f"stream {self.device.device}/{self.name} failed on the GPU: {error}") from error
+        self._errors.raise_pending()
+
+
+class CudaDevice(base.Device):
+    """One GPU: numba streams and events, ``memalloc`` memory, ``DeviceNDArray`` views."""
+
+    def __init__(self, device: DeviceSymbol) -> None:
+        super().__init__(device)
+        self._gpu = cuda.gpus[device.index]
+        self._live: dict[int, base.RawBuffer] = {}
+        self._freed: "weakref.WeakSet[base.RawBuffer]" = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def activated(self) -> Iterator[None]:
+        """Make this GPU's primary context current on the calling thread for the block."""
+        with self._gpu:
+            yield
+
+    def set_as_active(self) -> None:
+        """``cudaSetDevice``: this GPU becomes the calling thread's current device."""
+        cuda.select_device(self.device.index)
+
+    def create_stream(self, name: str | None = None) -> CudaStream:
+        """A new non-default CUDA stream."""
+        stream = CudaStream(self, self._name_and_serial(name)[0])
+        with self._lock:
+            self._streams.append(stream)
+        return stream
+
+    def destroy_stream(self, stream: base.Stream) -> None:
+        """Synchronise the stream and drop it (numba frees it when unreferenced)."""
+        with self._lock:
+            if stream in self._streams:
+                self._streams.remove(stream)
+        if not stream.destroyed:
+            stream.destroyed = True
+            stream.sync()
+
+    def create_event(self) -> CudaEvent:
+        """A new event (timing disabled, the cheap kind)."""
+        return CudaEvent(self)
+
+    def alloc(self, nbytes: int) -> base.RawBuffer:
+        """``cudaMalloc`` through numba's context; ``MemoryError`` when the GPU is full."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
+            raise AllocationError(f"cannot allocate {nbytes!r} bytes on {self.device}: need an int >= 0")
+        try:
+            with self.activated():
+                memory = cuda.current_context().memalloc(max(int(nbytes), 1))  # cuMemAlloc(0) fails
+        except cuda.cudadrv.driver.CudaAPIError as error:
+            if _is_out_of_memory(error):
+                raise MemoryError(f"{self.device} is out of memory: cudaMalloc({nbytes}) failed: {error}") from error
+            raise
+        ptr = int(memory.device_pointer_value)
+        raw = base.RawBuffer(ptr=ptr, nbytes=int(nbytes), handle=memory, device=self.device)
+        with self._lock:
+            self._live[raw.ptr] = raw
+        return raw
+
+    def free(self, raw: base.RawBuffer) -> None:
+        """``cudaFree`` (numba defers the driver call until its pending list flushes)."""
+        with self._lock:
+            if self._live.get(getattr(raw, "ptr", None)) is not raw:
+                if isinstance(raw, base.RawBuffer) and raw in self._freed:
+                    raise DoubleFreeError(f"buffer at {raw.ptr:#x} on {self.device} was already freed")
+                raise InvalidFreeError(f"{raw!r} was not allocated by {self.device}")
+            del self._live[raw.ptr]
+            self._freed.add(raw)
+        memory, raw.handle = raw.handle, None
+        with self.activated():
+            memory.free()
+
+    def alloc_pinned(self, nbytes: int) -> np.ndarray:
+        """``cudaMallocHost`` as a numpy uint8 array (freed when unreferenced)."""
+        with self.activated():
+            return cuda.pinned_array(int(nbytes), dtype=np.uint8)
+
+    def as_array(self, raw: base.RawBuffer, offset: int, shape: Sequence[int], dtype: Any, strides=None) -> Any:
+        """A ``DeviceNDArray`` over ``raw.handle.view(offset, offset + extent)``."""
+        if raw.device is not self.device or raw.handle is None:
+            raise ValueError(f"buffer at {raw.ptr:#x} is not a live buffer of {self.device}")
+        shape, dtype, strides, extent = base.view_extent(offset, shape, dtype, strides)
+        if offset + extent > raw.nbytes:
+            raise ValueError(
+                f"view of {extent} bytes at offset {offset} ({shape}, {dtype}) reaches past the end of a "
+                f"{raw.nbytes}-byte buffer on {self.device}"
+            )
+        with self.activated():
+            return cuda.cudadrv.devicearray.DeviceNDArray(
+                shape, strides, dtype, gpu_data=raw.handle.view(int(offset), int(offset) + extent)
+            )
