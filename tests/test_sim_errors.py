@@ -7,6 +7,7 @@ the source lines, and leaves no simulated thread behind.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -188,3 +189,32 @@ def test_launch_needs_a_configuration():
 def test_too_much_dynamic_shared_memory_is_rejected():
     with pytest.raises(LaunchConfigError, match="shared memory"):
         two_phase_sum[1, 32, 0, 1 << 20]
+
+
+def _tracer(frame, event, arg):
+    return _tracer
+
+
+@jit
+def traced_wait(flag):
+    if cuda.threadIdx.x == 0:
+        # What pdb.set_trace() does to the frames of the thread it stops in.
+        sys.settrace(_tracer)
+        sys._getframe().f_trace = _tracer
+        while flag[0] == 0:
+            cuda.nanosleep(1000)
+        sys.settrace(None)
+
+
+def test_the_watchdog_does_not_fire_while_a_debugger_steps_a_thread():
+    from pyflow.kernels import sim
+
+    flag = np.zeros(1)
+    releaser = threading.Timer(1.0, lambda: flag.__setitem__(0, 1))
+    releaser.start()
+    try:
+        with sim.configure(hang_timeout=0.3):
+            traced_wait[1, 2](flag)  # would raise KernelHangError after 0.3 s otherwise
+    finally:
+        releaser.cancel()
+    assert flag[0] == 1

@@ -1,0 +1,30 @@
+"""Seed 000's device layer: what a device is, what a stream is, and how memory is cached.
+
+* ``device``    - ``DeviceType``, the interned ``Device("cuda:1")`` symbol
+* ``stream``    - ``StreamType`` and its traits, the ``Stream`` symbol, ``StreamMgr``
+* ``ep``        - execution providers (OneFlow's ep::Device / ep::Stream / ep::Event):
+                  cpu, cuda on a GPU, and emulated asynchronous cuda for the simulator
+* ``allocator`` - the caching allocator (OneFlow's BinAllocator) over an ep device
+
+Imports only ``pyflow.kernels`` and ``pyflow.errors`` below it.
+"""
+
+from pyflow.device import ep
+from pyflow.device.allocator import Allocation, AllocatorStats, CachingAllocator
+from pyflow.device.device import Device, DeviceType
+from pyflow.device.stream import (
+    Stream,
+    StreamMgr,
+    StreamType,
+    allocator_stream_type,
+    default_stream,
+    need_soft_sync,
+    on_independent_thread,
+    supports_stream_wait,
+)
+
+__all__ = [
+    "Device", "DeviceType", "Stream", "StreamType", "StreamMgr", "default_stream",
+    "need_soft_sync", "supports_stream_wait", "on_independent_thread", "allocator_stream_type",
+    "CachingAllocator", "Allocation", "AllocatorStats", "ep",
+]
