@@ -66,12 +66,26 @@ class _Abort(BaseException):
     """Unwinds a simulated thread after the launch has failed."""
 
 
-def _site(frame) -> str:
+class _Site(tuple):
+    """(file, line) of a barrier call; formatted only when a report needs it."""
+
+    def __str__(self) -> str:
+        return f"{os.path.basename(self[0])}:{self[1]}"
+
+
+def _site(frame) -> _Site:
     while frame is not None and frame.f_code.co_filename in _SIM_FILES:
         frame = frame.f_back
-    if frame is None:
-        return "?"
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return _Site(("?", 0) if frame is None else (frame.f_code.co_filename, frame.f_lineno))
+
+
+class _Barrier:
+    """The threads gathered at one barrier so far, and the line they wait at."""
+
+    def __init__(self, kind: str):
+        self.kind = kind              # "syncthreads" or "grid.sync"
+        self.waiting: list = []
+        self.site: _Site | None = None  # call site of the first arrival
 
 
 class _Block:
@@ -80,8 +94,7 @@ class _Block:
         self.dim3 = Dim3(*index)
         self.shared = shared
         self.live = threads          # threads not yet exited
-        self.waiting: list = []      # threads blocked in syncthreads
-        self.site: str | None = None  # call site of the barrier being gathered
+        self.barrier = _Barrier("syncthreads")
         self.votes = np.zeros(threads, dtype=np.int64)
         self.alive = np.ones(threads, dtype=bool)
 
@@ -99,7 +112,8 @@ class SimThread(threading.Thread):
         self.thread_id = thread_id   # linear index in the block (used for laneid)
         self.wake = threading.Lock()
         self.wake.acquire()          # held: acquiring it again sleeps until a release
-        self.waiting_at = ""         # for reports: "syncthreads at k.py:12"
+        self.waiting_at = None       # (barrier kind, site) while asleep at a barrier
+        self.wakes_next = None       # the thread this one wakes when it wakes (see _open)
 
     def run(self):
         grid = self.sim_grid
@@ -141,8 +155,7 @@ class GridRun:
         self.exited: list[SimThread] = []
         self.started_blocks = 0
         self.finished_blocks = 0
-        self.grid_waiting: list[SimThread] = []
-        self.grid_site: str | None = None
+        self.grid = _Barrier("grid.sync")
         self.progress = 0         # bumped whenever something moves forward
         self.error: BaseException | None = None
         self.more_failures = 0
@@ -239,22 +252,16 @@ class GridRun:
         with self.lock:
             if self.error is not None:
                 raise _Abort
-            block = thread.block
-            if block.waiting and site != block.site:
+            barrier = thread.block.barrier
+            if barrier.waiting and site != barrier.site:
                 self._fail(DivergentBarrierError(
-                    f"kernel {self.name!r}: divergent syncthreads in block {block.index}: "
-                    f"{len(block.waiting)} thread(s) wait at {block.site}, "
+                    f"kernel {self.name!r}: divergent syncthreads in block {thread.block.index}: "
+                    f"{len(barrier.waiting)} thread(s) wait at {barrier.site}, "
                     f"{thread.where()} arrived at {site}; every thread of a block must reach the same barrier"))
                 raise _Abort
-            if len(block.waiting) + 1 == block.live:
-                self._open(block.waiting)
-                block.waiting, block.site = [], None
-                return
-            if not block.waiting:
-                block.site = site
-            block.waiting.append(thread)
-            self._sleep_registered(thread, f"syncthreads at {site}")
-        self._sleep(thread)
+            must_sleep = self._arrive(thread, barrier, thread.block.live, site)
+        if must_sleep:
+            self._sleep(thread)
 
     def block_vote(self, thread: SimThread, value, combine):
         """syncthreads_count / _and / _or: barrier, combine everyone's value, barrier."""
@@ -283,15 +290,9 @@ class GridRun:
                     f"{gone.where()} had already exited; on a GPU this grid barrier would hang "
                     "(every thread must reach every grid sync: no early return)"))
                 raise _Abort
-            if len(self.grid_waiting) + 1 == self.total_threads:
-                self._open(self.grid_waiting)
-                self.grid_waiting, self.grid_site = [], None
-                return
-            if not self.grid_waiting:
-                self.grid_site = site
-            self.grid_waiting.append(thread)
-            self._sleep_registered(thread, f"grid.sync at {site}")
-        self._sleep(thread)
+            must_sleep = self._arrive(thread, self.grid, self.total_threads, site)
+        if must_sleep:
+            self._sleep(thread)
 
     def thread_failed(self, thread: SimThread, error: BaseException) -> None:
         with self.lock:
@@ -314,14 +315,13 @@ class GridRun:
             self.exited.append(thread)
             self.progress += 1
             if self.error is None:
-                if self.grid_waiting:
+                if self.grid.waiting:
                     self._fail(GridSyncExitError(
-                        f"kernel {self.name!r}: {thread.where()} exited while {len(self.grid_waiting)} "
-                        f"thread(s) wait at the grid barrier at {self.grid_site}; on a GPU this hangs "
+                        f"kernel {self.name!r}: {thread.where()} exited while {len(self.grid.waiting)} "
+                        f"thread(s) wait at the grid barrier at {self.grid.site}; on a GPU this hangs "
                         "(every thread must reach every grid sync: no early return)"))
-                elif block.waiting and len(block.waiting) == block.live:
-                    self._open(block.waiting)  # the exited thread counted as arrived
-                    block.waiting, block.site = [], None
+                elif block.barrier.waiting and len(block.barrier.waiting) == block.live:
+                    self._open(block.barrier)  # the exited thread counted as arrived
                 elif self.running == 0 and self._anyone_waiting():
                     self._fail(self._deadlock())
             if block.live == 0:
@@ -330,39 +330,58 @@ class GridRun:
 
     # ---- bookkeeping (caller holds self.lock) -----------------------------------
 
-    def _sleep_registered(self, thread: SimThread, where: str) -> None:
-        thread.waiting_at = where
+    def _arrive(self, thread: SimThread, barrier: _Barrier, needed: int, site: str) -> bool:
+        """Count ``thread`` in; open the barrier if it was the last. True: it must sleep."""
+        if len(barrier.waiting) + 1 == needed:
+            self._open(barrier)
+            return False
+        if not barrier.waiting:
+            barrier.site = site
+        barrier.waiting.append(thread)
+        thread.waiting_at = (barrier.kind, site)
         self.running -= 1
         if self.running == 0:
             self._fail(self._deadlock())
+        return True
 
     def _sleep(self, thread: SimThread) -> None:
-        thread.wake.acquire()  # released by _open or _fail
+        try:
+            thread.wake.acquire()  # released by _open (directly or through a baton) or _fail
+        finally:  # pass the baton even if an abort is injected right now
+            successor, thread.wakes_next = thread.wakes_next, None
+            if successor is not None:
+                successor.wake.release()
         if self.error is not None:
             raise _Abort
 
-    def _open(self, waiters: list) -> None:
-        for waiter in waiters:
-            waiter.waiting_at = ""
-            waiter.wake.release()
+    def _open(self, barrier: _Barrier) -> None:
+        """Wake everyone gathered at ``barrier``, one after another.
+
+        Waking all sleepers at once would make them fight over the GIL; instead
+        the first is woken and each wakes the next (a baton), so only about two
+        threads are runnable at any time.  The barrier is open for all of them now.
+        """
+        waiters = barrier.waiting
+        for waiter, successor in zip(waiters, waiters[1:] + [None]):
+            waiter.waiting_at = None
+            waiter.wakes_next = successor
+        if waiters:
+            waiters[0].wake.release()
         self.running += len(waiters)
         self.progress += 1
+        barrier.waiting, barrier.site = [], None
 
     def _fail(self, error: BaseException) -> None:
         if self.error is None:
             self.error = error
-        blocks = {t.block for t in self.threads}
-        for block in blocks:
-            for waiter in block.waiting:
+        for barrier in {t.block.barrier for t in self.threads} | {self.grid}:
+            for waiter in barrier.waiting:
                 waiter.wake.release()
-            block.waiting = []
-        for waiter in self.grid_waiting:
-            waiter.wake.release()
-        self.grid_waiting = []
+            barrier.waiting = []
         self.changed.notify()
 
     def _anyone_waiting(self) -> bool:
-        return bool(self.grid_waiting) or any(t.waiting_at for t in self.threads)
+        return bool(self.grid.waiting) or any(t.waiting_at for t in self.threads)
 
     def _deadlock(self) -> DeadlockError:
         return DeadlockError(
@@ -378,7 +397,7 @@ class GridRun:
             if thread in exited:
                 state = "exited"
             elif thread.waiting_at:
-                state = f"waiting at {thread.waiting_at}"
+                state = "waiting at {} at {}".format(*thread.waiting_at)
             else:
                 state = f"running at {_site(frames.get(thread.ident))}" if running else "running"
             groups.setdefault((thread.block.index, state), 0)

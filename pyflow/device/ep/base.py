@@ -21,14 +21,17 @@ from __future__ import annotations
 import abc
 import dataclasses
 import itertools
+import threading
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from pyflow.device.device import Device as DeviceSymbol
 from pyflow.device.device import DeviceType
+from pyflow.errors import DoubleFreeError, InvalidFreeError
 
-__all__ = ["RawBuffer", "Device", "Stream", "Event", "view_extent", "numpy_view"]
+__all__ = ["RawBuffer", "LiveBuffers", "Device", "Stream", "Event", "view_extent", "numpy_view"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -44,6 +47,32 @@ class RawBuffer:
     nbytes: int
     handle: Any
     device: DeviceSymbol
+
+
+class LiveBuffers:
+    """The buffers a device handed out and has not taken back; catches bad frees."""
+
+    def __init__(self, device: DeviceSymbol) -> None:
+        self.device = device
+        self._live: dict[int, RawBuffer] = {}
+        self._freed: "weakref.WeakSet[RawBuffer]" = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def add(self, raw: RawBuffer) -> RawBuffer:
+        """Record a freshly allocated buffer; returns it."""
+        with self._lock:
+            self._live[raw.ptr] = raw
+        return raw
+
+    def remove(self, raw: RawBuffer) -> None:
+        """Forget ``raw``; ``DoubleFreeError`` / ``InvalidFreeError`` if it is not live here."""
+        with self._lock:
+            if self._live.get(getattr(raw, "ptr", None)) is not raw:
+                if isinstance(raw, RawBuffer) and raw in self._freed:
+                    raise DoubleFreeError(f"buffer at {raw.ptr:#x} on {self.device} was already freed")
+                raise InvalidFreeError(f"{raw!r} was not allocated by {self.device}")
+            del self._live[raw.ptr]
+            self._freed.add(raw)
 
 
 class Event(abc.ABC):

@@ -11,16 +11,15 @@ as on an asynchronous stream, so code written against one provider works on all.
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from pyflow.device.device import Device as DeviceSymbol
 from pyflow.device.ep import base
-from pyflow.errors import AllocationError, DoubleFreeError, InvalidFreeError, StreamExecutionError
+from pyflow.errors import AllocationError, StreamExecutionError
 
-__all__ = ["ALIGNMENT", "HostMemory", "TaskErrors", "CpuDevice", "CpuStream", "CpuEvent"]
+__all__ = ["ALIGNMENT", "HostMemory", "HostMemoryDevice", "TaskErrors", "CpuDevice", "CpuStream", "CpuEvent"]
 
 ALIGNMENT = 512  # every buffer's ptr is a multiple of this, like cudaMalloc's (>= 256)
 
@@ -35,8 +34,7 @@ class HostMemory:
         self.device = device
         self.limit = limit
         self.bytes_in_use = 0
-        self._live: dict[int, base.RawBuffer] = {}
-        self._freed: "weakref.WeakSet[base.RawBuffer]" = weakref.WeakSet()
+        self.buffers = base.LiveBuffers(device)
         self._lock = threading.Lock()
 
     def alloc(self, nbytes: int) -> base.RawBuffer:
@@ -59,20 +57,13 @@ class HostMemory:
             raise
         start = (-backing.ctypes.data) % ALIGNMENT
         handle = backing[start : start + max(nbytes, 1)]
-        raw = base.RawBuffer(ptr=handle.ctypes.data, nbytes=nbytes, handle=handle, device=self.device)
-        with self._lock:
-            self._live[raw.ptr] = raw
-        return raw
+        return self.buffers.add(
+            base.RawBuffer(ptr=handle.ctypes.data, nbytes=nbytes, handle=handle, device=self.device))
 
     def free(self, raw: base.RawBuffer) -> None:
         """Forget ``raw``; ``DoubleFreeError`` / ``InvalidFreeError`` if it is not live here."""
+        self.buffers.remove(raw)
         with self._lock:
-            if self._live.get(getattr(raw, "ptr", None)) is not raw:
-                if isinstance(raw, base.RawBuffer) and raw in self._freed:
-                    raise DoubleFreeError(f"buffer at {raw.ptr:#x} on {self.device} was already freed")
-                raise InvalidFreeError(f"{raw!r} was not allocated by {self.device}")
-            del self._live[raw.ptr]
-            self._freed.add(raw)
             self.bytes_in_use -= raw.nbytes
         raw.handle = None  # drop the memory; later views through raw fail loudly
 
@@ -179,12 +170,32 @@ class CpuStream(base.Stream):
         self._errors.raise_pending()
 
 
-class CpuDevice(base.Device):
-    """The CPU (always ``cpu:0``): numpy memory, inline streams, always-done events."""
+class HostMemoryDevice(base.Device):
+    """A device whose memory is host memory (``HostMemory``): the CPU and emulated devices.
+
+    ``memory_limit`` (bytes) or ``device.memory.limit`` make ``alloc`` run out of
+    memory, for allocator tests.
+    """
 
     def __init__(self, device: DeviceSymbol, memory_limit: int | None = None) -> None:
         super().__init__(device)
         self.memory = HostMemory(device, memory_limit)
+
+    def alloc(self, nbytes: int) -> base.RawBuffer:
+        """A zero-filled numpy buffer; ``MemoryError`` past the memory limit."""
+        return self.memory.alloc(nbytes)
+
+    def free(self, raw: base.RawBuffer) -> None:
+        """Release a buffer from ``alloc``."""
+        self.memory.free(raw)
+
+    def alloc_pinned(self, nbytes: int) -> np.ndarray:
+        """Host memory is already host memory: a plain numpy uint8 array."""
+        return np.zeros(nbytes, dtype=np.uint8)
+
+
+class CpuDevice(HostMemoryDevice):
+    """The CPU (always ``cpu:0``): numpy memory, inline streams, always-done events."""
 
     def create_stream(self, name: str | None = None) -> CpuStream:
         """A new inline stream."""
@@ -202,18 +213,6 @@ class CpuDevice(base.Device):
     def create_event(self) -> CpuEvent:
         """A new (always done) event."""
         return CpuEvent()
-
-    def alloc(self, nbytes: int) -> base.RawBuffer:
-        """A zero-filled numpy buffer; ``MemoryError`` when out of memory."""
-        return self.memory.alloc(nbytes)
-
-    def free(self, raw: base.RawBuffer) -> None:
-        """Release a buffer from ``alloc``."""
-        self.memory.free(raw)
-
-    def alloc_pinned(self, nbytes: int) -> np.ndarray:
-        """Host memory is host memory: a plain numpy uint8 array."""
-        return np.zeros(nbytes, dtype=np.uint8)
 
     def as_array(self, raw: base.RawBuffer, offset: int, shape: Sequence[int], dtype: Any, strides=None) -> np.ndarray:
         """A numpy view into ``raw``."""

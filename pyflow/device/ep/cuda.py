@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -24,7 +23,7 @@ import numpy as np
 from pyflow.device.device import Device as DeviceSymbol
 from pyflow.device.ep import base
 from pyflow.device.ep.cpu import CpuEvent, TaskErrors, check_copy, task_name
-from pyflow.errors import AllocationError, DoubleFreeError, InvalidFreeError, StreamExecutionError
+from pyflow.errors import AllocationError, StreamExecutionError
 from pyflow.kernels.backend import cuda
 
 __all__ = ["CudaDevice", "CudaStream", "CudaEvent", "gpu_count"]
@@ -137,8 +136,7 @@ class CudaDevice(base.Device):
     def __init__(self, device: DeviceSymbol) -> None:
         super().__init__(device)
         self._gpu = cuda.gpus[device.index]
-        self._live: dict[int, base.RawBuffer] = {}
-        self._freed: "weakref.WeakSet[base.RawBuffer]" = weakref.WeakSet()
+        self.buffers = base.LiveBuffers(device)
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -183,20 +181,11 @@ class CudaDevice(base.Device):
                 raise MemoryError(f"{self.device} is out of memory: cudaMalloc({nbytes}) failed: {error}") from error
             raise
         ptr = int(memory.device_pointer_value)
-        raw = base.RawBuffer(ptr=ptr, nbytes=int(nbytes), handle=memory, device=self.device)
-        with self._lock:
-            self._live[raw.ptr] = raw
-        return raw
+        return self.buffers.add(base.RawBuffer(ptr=ptr, nbytes=int(nbytes), handle=memory, device=self.device))
 
     def free(self, raw: base.RawBuffer) -> None:
         """``cudaFree`` (numba defers the driver call until its pending list flushes)."""
-        with self._lock:
-            if self._live.get(getattr(raw, "ptr", None)) is not raw:
-                if isinstance(raw, base.RawBuffer) and raw in self._freed:
-                    raise DoubleFreeError(f"buffer at {raw.ptr:#x} on {self.device} was already freed")
-                raise InvalidFreeError(f"{raw!r} was not allocated by {self.device}")
-            del self._live[raw.ptr]
-            self._freed.add(raw)
+        self.buffers.remove(raw)
         memory, raw.handle = raw.handle, None
         with self.activated():
             memory.free()

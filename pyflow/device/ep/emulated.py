@@ -31,7 +31,7 @@ import numpy as np
 
 from pyflow.device.device import Device as DeviceSymbol
 from pyflow.device.ep import base
-from pyflow.device.ep.cpu import CpuEvent, HostMemory, TaskErrors, check_copy, task_name
+from pyflow.device.ep.cpu import CpuEvent, HostMemoryDevice, TaskErrors, check_copy, task_name
 from pyflow.errors import StreamExecutionError
 from pyflow.kernels.backend import cuda, is_simulator
 
@@ -254,20 +254,18 @@ def _host_array(array: Any) -> np.ndarray:
     raise TypeError(f"emulated streams copy numpy arrays or FakeCUDAArrays, got {type(array).__name__}")
 
 
-class EmulatedDevice(base.Device):
+class EmulatedDevice(HostMemoryDevice):
     """An asynchronous device emulated with threads and numpy memory.
 
     ``fake_cuda_arrays``: ``as_array`` returns ``FakeCUDAArray`` (CUDA in the
-    simulator) instead of numpy (mock). ``memory_limit`` (bytes) or
-    ``device.memory.limit`` make ``alloc`` run out of memory, for allocator tests.
+    simulator) instead of numpy (mock). ``memory_limit`` as for ``HostMemoryDevice``.
     """
 
     def __init__(self, device: DeviceSymbol, fake_cuda_arrays: bool = False, memory_limit: int | None = None) -> None:
-        super().__init__(device)
+        super().__init__(device, memory_limit)
         if fake_cuda_arrays and not is_simulator():
             raise ValueError("FakeCUDAArray exists only under the CUDA simulator")
         self.fake_cuda_arrays = fake_cuda_arrays
-        self.memory = HostMemory(device, memory_limit)
         self._lock = threading.Lock()
 
     def create_stream(self, name: str | None = None) -> EmulatedStream:
@@ -288,18 +286,6 @@ class EmulatedDevice(base.Device):
     def create_event(self) -> EmulatedEvent:
         """A new, never-recorded event."""
         return EmulatedEvent()
-
-    def alloc(self, nbytes: int) -> base.RawBuffer:
-        """A zero-filled numpy buffer; ``MemoryError`` past the memory limit."""
-        return self.memory.alloc(nbytes)
-
-    def free(self, raw: base.RawBuffer) -> None:
-        """Release a buffer from ``alloc``."""
-        self.memory.free(raw)
-
-    def alloc_pinned(self, nbytes: int) -> np.ndarray:
-        """Host memory standing in for page-locked memory."""
-        return np.zeros(nbytes, dtype=np.uint8)
 
     def as_array(self, raw: base.RawBuffer, offset: int, shape: Sequence[int], dtype: Any, strides=None) -> Any:
         """A numpy view (mock) or a ``FakeCUDAArray`` around one (simulated CUDA)."""
