@@ -84,3 +84,14 @@ def two_phase_sum(x, partial, total):
         for k in range(cuda.gridDim.x):
             s += partial[k]
         total[0] = s
+
+
+def ptx_cases():
+    """(label, py_func, argtypes, is_device) for the PTX compile check."""
+    from numba import types
+
+    f64 = types.float64[::1]
+    return [
+        ("prefix_sum", prefix_sum.py_func, (f64, f64, f64), False),
+        ("two_phase_sum", two_phase_sum.py_func, (f64, f64, f64), False),
+    ]

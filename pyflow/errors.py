@@ -38,6 +38,21 @@ class StreamExecutionError(PyflowError, RuntimeError):
     """Work queued on a stream failed; raised at the next synchronisation point."""
 
 
+# --- op arguments (kernels and, later, the framework's ops) -------------------
+
+
+class ShapeError(PyflowError, ValueError):
+    """Shapes that do not fit an op (no broadcast, wrong output shape, mismatched dims)."""
+
+
+class DTypeError(PyflowError, TypeError):
+    """A dtype an op does not accept, or an output whose dtype is not the op's result dtype."""
+
+
+class AxisError(PyflowError, IndexError, ValueError):
+    """An axis out of range for a tensor's rank (like numpy's AxisError)."""
+
+
 # --- memory ------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ the simulator itself (the stock simulator's bug, deadlock reports, settings).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -220,3 +221,30 @@ def test_max_cooperative_grid_blocks_has_the_hardware_signature():
     assert got >= 1
     if limit is not None:
         assert got == limit
+
+
+@jit
+def ieee_math(x, logs, roots):
+    i = cuda.grid(1)
+    logs[i] = math.log(x[i])
+    roots[i] = math.sqrt(x[i] - 1.0)
+
+
+@sim_only
+def test_math_in_kernels_gives_ieee_results_like_a_gpu():
+    """Python's math.log(0) raises; a GPU (and the simulator) returns -inf."""
+    x = np.array([0.0, 0.5, 2.0])
+    logs, roots = np.zeros(3), np.zeros(3)
+    ieee_math[1, 3](x, logs, roots)
+    assert logs[0] == -np.inf and logs[2] == pytest.approx(np.log(2.0))
+    assert np.isnan(roots[0]) and np.isnan(roots[1]) and roots[2] == 1.0
+
+
+@sim_only
+def test_debug_kernels_raise_on_invalid_float_operations():
+    from pyflow.errors import KernelError
+
+    debug_kernel = jit(debug=True)(ieee_math.py_func)
+    with pytest.raises(KernelError) as info:
+        debug_kernel[1, 3](np.array([0.0, 0.5, 2.0]), np.zeros(3), np.zeros(3))
+    assert isinstance(info.value.__cause__, FloatingPointError)

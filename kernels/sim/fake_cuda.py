@@ -15,13 +15,19 @@ at a time:
 
 Shared arrays are identified by the bytecode position of the ``cuda.shared.array``
 call, so two calls on one source line no longer alias (a stock limitation).
+
+``sim_math`` stands in for the ``math`` module inside kernels: the same names,
+but IEEE results like a GPU's (``math.log(0.0)`` is ``-inf``, ``math.sqrt(-1.0)``
+is ``nan``) where Python's ``math`` would raise.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 from numba.core import types as _numba_types
@@ -50,6 +56,26 @@ def garbage_array(shape, dtype) -> np.ndarray:
     a = np.empty(shape, to_numpy_dtype(dtype))
     a.view(np.uint8).fill(UNINITIALIZED_BYTE) if a.size else None
     return a
+
+
+def _ieee(numpy_function):
+    def function(*args):
+        return numpy_function(*args).item()
+    function.__name__ = numpy_function.__name__
+    return function
+
+
+# Python's math raises on domain errors and overflow; the GPU returns inf/nan.
+_NUMPY_TWINS = {
+    "exp": np.exp, "expm1": np.expm1, "log": np.log, "log2": np.log2, "log10": np.log10,
+    "log1p": np.log1p, "sqrt": np.sqrt, "pow": np.power, "sin": np.sin, "cos": np.cos,
+    "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh,
+    "cosh": np.cosh, "tanh": np.tanh, "asinh": np.arcsinh, "acosh": np.arccosh,
+    "atanh": np.arctanh, "atan2": np.arctan2, "hypot": np.hypot, "fmod": np.fmod,
+}
+sim_math = types.SimpleNamespace(**{name: getattr(math, name) for name in dir(math) if not name.startswith("_")})
+for _name, _twin in _NUMPY_TWINS.items():
+    setattr(sim_math, _name, _ieee(_twin))
 
 
 class SharedMemory:

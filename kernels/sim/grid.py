@@ -31,6 +31,7 @@ still running get one injected, so that nothing is left running.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import random
 import sys
@@ -50,6 +51,7 @@ from pyflow.errors import (
     KernelHangError,
 )
 
+from .fake_cuda import sim_math
 from .settings import SimSettings
 
 __all__ = ["GridRun", "SimThread"]
@@ -118,7 +120,8 @@ class SimThread(threading.Thread):
     def run(self):
         grid = self.sim_grid
         try:
-            grid.kernel(*grid.args)
+            with np.errstate(**grid.float_errors):  # numpy's errstate is per thread
+                grid.kernel(*grid.args)
         except _Abort:
             pass
         except BaseException as error:  # noqa: BLE001 - reported to the launching thread
@@ -134,9 +137,12 @@ class GridRun:
     """Run ``kernel(*args)`` on a grid of simulated threads; raise what went wrong."""
 
     def __init__(self, name: str, kernel, args, grid_dim, block_dim, make_shared,
-                 coresident: int, cooperative: bool, settings: SimSettings, real_cuda, fake_cuda):
+                 coresident: int, cooperative: bool, settings: SimSettings, real_cuda, fake_cuda,
+                 debug: bool = False):
         self.name, self.args = name, args
         self.real_cuda, self.fake_cuda = real_cuda, fake_cuda
+        # Like a GPU, float errors give inf/nan silently; jit(debug=True) makes them raise.
+        self.float_errors = {"divide": "raise", "invalid": "raise"} if debug else {"all": "ignore"}
         self.rebound: dict = {}
         self.kernel = self.rebind(kernel)
         self.block_dim = block_dim
@@ -232,15 +238,16 @@ class GridRun:
     # ---- called by simulated threads --------------------------------------------
 
     def rebind(self, function):
-        """``function`` with ``cuda`` in its globals replaced by this launch's fake module.
+        """``function`` with ``cuda`` (and ``math``) in its globals replaced for this launch.
 
+        ``cuda`` becomes the launch's fake module and ``math`` the IEEE ``sim_math``.
         Module globals are copied, never mutated, so host code in the same module
         keeps seeing the real ``numba.cuda`` while the kernel runs.
         """
         found = self.rebound.get(function)
         if found is None:
-            real, fake = self.real_cuda, self.fake_cuda
-            env = {k: (fake if v is real else v) for k, v in function.__globals__.items()}
+            swap = {id(self.real_cuda): self.fake_cuda, id(math): sim_math}
+            env = {k: swap.get(id(v), v) for k, v in function.__globals__.items()}
             found = types.FunctionType(function.__code__, env, function.__name__,
                                        function.__defaults__, function.__closure__)
             found.__kwdefaults__ = function.__kwdefaults__

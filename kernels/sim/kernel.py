@@ -21,7 +21,6 @@ import math
 import sys
 import threading
 
-import numpy as np
 from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray, FakeWithinKernelCUDAArray
 from numba.cuda.simulator.kernel import FakeCUDAKernel
 
@@ -165,18 +164,14 @@ class SimLaunch:
         fake = SimCudaModule(self.grid, self.block)
         run = GridRun(name, self.kernel.py_func, [_kernel_argument(a) for a in args],
                       self.grid, self.block, lambda: SharedMemory(self.dynshared),
-                      limit, cooperative, s, cuda, fake)
+                      limit, cooperative, s, cuda, fake, debug=self.kernel.debug)
         with _launch_lock:
             previous_interval = sys.getswitchinterval()
             _stock_kernel_module._kernel_context = fake
             try:
                 if s.switch_interval:
                     sys.setswitchinterval(s.switch_interval)
-                if self.kernel.debug:
-                    with np.errstate(divide="raise", invalid="raise"):
-                        run.execute()
-                else:
-                    run.execute()
+                run.execute()
             finally:
                 sys.setswitchinterval(previous_interval)
                 _stock_kernel_module._kernel_context = None

@@ -1,0 +1,77 @@
+"""Compile every kernel and device function to PTX for sm_90, no GPU needed.
+
+The simulator runs kernels as Python, so it accepts code that numba.cuda cannot
+compile (a list comprehension, a Python object in device code, an untyped
+global).  This check compiles everything for a real GPU:
+
+    pip install -e ".[ptx]"                     # NVVM, NVRTC, libdevice as wheels
+    PYFLOW_CUDA=gpu python -m pyflow.kernels.compile_check
+
+Each kernel family lists its kernels with representative argument types in a
+``ptx_cases()`` function.  The check prints one line per case and exits 1 if any
+fails.  Without a GPU, numba still asks "the current device" for its compute
+capability when compiling a call to a device function.  For this check only, that
+question is answered with sm_90.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+import types as pytypes
+
+from numba import types
+
+from pyflow.kernels import backend
+
+__all__ = ["FAMILIES", "array", "tuple_of", "run"]
+
+CC = (9, 0)
+FAMILIES = ["pyflow.kernels.examples", "pyflow.kernels.elementwise"]
+
+
+def array(dtype, ndim: int = 1, layout: str = "C"):
+    """The numba type of a device array argument (flat storage is 1-D, C)."""
+    return types.Array(getattr(types, str(dtype)), ndim, layout)
+
+
+def tuple_of(ndim: int):
+    """The numba type of a shape or strides tuple of ``ndim`` ints."""
+    return types.UniTuple(types.int64, ndim)
+
+
+def _cases():
+    for name in FAMILIES:
+        module = importlib.import_module(name)
+        for case in module.ptx_cases():
+            yield name.rsplit(".", 1)[-1], *case
+
+
+def run() -> int:
+    if not backend.is_gpu():
+        print("the PTX check needs the real CUDA target: run with PYFLOW_CUDA=gpu", file=sys.stderr)
+        return 2
+    import numba.cuda.dispatcher as dispatcher
+
+    if not backend._probe_driver()[0]:  # no GPU here: compile for sm_90 anyway
+        dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=CC)
+    failures = 0
+    start = time.perf_counter()
+    count = 0
+    for family, label, py_func, argtypes, is_device in _cases():
+        count += 1
+        try:
+            backend.cuda.compile_ptx(py_func, argtypes, device=is_device, cc=CC)
+            print(f"ok    {family}.{label}")
+        except Exception as error:  # noqa: BLE001 - report every failure, then exit 1
+            failures += 1
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            print(f"FAIL  {family}.{label}: {type(error).__name__}: {first}")
+    print(f"{count - failures}/{count} compiled to PTX for sm_{CC[0]}{CC[1]} "
+          f"in {time.perf_counter() - start:.1f} s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

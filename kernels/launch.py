@@ -1,0 +1,70 @@
+"""Launch helpers: the one place that picks grid and block sizes and builds launchers.
+
+* ``elementwise_config(n)`` - blocks and threads for ``n`` independent items
+  processed with a grid-stride loop.  On a GPU: 256 threads per block and enough
+  blocks to fill the device, capped (the loop covers the rest).  In the
+  simulator every CUDA thread is a Python thread, so a small grid (at most
+  ``SIM_MAX_BLOCKS`` x ``SIM_MAX_THREADS``) runs the same loop much faster.
+* ``rows_config(rows, width)`` - one block per row (reductions, softmax), the block
+  a power of two no wider than the row needs.
+* ``launcher(kernel, grid, block, stream)`` - ``kernel[grid, block, stream]`` built
+  once and cached, as numba-cuda recommends for launch overhead.
+* ``require_device_arrays(op, *arrays)`` - CUDA launchers take device arrays
+  only: a numpy array would be copied to the device and back at every launch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from pyflow.errors import DTypeError
+from pyflow.kernels.backend import is_simulator
+from pyflow.kernels.layout import is_device_array
+
+__all__ = ["elementwise_config", "rows_config", "launcher", "require_device_arrays",
+           "GPU_THREADS", "GPU_MAX_BLOCKS", "SIM_MAX_THREADS", "SIM_MAX_BLOCKS"]
+
+GPU_THREADS = 256
+GPU_MAX_BLOCKS = 4096          # enough to fill an H100 (132 SMs x 8 blocks x 4 waves)
+SIM_MAX_THREADS = 32
+SIM_MAX_BLOCKS = 2
+
+
+def elementwise_config(n: int) -> tuple[int, int]:
+    """(blocks, threads) for a grid-stride loop over ``n >= 1`` items."""
+    if is_simulator():
+        threads = min(SIM_MAX_THREADS, n)
+        return min(SIM_MAX_BLOCKS, math.ceil(n / threads)), threads
+    return min(GPU_MAX_BLOCKS, math.ceil(n / GPU_THREADS)), GPU_THREADS
+
+
+def rows_config(rows: int, width: int, max_threads: int | None = None) -> tuple[int, int]:
+    """(blocks, threads): a block per row (grid-stride over rows), threads a power of two."""
+    cap = max_threads or (SIM_MAX_THREADS if is_simulator() else GPU_THREADS)
+    threads = 1
+    while threads < min(width, cap):
+        threads *= 2
+    blocks = min(rows, SIM_MAX_BLOCKS if is_simulator() else GPU_MAX_BLOCKS)
+    return max(blocks, 1), threads
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached(kernel, grid, block, stream, dynshared):
+    return kernel[grid, block, stream, dynshared]
+
+
+def launcher(kernel, grid, block, stream=0, dynshared: int = 0):
+    """``kernel[grid, block, stream, dynshared]``, built once per configuration."""
+    try:
+        return _cached(kernel, grid, block, stream, dynshared)
+    except TypeError:  # an unhashable stream object: build it now
+        return kernel[grid, block, stream, dynshared]
+
+
+def require_device_arrays(op: str, *arrays) -> None:
+    """``DTypeError`` unless every array is a device array (no hidden host copies)."""
+    for array in arrays:
+        if not is_device_array(array):
+            raise DTypeError(f"{op} (cuda): expected device arrays, got {type(array).__name__}; "
+                             "move data with cuda.to_device or an ep stream copy first")

@@ -1,0 +1,154 @@
+"""How a kernel sees an array: flat storage, a shape, and strides counted in elements.
+
+Every kernel in ``pyflow.kernels`` reads and writes *strided* arrays: transposed,
+sliced, broadcast (stride 0) or plain contiguous, as in MiniTorch.  The host
+wrapper of a kernel turns each array argument into
+
+    storage  a 1-D array starting at the array's first element,
+    strides  a tuple with one stride per dimension, in elements (not bytes),
+
+so the element at index ``(i0, i1, ...)`` is ``storage[i0*s0 + i1*s1 + ...]``.
+One compiled kernel therefore serves every layout of a given rank and dtype.
+Shapes travel as tuples; numba compiles one specialization per rank.
+
+The arrays themselves are the device's own kind: numpy arrays on the CPU,
+numba device arrays on a GPU, ``FakeCUDAArray`` in the simulator.  This module
+also does the argument checks the ops share (broadcasting, axes), raising
+pyflow's ``ShapeError`` / ``AxisError`` naming the op.
+
+>>> import numpy as np
+>>> x = np.arange(12, dtype=np.float32).reshape(3, 4).T    # a transposed view
+>>> storage, strides = flat(x)
+>>> strides, storage[1 * strides[0] + 2 * strides[1]] == x[1, 2]
+((1, 4), True)
+>>> broadcast_shapes((3, 1), (4,), op="add")
+(3, 4)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyflow.errors import AxisError, ShapeError
+from pyflow.kernels.backend import cuda, is_simulator
+
+__all__ = ["is_device_array", "flat", "kernel_operand", "broadcast_shapes", "broadcast_view",
+           "normalize_axis", "normalize_axes", "padded_strides", "contiguous_strides", "as_kernel_shape"]
+
+if is_simulator():
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _FakeCUDAArray
+else:
+    _FakeCUDAArray = None
+
+
+def is_device_array(array) -> bool:
+    """True for a CUDA device array (a ``FakeCUDAArray`` in the simulator)."""
+    if _FakeCUDAArray is not None:
+        return isinstance(array, _FakeCUDAArray)
+    return cuda.is_cuda_array(array)
+
+
+def _host(array) -> np.ndarray:
+    return array._ary if _FakeCUDAArray is not None and isinstance(array, _FakeCUDAArray) else array
+
+
+def flat(array):
+    """(storage, element strides) of a numpy or device array; see the module docstring.
+
+    Strides must be non-negative multiples of the item size (every view pyflow
+    makes is).  A 0-d array is seen as shape (1,) with stride 0.
+    """
+    itemsize = array.dtype.itemsize
+    shape = tuple(array.shape)
+    byte_strides = tuple(array.strides) if shape else (0,)
+    if any(s < 0 or s % itemsize for s in byte_strides):
+        raise ShapeError(f"strides {byte_strides} of a {array.dtype} array are not non-negative "
+                         f"multiples of its item size {itemsize}")
+    strides = tuple(s // itemsize for s in byte_strides)
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if all(shape) else 0
+    if is_device_array(array) and _FakeCUDAArray is None:
+        from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+        storage = DeviceNDArray((span,), (itemsize,), array.dtype, gpu_data=array.gpu_data,
+                                stream=array.stream)
+    else:
+        host = np.lib.stride_tricks.as_strided(_host(array), (span,), (itemsize,))
+        storage = _FakeCUDAArray(host) if is_device_array(array) else host
+    return storage, strides
+
+
+def kernel_operand(array, shape) -> tuple:
+    """(storage, strides) of ``array`` read as if broadcast to the kernel ``shape``."""
+    storage, strides = flat(array)
+    if array.ndim == 0:
+        return storage, (0,) * len(shape)
+    return storage, padded_strides(array.shape, strides, shape)
+
+
+def as_kernel_shape(shape) -> tuple:
+    """The shape a kernel iterates over: 0-d becomes (1,)."""
+    return tuple(int(n) for n in shape) or (1,)
+
+
+def contiguous_strides(shape) -> tuple:
+    """C-order element strides of ``shape``."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(strides))
+
+
+def padded_strides(array_shape, strides, out_shape) -> tuple:
+    """Strides of an input broadcast to ``out_shape``: leading 1s added, stride 0 where size 1."""
+    pad = len(out_shape) - len(array_shape)
+    shape = (1,) * pad + tuple(array_shape)
+    strides = (0,) * pad + tuple(strides)
+    return tuple(0 if n == 1 and m != 1 else s for n, m, s in zip(shape, out_shape, strides))
+
+
+def broadcast_shapes(*shapes, op: str) -> tuple:
+    """numpy's broadcast of ``shapes``; ``ShapeError`` naming ``op`` when impossible."""
+    try:
+        return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError:
+        listed = ", ".join(str(tuple(s)) for s in shapes)
+        raise ShapeError(f"{op}: shapes {listed} cannot be broadcast together") from None
+
+
+def broadcast_view(array, shape):
+    """``array`` seen with ``shape`` (stride 0 on broadcast dims), without copying."""
+    shape = tuple(shape)
+    if is_device_array(array) and _FakeCUDAArray is None:
+        from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+        storage, strides = flat(array)
+        element = padded_strides(array.shape, strides, shape)
+        itemsize = array.dtype.itemsize
+        return DeviceNDArray(shape, tuple(s * itemsize for s in element), array.dtype,
+                             gpu_data=array.gpu_data, stream=array.stream)
+    view = np.broadcast_to(_host(array), shape)
+    return _FakeCUDAArray(view) if is_device_array(array) else view
+
+
+def normalize_axis(axis: int, ndim: int, op: str) -> int:
+    """``axis`` in ``[-ndim, ndim)`` as a non-negative int; ``AxisError`` naming ``op``."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise AxisError(f"{op}: axis must be an int, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise AxisError(f"{op}: axis {axis} is out of range for a tensor of rank {ndim} "
+                        f"(valid: {-ndim} to {ndim - 1})" if ndim else
+                        f"{op}: axis {axis} is out of range for a 0-d tensor")
+    return int(axis) % ndim
+
+
+def normalize_axes(axes, ndim: int, op: str) -> tuple:
+    """``None`` (all axes), an int or a sequence of ints -> a sorted tuple of distinct axes."""
+    if axes is None:
+        return tuple(range(ndim))
+    if isinstance(axes, (int, np.integer)) and not isinstance(axes, bool):
+        axes = (axes,)
+    result = tuple(sorted(normalize_axis(a, ndim, op) for a in axes))
+    if len(set(result)) != len(result):
+        raise AxisError(f"{op}: repeated axis in {tuple(axes)}")
+    return result

@@ -1,0 +1,67 @@
+"""The kernel table: (op name, target) -> the function that computes the op there.
+
+Targets are ``"cpu"`` (numpy or ``numba.njit`` twins, taking numpy arrays) and
+``"cuda"`` (numba.cuda kernels, taking device arrays, launched on a stream).  The
+framework's op registry (issue 4) looks kernels up here by the op's name and the
+device's target.  The tests and the PTX compile check walk the same table.
+
+Every registered function writes into a preallocated ``out`` and has the calling
+convention of its family (all take ``stream=`` as a keyword; the cpu twins
+ignore it):
+
+==============  ==================================================================
+elementwise     ``fn(out, *inputs, stream=0)``; ``fill``: ``fn(out, value, stream=0)``
+reduce          ``fn(out, x, *, axis=None, keepdims=False, stream=0)``
+softmax         ``fn(out, x, *, axis=-1, stream=0)``
+matmul          ``fn(out, a, b, *, stream=0)``
+movement        see ``kernels/movement.py`` (concat, split, add_n, permute, gather...)
+conv / pool     see ``kernels/conv.py``
+==============  ==================================================================
+
+>>> "add" in kernel_names("cpu") and "add" in kernel_names("cuda")
+True
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+__all__ = ["register", "get_kernel", "kernel_names", "TARGETS"]
+
+TARGETS = ("cpu", "cuda")
+_table: dict[tuple[str, str], Callable] = {}
+
+
+def register(name: str, target: str, fn: Callable | None = None):
+    """Register ``fn`` as op ``name`` on ``target`` (usable as a decorator)."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown kernel target {target!r}; expected one of {TARGETS}")
+
+    def add(function: Callable) -> Callable:
+        if (name, target) in _table:
+            raise ValueError(f"kernel {name!r} for {target!r} is registered twice")
+        _table[(name, target)] = function
+        return function
+
+    return add(fn) if fn is not None else add
+
+
+def get_kernel(name: str, target: str) -> Callable:
+    """The function for op ``name`` on ``target``; ``KeyError`` listing what exists."""
+    _load_families()
+    try:
+        return _table[(name, target)]
+    except KeyError:
+        known = ", ".join(kernel_names(target)) or "none"
+        raise KeyError(f"no {target!r} kernel for op {name!r}; {target} kernels: {known}") from None
+
+
+def kernel_names(target: str | None = None) -> list[str]:
+    """Sorted op names with a kernel on ``target`` (on any target if None)."""
+    _load_families()
+    return sorted({n for n, t in _table if target is None or t == target})
+
+
+def _load_families() -> None:
+    """Import every kernel family so its registrations exist."""
+    from pyflow.kernels import elementwise  # noqa: F401
