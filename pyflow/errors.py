@@ -53,6 +53,10 @@ class AxisError(PyflowError, IndexError, ValueError):
     """An axis out of range for a tensor's rank (like numpy's AxisError)."""
 
 
+class IndexOutOfRangeError(PyflowError, IndexError):
+    """An index (gather, embedding lookup, index_select) outside the indexed dimension."""
+
+
 # --- memory ------------------------------------------------------------------
 
 
