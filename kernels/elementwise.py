@@ -158,6 +158,7 @@ def fill_strided(out, out_strides, shape, value, n):
 # --- dtype and shape rules (numpy's) ----------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
 def unary_result_dtype(op: str, dtype) -> np.dtype:
     """The dtype numpy gives ``op`` on ``dtype`` (relu keeps the dtype)."""
     dtype = np.dtype(dtype)
@@ -167,6 +168,7 @@ def unary_result_dtype(op: str, dtype) -> np.dtype:
     return UNARY[op][2].resolve_dtypes((dtype, None))[1]
 
 
+@functools.lru_cache(maxsize=None)
 def binary_result_dtype(op: str, a, b) -> np.dtype:
     """The dtype numpy gives ``op`` on ``a`` and ``b`` (comparisons: bool)."""
     a, b = np.dtype(a), np.dtype(b)

@@ -109,6 +109,9 @@ def padded_strides(array_shape, strides, out_shape) -> tuple:
 
 def broadcast_shapes(*shapes, op: str) -> tuple:
     """numpy's broadcast of ``shapes``; ``ShapeError`` naming ``op`` when impossible."""
+    first = tuple(shapes[0])
+    if all(tuple(s) == first for s in shapes[1:]):
+        return first  # the common case, without numpy's machinery
     try:
         return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
     except ValueError:
