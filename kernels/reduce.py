@@ -1,0 +1,428 @@
+"""Reductions (sum, max, min, mean, argmax) over any axes (softmax: ``kernels/softmax.py``).
+
+A reduction is a table of **rows**: the kept axes number the rows (one per output
+element), the reduced axes number the elements of a row.  The host describes both
+as (shape, strides) pairs and a kernel unravels a row number and an element
+number with ``position`` (``kernels/elementwise.py``):
+
+    x[row, j] = storage[position(row, row_shape, row_strides) + position(j, col_shape, col_strides)]
+
+Kernel design (as in OneFlow's and CUB's block reductions):
+* one block per row; blocks grid-stride over the rows (``launch.rows_config``);
+* the threads of a block stride over the row, each folding its elements into one
+  value; a shared-memory tree then halves the block's values log2(block) times;
+* a single row longer than ``TWO_PASS_WIDTH`` (a full reduction of a big array)
+  would keep one block busy while the GPU idles: pass 1 has many blocks write
+  partial results into a temporary device array, pass 2 reduces the partials;
+* argmax carries (value, index) pairs through the tree (two shared arrays).
+
+numpy is the specification: result dtypes (the sum of int32 is int64, the mean of
+ints float64), shapes (``keepdims``), NaN (max/min propagate it, argmax finds the
+first NaN), empty reductions (sum 0, mean nan, max/min/argmax refused with
+``ShapeError`` where numpy raises ``ValueError``).  The CPU twins are numpy itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numba
+import numpy as np
+
+from pyflow.errors import DTypeError, ShapeError
+from pyflow.kernels import scalar_ops
+from pyflow.kernels.backend import cuda
+from pyflow.kernels.elementwise import position
+from pyflow.kernels.jit import jit
+from pyflow.kernels.launch import elementwise_config, launcher, require_device_arrays, rows_config
+from pyflow.kernels.layout import flat, normalize_axes, normalize_axis
+from pyflow.kernels.registry import register
+
+__all__ = ["REDUCTIONS", "REDUCE_DTYPES", "TWO_PASS_WIDTH", "MAX_PARTIALS",
+           "result_dtype", "plan_reduce", "coalesce", "make_block_fold", "make_reduce",
+           "make_argmax", "argmax_better"]
+
+# Registered op name (OneFlow's; elementwise already owns "max"/"min") -> numpy's function.
+REDUCTIONS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_mean": "mean",
+              "argmax": "argmax"}
+REDUCE_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
+TWO_PASS_WIDTH = 1 << 14   # a single row longer than this is reduced in two passes
+MAX_PARTIALS = 1024        # at most this many blocks (partial results) in pass 1
+
+COMBINE = {"sum": scalar_ops.add, "mean": scalar_ops.add,
+           "max": scalar_ops.maximum, "min": scalar_ops.minimum}
+
+
+def _identity(kind: str, dtype: np.dtype):
+    """The value that changes nothing when combined: 0, or the lowest / highest value."""
+    if kind in ("sum", "mean"):
+        return dtype.type(0)
+    low, high = (-np.inf, np.inf) if dtype.kind == "f" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+    return dtype.type(low if kind == "max" else high)
+
+
+# --- device code ----------------------------------------------------------------
+
+
+@jit(device=True)
+def keep(total, count):
+    """The last step of sum, max and min: the combined value itself."""
+    return total
+
+
+@jit(device=True)
+def divide(total, count):
+    """The last step of mean: sum / count, in the output dtype."""
+    return total / count
+
+
+@jit(device=True)
+def argmax_better(va, ia, vb, ib):
+    """Does (value va, index ia) beat (vb, ib)?  Index -1 means "no value yet".
+
+    The larger value wins; NaN beats every number (numpy's argmax stops at the
+    first NaN); equal values go to the lower index (the first occurrence).
+    """
+    if ib < 0:
+        return True
+    if ia < 0:
+        return False
+    a_nan = va != va
+    b_nan = vb != vb
+    if a_nan or b_nan:
+        return (ia < ib) if (a_nan and b_nan) else a_nan
+    if va != vb:
+        return va > vb
+    return ia < ib
+
+
+@functools.cache
+def make_block_fold(combine, block: int):
+    """Device function: every thread's value combined across the block (a shared-memory tree)."""
+
+    @jit(device=True)
+    def block_fold(cache, t, value):
+        # Code plan: 1. each thread stores its value; 2. the first half of the
+        # threads combines pairs (t, t + half), half halves until 1 (a barrier
+        # after each step); 3. everyone reads the result, then a barrier so the
+        # cache may be reused.  Every thread reaches every barrier.
+        cache[t] = value
+        cuda.syncthreads()
+        half = block // 2
+        while half > 0:
+            if t < half:
+                cache[t] = combine(cache[t], cache[t + half])
+            cuda.syncthreads()
+            half //= 2
+        total = cache[0]
+        cuda.syncthreads()
+        return total
+
+    return block_fold
+
+
+@functools.cache
+def make_reduce(kind: str, acc_dtype: np.dtype, block: int):
+    """``(reduce_rows, reduce_partials)`` for ``kind`` (sum, max, min, mean) accumulating in
+    ``acc_dtype``, for blocks of ``block`` threads."""
+    combine, finish = COMBINE[kind], (divide if kind == "mean" else keep)
+    block_fold = make_block_fold(combine, block)
+    init, acc_type = _identity(kind, acc_dtype), numba.from_dtype(acc_dtype)
+
+    @jit
+    def reduce_rows(out, out_strides, x, row_shape, row_strides, col_shape, col_strides, rows, width, count):
+        """``out[row] = finish(combine of x[row, 0..width))``; reads each element once, writes once."""
+        # Code plan:
+        # 1. block b takes rows b, b + gridDim, ... (the same rows for all its threads);
+        # 2. thread t folds elements t, t + block, ... of the row into acc;
+        # 3. the block folds the accs in shared memory; thread 0 writes the result.
+        cache = cuda.shared.array(block, acc_type)
+        t = cuda.threadIdx.x
+        row = cuda.blockIdx.x
+        while row < rows:
+            base = position(row, row_shape, row_strides)
+            acc = init
+            j = t
+            while j < width:
+                acc = combine(acc, x[base + position(j, col_shape, col_strides)])
+                j += block
+            total = block_fold(cache, t, acc)
+            if t == 0:
+                out[position(row, row_shape, out_strides)] = finish(total, count)
+            row += cuda.gridDim.x
+
+    @jit
+    def reduce_partials(partial, x, col_shape, col_strides, width):
+        """Pass 1 of one long row: block b folds a grid-stride share into ``partial[b]``."""
+        cache = cuda.shared.array(block, acc_type)
+        t = cuda.threadIdx.x
+        acc = init
+        j = cuda.grid(1)
+        while j < width:
+            acc = combine(acc, x[position(j, col_shape, col_strides)])
+            j += cuda.gridsize(1)
+        total = block_fold(cache, t, acc)
+        if t == 0:
+            partial[cuda.blockIdx.x] = total
+
+    return reduce_rows, reduce_partials
+
+
+@functools.cache
+def make_argmax(dtype: np.dtype, block: int):
+    """``(argmax_rows, argmax_partials, argmax_merge, block_argmax)`` for ``dtype``, ``block`` threads."""
+    value_type, zero = numba.from_dtype(dtype), dtype.type(0)
+
+    @jit(device=True)
+    def block_argmax(values, indices, t, v, i):
+        # Code plan: the tree of make_block_fold, on (value, index) pairs.
+        values[t] = v
+        indices[t] = i
+        cuda.syncthreads()
+        half = block // 2
+        while half > 0:
+            if t < half and argmax_better(values[t + half], indices[t + half], values[t], indices[t]):
+                values[t] = values[t + half]
+                indices[t] = indices[t + half]
+            cuda.syncthreads()
+            half //= 2
+        best_v = values[0]
+        best_i = indices[0]
+        cuda.syncthreads()
+        return best_v, best_i
+
+    @jit
+    def argmax_rows(out, out_strides, x, row_shape, row_strides, col_shape, col_strides, rows, width):
+        """``out[row]`` = index j of the row's largest element (first NaN, first of ties)."""
+        values = cuda.shared.array(block, value_type)
+        indices = cuda.shared.array(block, numba.int64)
+        t = cuda.threadIdx.x
+        row = cuda.blockIdx.x
+        while row < rows:
+            base = position(row, row_shape, row_strides)
+            best_v, best_i = zero, -1
+            j = t
+            while j < width:
+                v = x[base + position(j, col_shape, col_strides)]
+                if argmax_better(v, j, best_v, best_i):
+                    best_v, best_i = v, j
+                j += block
+            best_v, best_i = block_argmax(values, indices, t, best_v, best_i)
+            if t == 0:
+                out[position(row, row_shape, out_strides)] = best_i
+            row += cuda.gridDim.x
+
+    @jit
+    def argmax_partials(part_v, part_i, x, col_shape, col_strides, width):
+        """Pass 1 of one long row: block b's best (value, index) into ``part_v[b], part_i[b]``."""
+        values = cuda.shared.array(block, value_type)
+        indices = cuda.shared.array(block, numba.int64)
+        t = cuda.threadIdx.x
+        best_v, best_i = zero, -1
+        j = cuda.grid(1)
+        while j < width:
+            v = x[position(j, col_shape, col_strides)]
+            if argmax_better(v, j, best_v, best_i):
+                best_v, best_i = v, j
+            j += cuda.gridsize(1)
+        best_v, best_i = block_argmax(values, indices, t, best_v, best_i)
+        if t == 0:
+            part_v[cuda.blockIdx.x] = best_v
+            part_i[cuda.blockIdx.x] = best_i
+
+    @jit
+    def argmax_merge(out, part_v, part_i, n):
+        """Pass 2 (one block): the best of the ``n`` partial pairs; ``out[0]`` = its index."""
+        values = cuda.shared.array(block, value_type)
+        indices = cuda.shared.array(block, numba.int64)
+        t = cuda.threadIdx.x
+        best_v, best_i = zero, -1
+        j = t
+        while j < n:
+            if argmax_better(part_v[j], part_i[j], best_v, best_i):
+                best_v, best_i = part_v[j], part_i[j]
+            j += block
+        best_v, best_i = block_argmax(values, indices, t, best_v, best_i)
+        if t == 0:
+            out[0] = best_i
+
+    return argmax_rows, argmax_partials, argmax_merge, block_argmax
+
+
+# --- shapes, dtypes and the row description (host) -------------------------------
+
+
+def result_dtype(op: str, dtype) -> np.dtype:
+    """The dtype numpy gives reduction ``op`` on ``dtype`` (asked of numpy itself); argmax: int64."""
+    dtype = np.dtype(dtype)
+    if dtype not in REDUCE_DTYPES:
+        raise DTypeError(f"{op}: unsupported dtype {dtype}; expected one of {', '.join(map(str, REDUCE_DTYPES))}")
+    if op == "argmax":
+        return np.dtype(np.int64)
+    return getattr(np, REDUCTIONS[op])(np.zeros((1,), dtype)).dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class ReducePlan:
+    """What a reduction of ``x`` over ``axes`` produces: ``rows`` outputs of ``width`` elements."""
+
+    axes: tuple
+    out_shape: tuple
+    out_dtype: np.dtype
+    rows: int
+    width: int
+
+
+def plan_reduce(op: str, x, axis, keepdims: bool) -> ReducePlan:
+    """Check ``op``'s arguments like numpy does and describe the reduction."""
+    out_dtype = result_dtype(op, x.dtype)
+    if op == "argmax" and axis is not None:
+        axes = (normalize_axis(axis, x.ndim, op),)
+    else:
+        axes = normalize_axes(axis, x.ndim, op)
+    width = math.prod(x.shape[d] for d in axes)
+    if width == 0 and REDUCTIONS[op] in ("max", "min", "argmax"):
+        raise ShapeError(f"{op}: reduction over the empty axes {axes} of a {tuple(x.shape)} tensor "
+                         "has no identity (numpy raises ValueError too)")
+    kept = tuple(n for d, n in enumerate(x.shape) if d not in axes)
+    out_shape = tuple(1 if d in axes else n for d, n in enumerate(x.shape)) if keepdims else kept
+    return ReducePlan(axes, out_shape, out_dtype, math.prod(kept), width)
+
+
+def _check_out(op: str, out, shape, dtype) -> None:
+    if tuple(out.shape) != tuple(shape):
+        raise ShapeError(f"{op}: output has shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if np.dtype(out.dtype) != np.dtype(dtype):
+        raise DTypeError(f"{op}: output dtype is {out.dtype}, expected {np.dtype(dtype)}")
+    if math.prod(out.shape) and any(s == 0 and n > 1 for s, n in zip(out.strides, out.shape)):
+        raise ShapeError(f"{op}: the output is a broadcast view (stride 0): threads would race")
+
+
+def coalesce(shape, *strides) -> tuple:
+    """``(shape, *strides)`` with size-1 dims dropped and neighbours every operand walks as one
+    dim merged (fewer divisions in ``position``); at least one dim: ``(1,)`` with stride 0.
+
+    >>> coalesce((2, 1, 3, 4), (12, 99, 4, 1), (0, 0, 4, 1))
+    ((2, 12), (12, 1), (0, 1))
+    """
+    dims = []
+    for d, n in enumerate(shape):
+        if n == 1:
+            continue
+        steps = [s[d] for s in strides]
+        if dims and all(prev == step * n for prev, step in zip(dims[-1][1], steps)):
+            dims[-1] = (dims[-1][0] * n, steps)
+        else:
+            dims.append((n, steps))
+    if not dims:
+        return ((1,),) + ((0,),) * len(strides)
+    return (tuple(n for n, _ in dims),) + tuple(tuple(s[k] for _, s in dims) for k in range(len(strides)))
+
+
+def _rows_and_cols(plan: ReducePlan, out, x, keepdims: bool):
+    """(out storage, x storage, row_shape, out row strides, x row strides, col_shape, col strides)."""
+    out_storage, out_strides = flat(out)
+    x_storage, x_strides = flat(x)
+    kept = [d for d in range(x.ndim) if d not in plan.axes]
+    out_kept = [out_strides[d] for d in kept] if keepdims else list(out_strides[:len(kept)])
+    row_shape, out_rows, x_rows = coalesce([x.shape[d] for d in kept], out_kept, [x_strides[d] for d in kept])
+    col_shape, x_cols = coalesce([x.shape[d] for d in plan.axes], [x_strides[d] for d in plan.axes])
+    return out_storage, x_storage, row_shape, out_rows, x_rows, col_shape, x_cols
+
+
+# --- launching on a GPU or in the simulator ----------------------------------------
+
+
+def _reduce_two_pass(op, plan, out_storage, x_storage, col_shape, x_cols, stream):
+    """One long row: pass 1 writes a partial result per block, pass 2 reduces them."""
+    _, threads = rows_config(1, plan.width)
+    blocks = min(elementwise_config(plan.width)[0], MAX_PARTIALS)
+    _, threads2 = rows_config(1, blocks)
+    if op == "argmax":
+        part_v = cuda.device_array(blocks, x_storage.dtype, stream=stream)
+        part_i = cuda.device_array(blocks, np.int64, stream=stream)
+        partials = make_argmax(np.dtype(x_storage.dtype), threads)[1]
+        launcher(partials, blocks, threads, stream)(part_v, part_i, x_storage, col_shape, x_cols, plan.width)
+        merge = make_argmax(np.dtype(x_storage.dtype), threads2)[2]
+        launcher(merge, 1, threads2, stream)(out_storage, part_v, part_i, blocks)
+        return
+    partial = cuda.device_array(blocks, plan.out_dtype, stream=stream)
+    launcher(make_reduce(REDUCTIONS[op], plan.out_dtype, threads)[1], blocks, threads, stream)(
+        partial, x_storage, col_shape, x_cols, plan.width)
+    launcher(make_reduce(REDUCTIONS[op], plan.out_dtype, threads2)[0], 1, threads2, stream)(
+        out_storage, (0,), partial, (1,), (0,), (blocks,), (1,), 1, blocks, plan.out_dtype.type(plan.width))
+
+
+def _reduce_cuda(op):
+    def run(out, x, *, axis=None, keepdims=False, stream=0):
+        require_device_arrays(op, out, x)
+        plan = plan_reduce(op, x, axis, keepdims)
+        _check_out(op, out, plan.out_shape, plan.out_dtype)
+        if plan.rows == 0:
+            return
+        out_storage, x_storage, row_shape, out_rows, x_rows, col_shape, x_cols = _rows_and_cols(plan, out, x, keepdims)
+        if plan.rows == 1 and plan.width > TWO_PASS_WIDTH:
+            _reduce_two_pass(op, plan, out_storage, x_storage, col_shape, x_cols, stream)
+            return
+        blocks, threads = rows_config(plan.rows, plan.width)
+        args = (out_storage, out_rows, x_storage, row_shape, x_rows, col_shape, x_cols, plan.rows, plan.width)
+        if op == "argmax":
+            launcher(make_argmax(np.dtype(x.dtype), threads)[0], blocks, threads, stream)(*args)
+        else:
+            kernel = make_reduce(REDUCTIONS[op], plan.out_dtype, threads)[0]
+            launcher(kernel, blocks, threads, stream)(*args, plan.out_dtype.type(plan.width))
+    return run
+
+
+def _reduce_cpu(op):
+    def run(out, x, *, axis=None, keepdims=False, stream=0):
+        plan = plan_reduce(op, x, axis, keepdims)
+        _check_out(op, out, plan.out_shape, plan.out_dtype)
+        with np.errstate(all="ignore"):  # IEEE inf/nan without warnings, as on a GPU
+            if op == "argmax":
+                np.argmax(x, axis=axis, out=out, keepdims=keepdims)
+            elif op == "reduce_mean" and plan.width == 0:
+                out[...] = np.nan  # numpy's value, without its "Mean of empty slice" warning
+            else:
+                getattr(np, REDUCTIONS[op])(x, axis=plan.axes, out=out, keepdims=keepdims)
+    return run
+
+
+for _op in REDUCTIONS:
+    register(_op, "cuda", _reduce_cuda(_op))
+    register(_op, "cpu", _reduce_cpu(_op))
+
+
+def ptx_cases():
+    """(label, py_func, argtypes, is_device) for the PTX compile check."""
+    from numba import types
+
+    from pyflow.kernels.compile_check import array, tuple_of
+
+    i64, t1, t2 = types.int64, tuple_of(1), tuple_of(2)
+    block = 256
+    cases = [("argmax_better[float32]", argmax_better.py_func, (types.float32, i64, types.float32, i64), True),
+             ("divide[float32]", divide.py_func, (types.float32, types.float32), True),
+             ("keep[int64]", keep.py_func, (i64, i64), True)]
+    for kind in ("sum", "max", "min", "mean"):
+        for dtype in ("float32", "float64", "int32"):
+            op, acc = f"reduce_{kind}", result_dtype(f"reduce_{kind}", dtype)
+            rows, partials = make_reduce(kind, acc, block)
+            fold = make_block_fold(COMBINE[kind], block)
+            a, x = array(acc.name), array(dtype)
+            cases.append((f"{op}[{dtype}] block_fold", fold.py_func, (a, types.int32, numba.from_dtype(acc)), True))
+            cases.append((f"{op}[{dtype}] rows", rows.py_func,
+                          (a, t2, x, t2, t2, t2, t2, i64, i64, numba.from_dtype(acc)), False))
+            cases.append((f"{op}[{dtype}] partials", partials.py_func, (a, x, t1, t1, i64), False))
+            cases.append((f"{op}[{dtype}] pass 2", rows.py_func,
+                          (a, t1, a, t1, t1, t1, t1, i64, i64, numba.from_dtype(acc)), False))
+    for dtype in ("float32", "float64", "int32", "int64"):
+        rows, partials, merge, block_argmax = make_argmax(np.dtype(dtype), block)
+        x, idx, v = array(dtype), array("int64"), numba.from_dtype(np.dtype(dtype))
+        cases.append((f"argmax[{dtype}] block_argmax", block_argmax.py_func, (x, idx, types.int32, v, i64), True))
+        cases.append((f"argmax[{dtype}] rows", rows.py_func, (idx, t2, x, t2, t2, t2, t2, i64, i64), False))
+        cases.append((f"argmax[{dtype}] partials", partials.py_func, (x, idx, x, t2, t2, i64), False))
+        cases.append((f"argmax[{dtype}] merge", merge.py_func, (idx, x, idx, i64), False))
+    return cases
