@@ -1,0 +1,279 @@
+"""Matrix multiplication: ``out = a @ b`` with numpy's ``np.matmul`` rules, as a tiled kernel.
+
+One registered op, ``matmul``, ``fn(out, a, b, *, stream=0)`` on "cpu" and "cuda":
+* 2-D operands multiply as matrices: (M, K) @ (K, N) -> (M, N);
+* 1-D operands are vectors: (K,) @ (K, N) -> (N,), (M, K) @ (K,) -> (M,),
+  (K,) @ (K,) -> a 0-d result;
+* leading dimensions are batch dimensions, broadcast between ``a`` and ``b``
+  like numpy: (2, 1, M, K) @ (3, K, N) -> (2, 3, M, N);
+* the result dtype is numpy's (``np.matmul.resolve_dtypes``): int32 @ float32
+  gives float64, inputs are cast to it as they are read;
+* K = 0 gives zeros; an empty result launches nothing.
+
+Operands are read through their strides (``kernels/layout.py``): ``a.T``, a
+sliced view or a batch broadcast with stride 0 is never copied.  The host turns
+every operand into (batch shape, rows, cols) with one stride per dimension.
+
+The CUDA kernel is the classic shared-memory tiled matmul (MiniTorch's
+"matmul practice"), built per tile size and dtype by ``make_matmul_kernel``.
+float32 inputs accumulate in float32, like cuBLAS by default.
+The CPU twin is ``np.matmul(a, b, out=out)``.
+
+>>> import numpy as np
+>>> from pyflow.kernels.registry import get_kernel
+>>> a, b = np.arange(6.0).reshape(2, 3), np.ones((3, 2))
+>>> out = np.empty((2, 2))
+>>> get_kernel("matmul", "cpu")(out, a, b)
+>>> out.tolist()
+[[3.0, 3.0], [12.0, 12.0]]
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import from_dtype
+
+from pyflow.errors import DTypeError, LaunchConfigError, ShapeError
+from pyflow.kernels.backend import cuda, is_simulator
+from pyflow.kernels.elementwise import position
+from pyflow.kernels.jit import jit
+from pyflow.kernels.launch import launcher, require_device_arrays
+from pyflow.kernels.layout import as_kernel_shape, flat, may_overlap, padded_strides
+from pyflow.kernels.registry import register
+
+__all__ = ["make_matmul_kernel", "matmul_cuda", "matmul_result_dtype", "matmul_shape",
+           "default_tile", "SUPPORTED_DTYPES", "GPU_TILE", "SIM_TILE", "MAX_GRID_Z"]
+
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
+GPU_TILE = 16      # 16 x 16 = 256 threads per block
+SIM_TILE = 4       # 16 simulated threads per block: every thread is a Python thread
+MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z; further batches loop inside the kernel
+
+
+def default_tile() -> int:
+    """The tile side the registered ``matmul`` uses: 16 on a GPU, 4 in the simulator."""
+    return SIM_TILE if is_simulator() else GPU_TILE
+
+
+# --- device code ----------------------------------------------------------------
+
+
+@functools.cache
+def make_matmul_kernel(tile: int, dtype) -> object:
+    """The tiled matmul kernel for ``tile`` x ``tile`` blocks, computing in ``dtype``.
+
+    ``dtype`` (a numpy dtype, the result dtype) types the shared tiles and the
+    accumulator; shared arrays need it, and their shape ``(TILE, TILE)``, at
+    compile time, so each (tile, dtype) gets its own kernel.
+    """
+    TILE = int(tile)
+    ACC = from_dtype(np.dtype(dtype))
+
+    @jit
+    def matmul_tiled(out, out_strides, a, a_strides, b, b_strides, batch_shape, m, n, k, batches):
+        """``out[z] = a[z] @ b[z]`` for every batch index ``z``, one output tile per block.
+
+        Layout: every operand is flat storage plus strides over (batch..., rows,
+        cols); ``batch_shape`` is the broadcast batch shape ((1,) when none).
+        Grid: x -> column tiles of ``out``, y -> row tiles, z -> batches (a
+        grid-stride loop past gridDim.z).  Block: TILE x TILE threads; thread
+        (ty, tx) owns ``out[row, col]`` with row = by*TILE+ty, col = bx*TILE+tx.
+
+        Rules kept: each element of ``a`` and ``b`` is read from global memory
+        once per block that needs it (into shared memory), each output element is
+        written once; cells outside the matrices load as 0, so partial tiles need
+        no special case; every thread reaches every ``syncthreads`` (loads and the
+        store are guarded, nobody returns early).
+        """
+        sa = cuda.shared.array((TILE, TILE), dtype=ACC)
+        sb = cuda.shared.array((TILE, TILE), dtype=ACC)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        row = cuda.blockIdx.y * TILE + ty
+        col = cuda.blockIdx.x * TILE + tx
+        r = len(batch_shape)  # strides[r] steps a row, strides[r + 1] a column
+        z = cuda.blockIdx.z
+        # Code plan (per batch z of this block; the same z for the whole block):
+        # 1. find where batch z starts in each operand (broadcast dims: stride 0);
+        # 2. for each K-step of TILE: each thread copies one cell of the A tile
+        #    (rows of this block) and one of the B tile (cols of this block) into
+        #    shared memory, 0 outside the matrices; barrier;
+        # 3. each thread adds TILE products of its row of sa and column of sb;
+        #    barrier, so nobody overwrites the tiles while others still read them;
+        # 4. threads inside the output write their sum once.
+        while z < batches:
+            a0 = position(z, batch_shape, a_strides)
+            b0 = position(z, batch_shape, b_strides)
+            o0 = position(z, batch_shape, out_strides)
+            acc = ACC(0)
+            for k0 in range(0, k, TILE):
+                ka = k0 + tx
+                if row < m and ka < k:
+                    sa[ty, tx] = a[a0 + row * a_strides[r] + ka * a_strides[r + 1]]
+                else:
+                    sa[ty, tx] = 0
+                kb = k0 + ty
+                if kb < k and col < n:
+                    sb[ty, tx] = b[b0 + kb * b_strides[r] + col * b_strides[r + 1]]
+                else:
+                    sb[ty, tx] = 0
+                cuda.syncthreads()
+                for j in range(TILE):
+                    acc += sa[ty, j] * sb[j, tx]
+                cuda.syncthreads()
+            if row < m and col < n:
+                out[o0 + row * out_strides[r] + col * out_strides[r + 1]] = acc
+            z += cuda.gridDim.z
+
+    return matmul_tiled
+
+
+# --- dtype and shape rules (numpy's) ----------------------------------------------
+
+
+def matmul_result_dtype(a, b) -> np.dtype:
+    """The dtype numpy's matmul gives ``a @ b``; ``DTypeError`` for unsupported dtypes."""
+    a, b = np.dtype(a), np.dtype(b)
+    for d in (a, b):
+        if d not in SUPPORTED_DTYPES:
+            raise DTypeError(f"matmul: unsupported dtype {d} (inputs {a}, {b}); expected one of "
+                             f"{', '.join(map(str, SUPPORTED_DTYPES))}")
+    return np.matmul.resolve_dtypes((a, b, None))[2]
+
+
+def matmul_shape(a_shape, b_shape) -> tuple:
+    """numpy's result shape of ``a @ b``; ``ShapeError`` naming both shapes if they do not fit."""
+    a_shape, b_shape = tuple(a_shape), tuple(b_shape)
+    where = f"matmul: shapes {a_shape} and {b_shape}"
+    if not a_shape or not b_shape:
+        raise ShapeError(f"{where}: a 0-d operand cannot be multiplied (use mul); "
+                         "operands need at least 1 dimension")
+    a2 = a_shape if len(a_shape) > 1 else (1,) + a_shape
+    b2 = b_shape if len(b_shape) > 1 else b_shape + (1,)
+    if a2[-1] != b2[-2]:
+        raise ShapeError(f"{where} do not match: a has {a2[-1]} columns (last dim) but b has "
+                         f"{b2[-2]} rows ({'only' if len(b_shape) == 1 else 'second-to-last'} dim)")
+    try:
+        batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    except ValueError:
+        raise ShapeError(f"{where}: batch dimensions {a2[:-2]} and {b2[:-2]} cannot be "
+                         "broadcast together") from None
+    rows = (a2[-2],) if len(a_shape) > 1 else ()   # a vector's row dimension is dropped
+    cols = (b2[-1],) if len(b_shape) > 1 else ()   # and so is a vector's column dimension
+    return batch + rows + cols
+
+
+def _check(out, a, b) -> tuple:
+    """Every check, before any launch; returns the result shape."""
+    shape = matmul_shape(a.shape, b.shape)
+    dtype = matmul_result_dtype(a.dtype, b.dtype)
+    if tuple(out.shape) != shape:
+        raise ShapeError(f"matmul: output has shape {tuple(out.shape)}, expected {shape} "
+                         f"for {tuple(a.shape)} @ {tuple(b.shape)}")
+    if np.dtype(out.dtype) != dtype:
+        raise DTypeError(f"matmul: output dtype is {out.dtype}, expected {dtype} "
+                         f"for {a.dtype} @ {b.dtype}")
+    if math.prod(shape) and any(s == 0 and n > 1 for s, n in zip(out.strides, out.shape)):
+        raise ShapeError("matmul: the output is a broadcast view (stride 0): threads would race")
+    if may_overlap(out, a) or may_overlap(out, b):
+        raise ShapeError("matmul: the output overlaps an input; blocks would overwrite values other "
+                         "blocks still read (use a separate output)")
+    return shape
+
+
+# --- launching on a GPU or in the simulator ----------------------------------------
+
+
+def _as_matrices(array, vector_as: str) -> tuple:
+    """(shape, element strides) of ``array`` as (batch..., rows, cols).
+
+    A 1-D ``a`` is a 1 x K row (``vector_as="row"``), a 1-D ``b`` a K x 1
+    column (``"col"``); the added dimension gets stride 0.
+    """
+    _, strides = flat(array)
+    shape = tuple(array.shape)
+    if len(shape) == 1:
+        if vector_as == "row":
+            return (1,) + shape, (0,) + strides
+        return shape + (1,), strides + (0,)
+    return shape, strides
+
+
+def _out_strides(out, a_ndim: int, b_ndim: int) -> tuple:
+    """Element strides of ``out`` over (batch..., M, N), stride 0 for a dim a vector removed."""
+    strides = flat(out)[1] if out.ndim else ()
+    if b_ndim == 1:
+        strides = strides + (0,)
+    if a_ndim == 1:
+        strides = strides[:-1] + (0,) + strides[-1:]
+    return strides
+
+
+def _check_tile(tile) -> int:
+    if isinstance(tile, bool) or not isinstance(tile, (int, np.integer)) or not 1 <= tile <= 32:
+        raise LaunchConfigError(f"matmul: tile must be an int from 1 to 32 (tile*tile threads "
+                                f"per block, at most 1024), got {tile!r}")
+    return int(tile)
+
+
+def matmul_cuda(out, a, b, *, tile: int | None = None, stream=0) -> None:
+    """``out[...] = a @ b`` on the device, with ``tile`` x ``tile`` blocks (default: ``default_tile()``)."""
+    tile = _check_tile(default_tile() if tile is None else tile)
+    require_device_arrays("matmul", out, a, b)
+    shape = _check(out, a, b)
+    if math.prod(shape) == 0:
+        return  # M, N or a batch dim is 0: nothing to write
+    a_shape, a_strides = _as_matrices(a, "row")
+    b_shape, b_strides = _as_matrices(b, "col")
+    m, k = a_shape[-2:]
+    n = b_shape[-1]
+    batch = tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+    o_strides = _out_strides(out, a.ndim, b.ndim)
+    if batch:
+        a_strides = padded_strides(a_shape[:-2], a_strides[:-2], batch) + a_strides[-2:]
+        b_strides = padded_strides(b_shape[:-2], b_strides[:-2], batch) + b_strides[-2:]
+    else:  # no batch dims: one batch of shape (1,), stride 0 everywhere
+        a_strides, b_strides, o_strides = (0,) + a_strides, (0,) + b_strides, (0,) + o_strides
+    batches = math.prod(batch)
+    grid = (math.ceil(n / tile), math.ceil(m / tile), min(batches, MAX_GRID_Z))
+    kernel = make_matmul_kernel(tile, np.dtype(out.dtype))
+    launcher(kernel, grid, (tile, tile), stream)(
+        flat(out)[0], o_strides, flat(a)[0], a_strides, flat(b)[0], b_strides,
+        as_kernel_shape(batch), m, n, k, batches)
+
+
+def _matmul_cuda(out, a, b, *, stream=0) -> None:
+    matmul_cuda(out, a, b, stream=stream)
+
+
+def _matmul_cpu(out, a, b, *, stream=0) -> None:
+    _check(out, a, b)
+    with np.errstate(all="ignore"):  # IEEE inf/nan without warnings, as on a GPU
+        np.matmul(a, b, out=out)
+
+
+register("matmul", "cuda", _matmul_cuda)
+register("matmul", "cpu", _matmul_cpu)
+
+
+def ptx_cases():
+    """(label, py_func, argtypes, is_device) for the PTX compile check."""
+    from numba import types
+
+    from pyflow.kernels.compile_check import array, tuple_of
+
+    i64 = types.int64
+    cases = []
+    for tile in (GPU_TILE, 4):
+        for a, b in (("float32", "float32"), ("float64", "float64"), ("int32", "int32"),
+                     ("int64", "int64"), ("int32", "float32")):
+            result = matmul_result_dtype(a, b)
+            for nb in (1, 2):  # batch rank 1 (also "no batch") and 2
+                t = tuple_of(nb + 2)
+                argtypes = (array(result.name), t, array(a), t, array(b), t, tuple_of(nb), i64, i64, i64, i64)
+                cases.append((f"matmul_tiled[tile={tile},{a}@{b},batch rank {nb}]",
+                              make_matmul_kernel(tile, result).py_func, argtypes, False))
+    return cases
