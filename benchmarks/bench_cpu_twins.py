@@ -43,6 +43,42 @@ def cases(scale: float):
     out64 = np.empty(n, np.float64)
     yield ("cast float32->float64", lambda: get_kernel("cast", "cpu")(out64, x),
            lambda: np.copyto(out64, x, casting="unsafe"))
+    side = int(2000 * scale**0.5)
+    grid = _rand(side, side)
+    rows_out = np.empty(side, np.float32)
+    yield ("reduce_sum over rows", lambda: get_kernel("reduce_sum", "cpu")(rows_out, grid, axis=1),
+           lambda: np.sum(grid, axis=1, out=rows_out))
+    arg_out = np.empty(side, np.int64)
+    yield ("argmax over columns", lambda: get_kernel("argmax", "cpu")(arg_out, grid, axis=0),
+           lambda: np.argmax(grid, axis=0, out=arg_out))
+    soft = np.empty_like(grid)
+
+    def numpy_softmax():
+        shifted = grid - grid.max(axis=1, keepdims=True)
+        e = np.exp(shifted)
+        soft[...] = e / e.sum(axis=1, keepdims=True)
+    yield "softmax rows", lambda: get_kernel("softmax", "cpu")(soft, grid, axis=1), numpy_softmax
+    m = max(8, int(512 * scale**(1 / 3)))
+    a, b, prod = _rand(m, m), _rand(m, m, seed=2), np.empty((m, m), np.float32)
+    yield (f"matmul {m}x{m}", lambda: get_kernel("matmul", "cpu")(prod, a, b.T),
+           lambda: np.matmul(a, b.T, out=prod))
+    parts = [_rand(n // 4, seed=i) for i in range(4)]
+    cat = np.empty(4 * (n // 4), np.float32)
+    yield ("concat 4 parts", lambda: get_kernel("concat", "cpu")(cat, parts, axis=0),
+           lambda: np.concatenate(parts, axis=0, out=cat))
+    table, idx = _rand(50_000, 64), np.random.default_rng(3).integers(0, 50_000, max(1, int(20_000 * scale)))
+    looked_up = np.empty((idx.size, 64), np.float32)
+    yield ("gather (embedding)", lambda: get_kernel("gather", "cpu")(looked_up, table, idx),
+           lambda: np.take(table, idx, axis=0, out=looked_up))
+    images, weight = _rand(4, 16, 32, 32), _rand(32, 16, 3, 3, seed=4)
+    conv_out = np.empty((4, 32, 32, 32), np.float32)
+
+    def numpy_conv():
+        padded = np.pad(images, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+        conv_out[...] = np.einsum("nchwij,ocij->nohw", windows, weight, optimize=True)
+    yield ("conv2d 3x3 (4x16x32x32)", lambda: get_kernel("conv2d", "cpu")(conv_out, images, weight, None, padding=1),
+           numpy_conv)
 
 
 def best_of(fn, repeats: int) -> float:

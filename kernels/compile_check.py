@@ -28,7 +28,10 @@ from pyflow.kernels import backend
 __all__ = ["FAMILIES", "array", "tuple_of", "run"]
 
 CC = (9, 0)
-FAMILIES = ["pyflow.kernels.examples", "pyflow.kernels.elementwise"]
+FAMILIES = ["pyflow.kernels.examples", "pyflow.kernels.elementwise", "pyflow.kernels.reduce",
+            "pyflow.kernels.softmax", "pyflow.kernels.matmul", "pyflow.kernels.movement",
+            "pyflow.kernels.conv", "pyflow.kernels.utask.elementwise", "pyflow.kernels.utask.matmul",
+            "pyflow.kernels.utask.reduce", "pyflow.kernels.utask.program"]
 
 
 def array(dtype, ndim: int = 1, layout: str = "C"):

@@ -32,7 +32,7 @@ import numpy as np
 from pyflow.errors import AxisError, ShapeError
 from pyflow.kernels.backend import cuda, is_simulator
 
-__all__ = ["is_device_array", "flat", "kernel_operand", "broadcast_shapes", "broadcast_view",
+__all__ = ["is_device_array", "flat", "kernel_operand", "may_overlap", "broadcast_shapes", "broadcast_view",
            "normalize_axis", "normalize_axes", "padded_strides", "contiguous_strides", "as_kernel_shape"]
 
 if is_simulator():
@@ -75,6 +75,22 @@ def flat(array):
         host = np.lib.stride_tricks.as_strided(_host(array), (span,), (itemsize,))
         storage = _FakeCUDAArray(host) if is_device_array(array) else host
     return storage, strides
+
+
+def may_overlap(a, b) -> bool:
+    """Could ``a`` and ``b`` share memory?  (Their byte ranges intersect; empty never does.)"""
+    if a.size == 0 or b.size == 0:
+        return False
+    if not (is_device_array(a) and _FakeCUDAArray is None):
+        return bool(np.may_share_memory(_host(a), _host(b)))
+
+    def byte_range(array):
+        start = array.__cuda_array_interface__["data"][0]
+        extent = sum((n - 1) * s for n, s in zip(array.shape, array.strides)) + array.dtype.itemsize
+        return start, start + extent
+
+    (a0, a1), (b0, b1) = byte_range(a), byte_range(b)
+    return a0 < b1 and b0 < a1
 
 
 def kernel_operand(array, shape) -> tuple:

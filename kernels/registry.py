@@ -11,11 +11,16 @@ ignore it):
 
 ==============  ==================================================================
 elementwise     ``fn(out, *inputs, stream=0)``; ``fill``: ``fn(out, value, stream=0)``
-reduce          ``fn(out, x, *, axis=None, keepdims=False, stream=0)``
-softmax         ``fn(out, x, *, axis=-1, stream=0)``
+reduce          ``fn(out, x, *, axis=None, keepdims=False, stream=0)`` (reduce_sum, reduce_max,
+                reduce_min, reduce_mean, argmax)
+softmax         ``fn(out, x, *, axis=-1, stream=0)`` (softmax, log_softmax)
 matmul          ``fn(out, a, b, *, stream=0)``
-movement        see ``kernels/movement.py`` (concat, split, add_n, permute, gather...)
-conv / pool     see ``kernels/conv.py``
+movement        ``slice(out, x, *, starts, stops, steps)``, ``concat(out, inputs, *, axis)``,
+                ``split(outs, x, *, axis)``, ``add_n(out, inputs)``, ``permute(out, x, *, perm)``,
+                ``transpose(out, x, *, dim0, dim1)``, ``gather(out, table, indices, *, check=True)``,
+                ``index_select(out, x, index, *, axis, check=True)``
+conv / pool     ``conv2d(out, x, weight, bias, *, stride=1, padding=0)``,
+                ``max_pool2d`` / ``avg_pool2d(out, x, *, kernel_size, stride=None, padding=0)``
 ==============  ==================================================================
 
 >>> "add" in kernel_names("cpu") and "add" in kernel_names("cuda")
@@ -24,9 +29,10 @@ True
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
-__all__ = ["register", "get_kernel", "kernel_names", "TARGETS"]
+__all__ = ["register", "get_kernel", "kernel_names", "TARGETS", "FAMILIES"]
 
 TARGETS = ("cpu", "cuda")
 _table: dict[tuple[str, str], Callable] = {}
@@ -62,6 +68,10 @@ def kernel_names(target: str | None = None) -> list[str]:
     return sorted({n for n, t in _table if target is None or t == target})
 
 
+FAMILIES = ("elementwise", "reduce", "softmax", "matmul", "movement", "conv")
+
+
 def _load_families() -> None:
     """Import every kernel family so its registrations exist."""
-    from pyflow.kernels import elementwise  # noqa: F401
+    for family in FAMILIES:
+        importlib.import_module(f"pyflow.kernels.{family}")
