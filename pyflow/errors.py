@@ -86,6 +86,25 @@ class OutOfMemoryError(PyflowError, MemoryError):
         self.stats = stats
 
 
+# --- the virtual machine -------------------------------------------------------
+
+
+class VMHangError(PyflowError, RuntimeError):
+    """The VM made no progress for the hang timeout; names the oldest blocked instructions."""
+
+
+class OpError(PyflowError, RuntimeError):
+    """An instruction (an op's kernel, a copy, a callback) failed on a VM worker.
+
+    Raised in the user's thread at the next synchronisation point; ``op`` names
+    the instruction and ``__cause__`` is the original exception.
+    """
+
+    def __init__(self, message: str, *, op: str = ""):
+        super().__init__(message)
+        self.op = op
+
+
 # --- kernel launches (the simulator and the GPU wrapper) ---------------------
 
 

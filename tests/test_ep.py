@@ -523,3 +523,20 @@ def test_gpu_task_errors_surface_at_sync() -> None:
     stream.launch(lambda: 1 / 0, name="divide")
     with pytest.raises(StreamExecutionError, match="'divide'"):
         stream.sync()
+
+
+def test_inline_emulated_stream_runs_work_on_the_caller_and_keeps_errors_for_sync():
+    device = ep.get_device("mock:0")
+    stream = device.create_stream("inline", inline=True)
+    ran_on = []
+    stream.launch(lambda: ran_on.append(threading.current_thread()))
+    assert ran_on == [threading.current_thread()]
+    assert not any(t.name.endswith("-inline") for t in threading.enumerate())
+    event = device.create_event()
+    stream.record_event(event)
+    assert event.query_done()
+    stream.launch(lambda: 1 / 0, name="divide")
+    with pytest.raises(StreamExecutionError, match="divide"):
+        stream.sync()
+    stream.sync()  # the error was reported once
+    device.destroy_stream(stream)

@@ -176,8 +176,13 @@ class Device(abc.ABC):
         return self.device.index
 
     @abc.abstractmethod
-    def create_stream(self, name: str | None = None) -> Stream:
-        """A new stream on this device; ``name`` defaults to ``stream<n>``."""
+    def create_stream(self, name: str | None = None, inline: bool = False) -> Stream:
+        """A new stream on this device; ``name`` defaults to ``stream<n>``.
+
+        ``inline=True`` asks for a stream whose work runs on the caller's thread when
+        launched (for step-through debugging); providers whose host side is inline
+        anyway (CPU, a real GPU) ignore it.
+        """
 
     @abc.abstractmethod
     def destroy_stream(self, stream: Stream) -> None:

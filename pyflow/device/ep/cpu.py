@@ -197,8 +197,8 @@ class HostMemoryDevice(base.Device):
 class CpuDevice(HostMemoryDevice):
     """The CPU (always ``cpu:0``): numpy memory, inline streams, always-done events."""
 
-    def create_stream(self, name: str | None = None) -> CpuStream:
-        """A new inline stream."""
+    def create_stream(self, name: str | None = None, inline: bool = False) -> CpuStream:
+        """A new inline stream (CPU streams are always inline)."""
         stream = CpuStream(self, self._name_and_serial(name)[0])
         self._streams.append(stream)
         return stream

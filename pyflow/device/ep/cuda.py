@@ -149,8 +149,8 @@ class CudaDevice(base.Device):
         """``cudaSetDevice``: this GPU becomes the calling thread's current device."""
         cuda.select_device(self.device.index)
 
-    def create_stream(self, name: str | None = None) -> CudaStream:
-        """A new non-default CUDA stream."""
+    def create_stream(self, name: str | None = None, inline: bool = False) -> CudaStream:
+        """A new non-default CUDA stream (its host side is inline anyway)."""
         stream = CudaStream(self, self._name_and_serial(name)[0])
         with self._lock:
             self._streams.append(stream)

@@ -137,18 +137,23 @@ class EmulatedStream(base.Stream):
     that hangs must not keep the process alive.
     """
 
-    def __init__(self, device: "EmulatedDevice", name: str, serial: int, settings: EmulationSettings) -> None:
+    def __init__(self, device: "EmulatedDevice", name: str, serial: int, settings: EmulationSettings,
+                 inline: bool = False) -> None:
         self.device = device
         self.name = name
         self.settings = settings
+        self.inline = inline  # no worker: tasks run at once on the caller (step-through mode)
         seed = None if settings.seed is None else f"{settings.seed}/{device.device}/{name}/{serial}"
         self._rng = random.Random(seed)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._errors = TaskErrors(f"{device.device}/{name}")
         self._lock = threading.Lock()  # orders "is it destroyed?" with "enqueue"
         self.destroyed = False
-        self.thread = threading.Thread(target=self._worker_loop, name=f"pyflow-ep-{device.device}-{name}", daemon=True)
-        self.thread.start()
+        self.thread = None
+        if not inline:
+            self.thread = threading.Thread(target=self._worker_loop, name=f"pyflow-ep-{device.device}-{name}",
+                                           daemon=True)
+            self.thread.start()
         _live_streams.add(self)
 
     def _worker_loop(self) -> None:
@@ -168,7 +173,13 @@ class EmulatedStream(base.Stream):
         with self._lock:
             if self.destroyed:
                 raise StreamExecutionError(f"stream {self.device.device}/{self.name} was destroyed")
-            self._queue.put((fn, args, name))
+            if not self.inline:
+                self._queue.put((fn, args, name))
+                return
+        try:  # inline: run now, keep the error for sync() as a worker would
+            fn(*args)
+        except BaseException as error:  # noqa: BLE001
+            self._errors.add(name, error)
 
     def launch(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:
         """Enqueue ``fn(*args)``; returns at once."""
@@ -209,6 +220,9 @@ class EmulatedStream(base.Stream):
 
     def sync(self) -> None:
         """Block until every task queued so far ran; raise a kept task error, if any."""
+        if self.inline:
+            self._errors.raise_pending()
+            return
         if threading.current_thread() is self.thread:
             raise StreamExecutionError(
                 f"sync() of stream {self.device.device}/{self.name} from its own task would deadlock"
@@ -230,7 +244,7 @@ class EmulatedStream(base.Stream):
             self.destroyed = True
             if not already:
                 self._queue.put(_STOP)
-        if threading.current_thread() is not self.thread:
+        if self.thread is not None and threading.current_thread() is not self.thread:
             self.thread.join(timeout)
             if self.thread.is_alive():
                 raise StreamExecutionError(
@@ -268,11 +282,15 @@ class EmulatedDevice(HostMemoryDevice):
         self.fake_cuda_arrays = fake_cuda_arrays
         self._lock = threading.Lock()
 
-    def create_stream(self, name: str | None = None) -> EmulatedStream:
-        """A new worker-thread stream using the current ``emulation_settings()``."""
+    def create_stream(self, name: str | None = None, inline: bool = False) -> EmulatedStream:
+        """A new worker-thread stream using the current ``emulation_settings()``.
+
+        ``inline=True``: no worker; work runs on the caller's thread at once (the VM's
+        step-through mode), so a debugger can step from an op into its kernel.
+        """
         with self._lock:
             name, serial = self._name_and_serial(name)
-            stream = EmulatedStream(self, name, serial, emulation_settings())
+            stream = EmulatedStream(self, name, serial, emulation_settings(), inline=inline)
             self._streams.append(stream)
         return stream
 
