@@ -96,9 +96,11 @@ class TaskErrors:
         if errors:
             task, error = errors[0]
             more = f" (and {len(errors) - 1} later failed task(s))" if len(errors) > 1 else ""
-            raise StreamExecutionError(
+            failure = StreamExecutionError(
                 f"task {task!r} on stream {self.stream_name!r} failed: {type(error).__name__}: {error}{more}"
-            ) from error
+            )
+            failure.task = task  # the VM names the failed op with it
+            raise failure from error
 
 
 def task_name(fn: Callable[..., Any], name: str | None) -> str:

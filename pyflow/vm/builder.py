@@ -1,0 +1,160 @@
+"""Seeds 000/002: ``InstructionsBuilder``, ``PhysicalRun`` and ``SoftSyncStream``.
+
+``physical_run(build)`` makes a builder, lets ``build(builder)`` append instructions
+and hands the list to the VM.  It holds the VM's build lock while it does so,
+which keeps the list and the tensors' stream bookkeeping consistent when several
+user threads issue ops.  The builder's methods are OneFlow's:
+
+* ``call(...)`` - an op (OpCall).  If the stream does not own its allocator (a
+  host2device copy) the outputs are first allocated on the allocator stream.
+  Then outputs and inputs are soft-synced to the op's stream;
+* ``release_tensor(storage)``, ``access_blob_by_callback(...)``,
+  ``global_sync(callback)`` / ``barrier(callback)``;
+* ``soft_sync_stream(blobs, stream)`` - for each blob last used on another
+  stream L: ``StreamWait`` when L and S are on one CUDA device and both support
+  stream wait (one instruction if they share a worker, else a record/wait pair),
+  otherwise ``RecordEvent`` on L.  Then every blob's ``last_used_stream`` is S.
+"""
+
+from __future__ import annotations
+
+from pyflow.device import Device
+from pyflow.device.device import DeviceType
+from pyflow.device.stream import Stream as StreamSymbol
+from pyflow.device.stream import StreamType, allocator_stream_type, default_stream
+from pyflow.vm.instruction import Instruction
+from pyflow.vm.policies import (AccessBlobByCallback, AllocateTensors, Barrier, OpCall, RecordEvent,
+                                ReleaseTensor, StreamRecordEvent, StreamWait, StreamWaitEvent)
+
+__all__ = ["InstructionsBuilder", "physical_run", "supports_stream_wait_between"]
+
+
+def supports_stream_wait_between(from_stream, to_stream) -> bool:
+    """OneFlow's SupportingStreamWait: device-side waiting is possible between the two."""
+    return (from_stream.device is to_stream.device
+            and from_stream.device.device_type is DeviceType.cuda
+            and from_stream.support_wait_event and to_stream.support_wait_event
+            and not from_stream.on_independent_thread and not to_stream.on_independent_thread)
+
+
+class InstructionsBuilder:
+    """Collects instructions for one PhysicalRun."""
+
+    def __init__(self, vm):
+        self.vm = vm
+        self.instructions: list[Instruction] = []
+
+    def _append(self, stream_symbol, policy) -> Instruction:
+        instruction = Instruction(self.vm.get_vm_stream(stream_symbol), policy)
+        self.instructions.append(instruction)
+        return instruction
+
+    # --- ops ---------------------------------------------------------------------------
+
+    def call(self, name: str, run, inputs, outputs, stream, mutable_inputs=(), sequential=False) -> None:
+        """An op on ``stream``: ``run(out_arrays, in_arrays, native_stream)`` computes it."""
+        allocator_type = allocator_stream_type(stream.stream_type)
+        if allocator_type is not None and allocator_type is not stream.stream_type:
+            self.allocate_tensors(outputs, StreamSymbol.new(stream.device, allocator_type))
+        self.soft_sync_stream(outputs, stream)
+        self.soft_sync_stream(inputs, stream)
+        for blob in outputs:
+            if blob.storage.producer_stream is None:
+                blob.storage.producer_stream = stream
+        vm_stream = self.vm.get_vm_stream(stream)
+        self._append(stream, OpCall(name, run, inputs, outputs, vm_stream, mutable_inputs, sequential))
+
+    def allocate_tensors(self, blobs, stream) -> None:
+        self.soft_sync_stream(blobs, stream)
+        self._append(stream, AllocateTensors(blobs))
+        for blob in blobs:
+            if blob.storage.producer_stream is None:
+                blob.storage.producer_stream = stream
+
+    # --- memory ----------------------------------------------------------------------------
+
+    def release_tensor(self, storage) -> None:
+        """Free a storage on its producer stream, after its last user (OneFlow's ReleaseTensor)."""
+        producer, last_used = storage.producer_stream, storage.last_used_stream
+        if producer is None:
+            return  # never used by any instruction: no memory was ever allocated
+        if last_used is not None and last_used is not producer:
+            if last_used.device is producer.device and supports_stream_wait_between(last_used, producer):
+                self._soft_sync_between([storage.dep], last_used, producer)
+            else:
+                self._append(last_used, RecordEvent([storage.dep], last_used))
+            storage.last_used_stream = producer
+        self._append(producer, ReleaseTensor(storage))
+
+    def drain_releases(self) -> None:
+        """Turn storages whose tensors died (queued by finalizers) into ReleaseTensor instructions."""
+        while True:
+            try:
+                storage = self.vm.release_queue.get_nowait()
+            except Exception:  # queue.Empty
+                return
+            self.release_tensor(storage)
+
+    def access_blob_by_callback(self, blob, callback, modifier: str = "const", name: str = "access_blob") -> None:
+        """``callback(ep_stream, blob)`` on the blob device's default compute stream."""
+        stream = default_stream(blob.device)
+        self.soft_sync_stream([blob], stream)
+        if blob.storage.producer_stream is None:
+            blob.storage.producer_stream = stream
+        self._append(stream, AccessBlobByCallback(blob, callback, modifier, name))
+
+    # --- barriers ------------------------------------------------------------------------------
+
+    def barrier(self, callback, name: str = "barrier") -> None:
+        self._append(StreamSymbol.new(Device("cpu"), StreamType.barrier), Barrier(callback, name))
+
+    def global_sync(self, callback) -> None:
+        """Barrier that also waits for every ep stream (device work), then calls ``callback``."""
+        vm = self.vm
+
+        def sync_everything():
+            for ep_stream in vm.ep_streams():
+                try:
+                    ep_stream.sync()
+                except Exception as error:  # noqa: BLE001 - kept, raised by flow.sync()
+                    vm.record_error("global_sync", error)
+            callback()
+
+        self.barrier(sync_everything, name="global_sync")
+
+    # --- SoftSyncStream ----------------------------------------------------------------------------
+
+    def soft_sync_stream(self, blobs, stream) -> None:
+        """Order ``blobs``' earlier users on other streams before ``stream`` uses them."""
+        by_stream: dict = {}
+        for blob in blobs:
+            last = blob.storage.last_used_stream
+            if last is not None and last is not stream:
+                deps = by_stream.setdefault(last, [])
+                if all(d is not blob.dep for d in deps):
+                    deps.append(blob.dep)
+        for last, deps in by_stream.items():
+            self._soft_sync_between(deps, last, stream)
+        for blob in blobs:
+            blob.storage.last_used_stream = stream
+
+    def _soft_sync_between(self, deps, from_stream, to_stream) -> None:
+        if supports_stream_wait_between(from_stream, to_stream):
+            vm_from, vm_to = self.vm.get_vm_stream(from_stream), self.vm.get_vm_stream(to_stream)
+            if vm_from.thread_ctx is vm_to.thread_ctx:
+                self._append(to_stream, StreamWait(deps, vm_from, vm_to))
+            else:
+                record = StreamRecordEvent(deps)
+                self._append(from_stream, record)
+                self._append(to_stream, StreamWaitEvent(deps, record))
+        else:
+            self._append(from_stream, RecordEvent(deps, from_stream))
+
+
+def physical_run(build, vm) -> None:
+    """Build instructions with ``build(builder)`` and hand them to ``vm`` (OneFlow's PhysicalRun)."""
+    with vm.build_lock:
+        builder = InstructionsBuilder(vm)
+        builder.drain_releases()
+        build(builder)
+        vm.receive(builder.instructions)

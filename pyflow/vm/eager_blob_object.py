@@ -1,0 +1,117 @@
+"""Seeds 000/002: ``TensorStorage`` and ``EagerBlobObject``, what VM instructions operate on.
+
+* ``TensorStorage`` is the memory of one or more tensors (views share it): its
+  size, its allocation (from a caching allocator, made when the instruction that
+  first writes it is *prepared*), its dependence object, and the stream history
+  SoftSyncStream needs: ``producer_stream`` (set once, by the first instruction that
+  uses it) and ``last_used_stream``.
+* ``EagerBlobObject`` is one tensor's view of a storage: shape, dtype, strides and
+  offset in elements.  ``array()`` gives the array a kernel takes (numpy on a CPU,
+  a device array for CUDA), made at compute time, when the memory exists.
+
+The framework's ``Tensor`` holds an ``EagerBlobObject``; instructions hold them too,
+so memory outlives every instruction that uses it.  Freeing is an instruction of
+its own (ReleaseTensor), issued when the last tensor using a storage goes away.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from pyflow.device import DeviceType, ep
+from pyflow.kernels.backend import cuda
+from pyflow.kernels.layout import contiguous_strides
+from pyflow.vm.dependence import LocalDepObject
+
+__all__ = ["TensorStorage", "EagerBlobObject"]
+
+_storage_ids = itertools.count()
+
+
+class TensorStorage:
+    """The memory behind tensors: allocation, dependence object, stream history."""
+
+    def __init__(self, device, nbytes: int):
+        self.id = next(_storage_ids)
+        self.device = device            # pyflow Device the memory belongs to
+        self.nbytes = int(nbytes)
+        self.allocation = None          # allocator.Allocation once prepared
+        self.allocator = None           # who to give it back to
+        self.dep = LocalDepObject(f"storage#{self.id}")
+        self.producer_stream = None     # device.Stream symbols
+        self.last_used_stream = None
+        self.released = False
+
+    @property
+    def allocated(self) -> bool:
+        return self.allocation is not None
+
+    def allocate(self, allocator) -> None:
+        """Take memory from ``allocator`` (raises OutOfMemoryError)."""
+        if self.allocation is None:
+            self.allocation = allocator.allocate(self.nbytes)
+            self.allocator = allocator
+
+    def free(self) -> None:
+        """Give the memory back (ReleaseTensor's compute)."""
+        if self.allocation is not None:
+            self.allocator.deallocate(self.allocation.ptr)
+            self.allocation = None
+        self.released = True
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "allocated" if self.allocated else "unallocated"
+        return f"<TensorStorage #{self.id} {self.nbytes} B on {self.device}, {state}>"
+
+
+class EagerBlobObject:
+    """A tensor's layout over a storage; ``array()`` is what a kernel receives."""
+
+    def __init__(self, storage: TensorStorage, shape, dtype, strides=None, offset: int = 0):
+        self.storage = storage
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self.strides = tuple(strides) if strides is not None else contiguous_strides(self.shape)
+        self.offset = int(offset)       # in elements, from the start of the storage
+
+    @classmethod
+    def empty(cls, device, shape, dtype) -> "EagerBlobObject":
+        """A new contiguous blob with fresh (not yet allocated) storage."""
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        return cls(TensorStorage(device, nbytes), shape, dtype)
+
+    @property
+    def device(self):
+        return self.storage.device
+
+    @property
+    def dep(self) -> LocalDepObject:
+        return self.storage.dep
+
+    def view(self, shape, strides, offset) -> "EagerBlobObject":
+        """Another layout over the same storage (transpose, slice, reshape of contiguous)."""
+        return EagerBlobObject(self.storage, shape, self.dtype, strides, offset)
+
+    def array(self):
+        """The kernel's view of this blob: numpy (CPU) or a device array."""
+        allocation = self.storage.allocation
+        if allocation is None:
+            raise RuntimeError(f"{self!r} has no memory (was the instruction that produces it skipped?)")
+        if allocation.raw is None:  # zero bytes: nothing to view, an empty array of the right kind
+            return _empty_array(self.device, self.shape, self.dtype)
+        itemsize = self.dtype.itemsize
+        return ep.get_device(self.device).as_array(
+            allocation.raw, allocation.offset + self.offset * itemsize, self.shape, self.dtype,
+            tuple(s * itemsize for s in self.strides))
+
+    def __repr__(self) -> str:
+        return f"<EagerBlobObject {self.dtype}{list(self.shape)} on {self.device}, storage #{self.storage.id}>"
+
+
+def _empty_array(device, shape, dtype):
+    if device.device_type is DeviceType.cuda:
+        return cuda.device_array(shape, dtype)
+    return np.empty(shape, dtype)

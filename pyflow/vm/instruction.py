@@ -1,0 +1,74 @@
+"""Seed 002: ``Instruction``: one unit of VM work on one vm stream, and its edges.
+
+An instruction is a *policy* (what to do: run an op's kernel, release a tensor,
+record an event...; see ``pyflow/vm/policies/``) bound to a *vm stream* (where to
+do it), plus the DAG bookkeeping the engine needs:
+
+* ``in_edges``  - earlier instructions it must follow (from the dependence objects);
+* ``out_edges`` - later instructions that follow it;
+* its life: received -> (pending) -> ready -> dispatched -> launched -> done -> released.
+
+"Launched" means the worker ran the policy's ``compute`` (on a GPU: the kernel is
+queued on the ep stream).  "Done" is ``launched`` plus, when the instruction
+recorded an ep event, that event having completed.  An edge ``src -> dst`` lets
+``dst`` go once ``src`` is *released* or, cheaper, once ``src`` is merely
+*dispatched* when order is already guaranteed (same vm stream: a stream is FIFO;
+``policy.prescheduleable`` may widen this, e.g. StreamWait on one worker thread).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+__all__ = ["Instruction"]
+
+_serials = itertools.count()
+
+
+class Instruction:
+    """A policy bound to a vm stream, with its edges and status."""
+
+    def __init__(self, stream, policy):
+        self.serial = next(_serials)
+        self.count = 1              # how many received instructions this stands for (fusion)
+        self.stream = stream        # vm.Stream
+        self.policy = policy
+        self.in_edges: set = set()
+        self.out_edges: set = set()
+        self.dispatched = False
+        self.launched = False
+        self.released = False
+        self.event = None           # an ep event recorded after compute, if any
+        self.error: BaseException | None = None
+        # Wall-clock marks (time.perf_counter) for tracing: received, dispatched,
+        # started (compute began), launched (compute returned), released.
+        self.times: dict[str, float] = {}
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    def mark(self, what: str) -> None:
+        self.times[what] = time.perf_counter()
+
+    # --- status ------------------------------------------------------------------
+
+    def done(self) -> bool:
+        """Launched, and the recorded event (if any) has completed."""
+        if not self.launched:
+            return False
+        return self.event is None or self.event.query_done()
+
+    def edge_satisfied(self, src: "Instruction") -> bool:
+        """May this instruction go although ``src`` (an in-edge) is not released yet?"""
+        return src.dispatched and self.policy.prescheduleable(src.stream, self.stream)
+
+    def dispatchable(self) -> bool:
+        """Not dispatched yet, and every in-edge is satisfied (see the module docstring)."""
+        return not self.dispatched and all(self.edge_satisfied(src) for src in self.in_edges)
+
+    def __repr__(self) -> str:
+        state = ("released" if self.released else "launched" if self.launched
+                 else "dispatched" if self.dispatched else "waiting")
+        return f"<{self.name} #{self.serial} on {self.stream.name}: {state}>"

@@ -1,0 +1,10 @@
+"""Seed 002: instruction policies, one module per family (see ``base.py`` for the interface)."""
+
+from pyflow.vm.policies.base import InstructionPolicy
+from pyflow.vm.policies.fuse import Fuse
+from pyflow.vm.policies.op_call import OpCall
+from pyflow.vm.policies.sync import Barrier, RecordEvent, StreamRecordEvent, StreamWait, StreamWaitEvent
+from pyflow.vm.policies.tensor import AccessBlobByCallback, AllocateTensors, ReleaseTensor
+
+__all__ = ["InstructionPolicy", "OpCall", "AllocateTensors", "ReleaseTensor", "AccessBlobByCallback",
+           "RecordEvent", "StreamWait", "StreamRecordEvent", "StreamWaitEvent", "Barrier", "Fuse"]

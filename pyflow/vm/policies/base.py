@@ -1,0 +1,55 @@
+"""Seed 002: ``InstructionPolicy``: what an instruction does and what it touches.
+
+A policy answers the engine's questions about one kind of instruction:
+
+* ``input_dependences`` / ``output_dependences`` - the dependence objects it reads
+  and writes (``LocalDepObject``; a written object orders it after earlier readers);
+* ``stream_sequential_dependence`` - the stream's own dependence object when the
+  instruction must also stay in order with every other such instruction of its
+  stream (collective streams, ops with mutable inputs, source ops); instructions
+  sharing one may be *fused*;
+* ``fuse_type`` - "none", "enable" or "tail_only" (may only end a fused group);
+* ``is_barrier`` - run on the scheduler thread once every earlier instruction
+  has been released;
+* ``prescheduleable(src_stream, dst_stream)`` - may an in-edge from ``src`` count
+  as satisfied once ``src`` is dispatched (default: only on the same vm stream);
+* ``prepare(instruction)`` (scheduler thread: allocate outputs) and
+  ``compute(instruction)`` (worker thread: the work itself);
+* ``records_event`` - record an ep event after compute, so that "done" waits for
+  the device (RecordEvent; every instruction of an event-recorded stream, d2h).
+"""
+
+from __future__ import annotations
+
+__all__ = ["InstructionPolicy"]
+
+
+class InstructionPolicy:
+    """Base class: an instruction that reads and writes nothing and does nothing."""
+
+    name = "instruction"
+    fuse_type = "none"
+    is_barrier = False
+    records_event = False
+
+    def input_dependences(self) -> list:
+        return []
+
+    def output_dependences(self) -> list:
+        return []
+
+    @property
+    def stream_sequential_dependence(self):
+        return None
+
+    def prescheduleable(self, src_stream, dst_stream) -> bool:
+        return src_stream is dst_stream
+
+    def prepare(self, instruction) -> None:
+        """Runs on the scheduler thread before dispatch (allocation)."""
+
+    def compute(self, instruction) -> None:
+        """Runs on the stream's worker thread (or the scheduler thread for barriers)."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"

@@ -1,0 +1,43 @@
+"""Seed 002: ``Fuse`` (OneFlow's FuseInstructionPolicy): several instructions as one.
+
+The engine fuses consecutive instructions of one vm stream that share the same
+(non-null) stream-sequential dependence.  They must run in order on that stream
+anyway, so treating them as one instruction saves scheduling work.  An
+instruction whose ``fuse_type`` is "tail_only" (a RecordEvent) may only end a
+group.
+"""
+
+from __future__ import annotations
+
+from pyflow.vm.policies.base import InstructionPolicy
+
+__all__ = ["Fuse"]
+
+
+class Fuse(InstructionPolicy):
+    """Prepare and compute each fused policy in turn; dependences are the union."""
+
+    fuse_type = "none"
+
+    def __init__(self, policies):
+        self.policies = list(policies)
+        self.name = "fuse[" + ",".join(p.name for p in self.policies) + "]"
+        self.records_event = self.policies[-1].records_event
+
+    def input_dependences(self) -> list:
+        return [d for p in self.policies for d in p.input_dependences()]
+
+    def output_dependences(self) -> list:
+        return [d for p in self.policies for d in p.output_dependences()]
+
+    @property
+    def stream_sequential_dependence(self):
+        return self.policies[0].stream_sequential_dependence
+
+    def prepare(self, instruction) -> None:
+        for policy in self.policies:
+            policy.prepare(instruction)
+
+    def compute(self, instruction) -> None:
+        for policy in self.policies:
+            policy.compute(instruction)

@@ -1,0 +1,72 @@
+"""Seeds 000/002: instructions about a tensor's memory itself.
+
+* ``AllocateTensors`` - allocate blobs on their *allocator stream*.  A host2device
+  copy allocates its output on the compute stream (which owns the allocator) and
+  then waits for it.  This way a block another stream just freed is not reused
+  before that stream is done with it.
+* ``ReleaseTensor``   - give a storage's memory back, on the stream that produced
+  it, after every earlier user (it writes the storage's dependence object).  The
+  builder first syncs the last user's stream to the producer's.
+* ``AccessBlobByCallback`` - run a Python callback with the ep stream and a blob,
+  e.g. ``.numpy()`` copies the blob to the host and waits.  The modifier "const"
+  reads the blob; "mut" writes it (filling a tensor from numpy).
+"""
+
+from __future__ import annotations
+
+from pyflow.vm.policies.base import InstructionPolicy
+
+__all__ = ["AllocateTensors", "ReleaseTensor", "AccessBlobByCallback"]
+
+
+class AllocateTensors(InstructionPolicy):
+    """Allocate output blobs from this stream's allocator (no compute)."""
+
+    name = "allocate_tensors"
+
+    def __init__(self, blobs):
+        self.blobs = list(blobs)
+
+    def output_dependences(self) -> list:
+        return [b.dep for b in self.blobs]
+
+    def prepare(self, instruction) -> None:
+        for blob in self.blobs:
+            blob.storage.allocate(instruction.stream.allocator)
+
+
+class ReleaseTensor(InstructionPolicy):
+    """Return a storage's memory to its allocator."""
+
+    name = "release_tensor"
+
+    def __init__(self, storage):
+        self.storage = storage
+
+    def output_dependences(self) -> list:
+        return [self.storage.dep]
+
+    def compute(self, instruction) -> None:
+        self.storage.free()
+
+
+class AccessBlobByCallback(InstructionPolicy):
+    """``callback(ep_stream, blob)`` in stream order (``modifier``: "const" or "mut")."""
+
+    def __init__(self, blob, callback, modifier: str = "const", name: str = "access_blob"):
+        if modifier not in ("const", "mut"):
+            raise ValueError(f"modifier must be 'const' or 'mut', got {modifier!r}")
+        self.blob, self.callback, self.modifier, self.name = blob, callback, modifier, name
+
+    def input_dependences(self) -> list:
+        return [self.blob.dep] if self.modifier == "const" else []
+
+    def output_dependences(self) -> list:
+        return [self.blob.dep] if self.modifier == "mut" else []
+
+    def prepare(self, instruction) -> None:
+        if self.modifier == "mut":  # writing a fresh tensor: it needs memory
+            self.blob.storage.allocate(instruction.stream.allocator)
+
+    def compute(self, instruction) -> None:
+        self.callback(instruction.stream.ep_stream, self.blob)

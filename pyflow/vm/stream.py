@@ -1,0 +1,91 @@
+"""Seeds 000/002: ``vm.Stream`` and its ``StreamPolicy``: where an instruction runs.
+
+One vm stream exists per ``Stream`` symbol (device, stream type, thread uid).  It
+knows:
+
+* its **worker**: the ``ThreadCtx`` shared by every stream of one device type
+  and thread uid (OneFlow: one ThreadCtx per device type), or the scheduler
+  thread itself for barrier streams;
+* its **ep stream**, created lazily on first use (OneFlow's
+  ``GetOrCreateEpStream``): an asynchronous one normally, an inline one in the
+  VM's step-through mode;
+* its **allocator** (shared with the other streams that allocate like it:
+  compute and host2device use the device's compute allocator; device2host uses
+  pinned host memory);
+* its **running list**: dispatched instructions not yet released, in order;
+* its **stream-sequential dependence** (``schedule_dep``).
+
+``run(instruction)`` is ``StreamPolicy::Run``: activate the device, compute, and
+record an ep event when "done" must wait for the device (device2host streams,
+RecordEvent instructions).
+"""
+
+from __future__ import annotations
+
+import collections
+
+from pyflow.device import ep
+from pyflow.device.stream import StreamType, allocator_stream_type
+from pyflow.vm.dependence import LocalDepObject
+
+__all__ = ["Stream"]
+
+
+class Stream:
+    """The VM's side of one stream symbol."""
+
+    def __init__(self, vm, symbol, thread_ctx):
+        self.vm = vm
+        self.symbol = symbol
+        self.device = symbol.device
+        self.stream_type = symbol.stream_type
+        self.name = f"{self.device}/{self.stream_type.name}" + (f"/t{symbol.thread_uid}" if symbol.thread_uid else "")
+        self.thread_ctx = thread_ctx
+        self.on_scheduler_thread = self.stream_type is StreamType.barrier
+        # Every instruction of a device2host stream records an event, so the host
+        # knows when the data has landed (OneFlow's event-recorded stream policy).
+        self.event_recorded = self.stream_type is StreamType.device2host
+        self.running: collections.deque = collections.deque()
+        self.schedule_dep = LocalDepObject(f"stream {self.name}")
+        self._ep_streams: dict[bool, object] = {}
+
+    # --- lazily created ep objects --------------------------------------------------
+
+    @property
+    def ep_device(self):
+        return ep.get_device(self.device)
+
+    @property
+    def ep_stream(self):
+        """The ep stream for the VM's current mode (inline in step-through mode)."""
+        inline = self.vm.sync_mode
+        stream = self._ep_streams.get(inline)
+        if stream is None:
+            stream = self.ep_device.create_stream(self.name + ("/inline" if inline else ""), inline=inline)
+            self._ep_streams[inline] = stream
+        return stream
+
+    def ep_streams(self) -> list:
+        """Every ep stream created so far (both modes)."""
+        return list(self._ep_streams.values())
+
+    @property
+    def allocator(self):
+        """The caching allocator this stream's outputs come from (None: it allocates nothing)."""
+        kind = allocator_stream_type(self.stream_type)
+        return None if kind is None else self.vm.allocator(self.device, kind)
+
+    # --- StreamPolicy::Run ---------------------------------------------------------------
+
+    def run(self, instruction) -> None:
+        """Compute ``instruction`` here; record an event if "done" must wait for the device."""
+        instruction.mark("started")
+        self.ep_device.set_as_active()
+        instruction.policy.compute(instruction)
+        if self.event_recorded or instruction.policy.records_event:
+            event = self.ep_device.create_event()
+            self.ep_stream.record_event(event)
+            instruction.event = event
+
+    def __repr__(self) -> str:
+        return f"<vm.Stream {self.name}>"
