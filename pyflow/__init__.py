@@ -3,23 +3,39 @@
 Device code is numba.cuda kernels (``pyflow.kernels``); they run on a GPU when
 there is one and in pyflow's concurrent-grid CUDA simulator when there is not.
 
-What exists so far (see README.md for the map):
-
 >>> import pyflow as flow
->>> flow.device("cuda:1")
-device(type='cuda', index=1)
+>>> x = flow.tensor([[1.0, -2.0], [3.0, -4.0]], device="cuda")
+>>> flow.relu(x).sum().item()
+4.0
 
+Every op becomes a VM instruction (seed 002) that a scheduler thread orders by
+data dependences and a worker thread runs; ``numpy()``, ``item()`` and
+``flow.sync()`` wait.  ``PYFLOW_VM_SYNC=1`` (or ``with flow.vm.sync_mode():``)
+runs everything on the caller's thread, for stepping through with pdb.
 Importing pyflow starts no thread and never needs a GPU.
 """
 
-from pyflow import errors
+import numpy as _np
+
+from pyflow import errors, vm
 from pyflow.device import Device, DeviceType, Stream, StreamType
+from pyflow.framework.functional import (abs, add, argmax, cast, cat, div, exp, full, log, log_softmax,
+                                         manual_seed, matmul, max, maximum, mean, min, minimum, mul, neg,
+                                         ones, pow, rand, randn, relu, sigmoid, softmax, sqrt, sub, sum, tanh,
+                                         where, zeros)
+from pyflow.framework.tensor import Tensor, tensor
 from pyflow.kernels.backend import describe as backend_description
 from pyflow.kernels.backend import is_gpu, is_simulator
+from pyflow.vm import sync
 
 __version__ = "0.1.0"
 
 device = Device  # flow.device("cuda:0"), as in OneFlow and PyTorch
+float32, float64, int32, int64, bool = (_np.dtype(t) for t in ("float32", "float64", "int32", "int64", "bool"))
+float, double, long = float32, float64, int64
 
-__all__ = ["device", "Device", "DeviceType", "Stream", "StreamType", "errors",
-           "is_gpu", "is_simulator", "backend_description", "__version__"]
+__all__ = ["tensor", "Tensor", "device", "Device", "DeviceType", "Stream", "StreamType", "errors", "vm", "sync",
+           "zeros", "ones", "full", "randn", "rand", "manual_seed", "relu", "sigmoid", "tanh", "exp", "log",
+           "sqrt", "abs", "neg", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "matmul", "where",
+           "softmax", "log_softmax", "cat", "cast", "sum", "mean", "max", "min", "argmax", "float32", "float64",
+           "int32", "int64", "bool", "is_gpu", "is_simulator", "backend_description", "__version__"]

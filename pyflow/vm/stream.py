@@ -61,7 +61,8 @@ class Stream:
         inline = self.vm.sync_mode
         stream = self._ep_streams.get(inline)
         if stream is None:
-            stream = self.ep_device.create_stream(self.name + ("/inline" if inline else ""), inline=inline)
+            local_name = self.name.split("/", 1)[1]  # the ep device already names the device
+            stream = self.ep_device.create_stream(local_name + ("/inline" if inline else ""), inline=inline)
             self._ep_streams[inline] = stream
         return stream
 

@@ -1,0 +1,81 @@
+"""Seed 002: the op registry: each op defined once (OneFlow's user op definition + kernel registry).
+
+An ``OpDef`` says everything the interpreter needs to run an op eagerly:
+
+* ``infer(input_metas, attrs) -> output_metas`` - shapes and dtypes.  It runs at the
+  call, so bad input raises there, before any instruction exists;
+* ``kernel`` - the name in ``pyflow.kernels.registry`` (per device target), and
+  ``launch(kernel, outputs, inputs, attrs, stream)``, how to call it (default:
+  ``kernel(*outputs, *inputs, **attrs, stream=stream)``);
+* ``infer_device_and_stream(inputs, attrs) -> (device, stream)`` - only for ops
+  that choose their own (copies between devices); others use the default rules;
+* ``mutable_inputs`` - inputs the op writes;
+* ``sbp_signatures`` - room for the lazy compiler's SBP candidates (a later issue).
+
+>>> sorted(OP_REGISTRY)[:3]
+['abs', 'add', 'argmax']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["TensorMeta", "OpDef", "OP_REGISTRY", "register_op", "get_op", "default_launch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMeta:
+    """What shape inference sees of a tensor."""
+
+    shape: tuple
+    dtype: np.dtype
+
+
+def default_launch(kernel, outputs, inputs, attrs, stream) -> None:
+    kernel(*outputs, *inputs, **attrs, stream=stream)
+
+
+@dataclasses.dataclass
+class OpDef:
+    """One op: shape/dtype inference, its kernel, and how the interpreter places it."""
+
+    name: str
+    infer: Callable
+    kernel: str | None = None
+    launch: Callable = default_launch
+    infer_device_and_stream: Callable | None = None
+    mutable_inputs: tuple = ()
+    sbp_signatures: object = None
+    kernel_attrs: tuple = ()  # the attrs passed on to the kernel (others only steer inference)
+    doc: str = ""
+
+    def __post_init__(self):
+        if self.kernel is None:
+            self.kernel = self.name
+
+
+OP_REGISTRY: dict[str, OpDef] = {}
+
+
+def register_op(op: OpDef) -> OpDef:
+    """Add ``op`` to the registry (names are unique)."""
+    if op.name in OP_REGISTRY:
+        raise ValueError(f"op {op.name!r} is registered twice")
+    OP_REGISTRY[op.name] = op
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    """The op called ``name``; ``KeyError`` listing the registered ops."""
+    _load_ops()
+    try:
+        return OP_REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no op {name!r}; registered ops: {', '.join(sorted(OP_REGISTRY))}") from None
+
+
+def _load_ops() -> None:
+    import pyflow.ops  # noqa: F401  (registers every op)
