@@ -71,7 +71,13 @@ def kernel_names(target: str | None = None) -> list[str]:
 FAMILIES = ("elementwise", "reduce", "softmax", "matmul", "movement", "conv")
 
 
+_loaded = False
+
+
 def _load_families() -> None:
-    """Import every kernel family so its registrations exist."""
-    for family in FAMILIES:
-        importlib.import_module(f"pyflow.kernels.{family}")
+    """Import every kernel family (once) so its registrations exist."""
+    global _loaded
+    if not _loaded:
+        for family in FAMILIES:
+            importlib.import_module(f"pyflow.kernels.{family}")
+        _loaded = True

@@ -153,8 +153,8 @@ class Device:
     def __str__(self) -> str:
         return f"{self.type}:{self._index}"
 
-    def __hash__(self) -> int:
-        return hash((self._device_type, self._index))
+    # Interned: equality is identity, so the default identity hash is right (and fast).
+    __hash__ = object.__hash__
 
     def __reduce__(self) -> tuple:
         return (Device, (self.type, self._index))

@@ -224,8 +224,7 @@ class Stream:
     def __repr__(self) -> str:
         return f"stream({self._device}, {self._stream_type.name}, uid={self._unique_stream_id})"
 
-    def __hash__(self) -> int:
-        return hash(self.key)
+    __hash__ = object.__hash__  # interned: equality is identity
 
     def __reduce__(self) -> tuple:
         return (_stream_from_key, self.key)
@@ -283,6 +282,12 @@ class StreamMgr:
         return len(cls._id2stream)
 
 
+_default_streams: dict = {}
+
+
 def default_stream(device: DeviceLike) -> Stream:
     """The device's default stream: ``Stream.new(device, StreamType.compute)``."""
-    return Stream.new(device, StreamType.compute)
+    found = _default_streams.get(device)
+    if found is None:
+        found = _default_streams[device] = Stream.new(device, StreamType.compute)
+    return found

@@ -70,6 +70,9 @@ def register_op(op: OpDef) -> OpDef:
 
 def get_op(name: str) -> OpDef:
     """The op called ``name``; ``KeyError`` listing the registered ops."""
+    found = OP_REGISTRY.get(name)
+    if found is not None:
+        return found
     _load_ops()
     try:
         return OP_REGISTRY[name]

@@ -88,12 +88,9 @@ class InstructionsBuilder:
 
     def drain_releases(self) -> None:
         """Turn storages whose tensors died (queued by finalizers) into ReleaseTensor instructions."""
-        while True:
-            try:
-                storage = self.vm.release_queue.get_nowait()
-            except Exception:  # queue.Empty
-                return
-            self.release_tensor(storage)
+        releases = self.vm.release_queue
+        while not releases.empty():
+            self.release_tensor(releases.get_nowait())
 
     def access_blob_by_callback(self, blob, callback, modifier: str = "const", name: str = "access_blob") -> None:
         """``callback(ep_stream, blob)`` on the blob device's default compute stream."""

@@ -76,6 +76,7 @@ class EagerBlobObject:
         self.dtype = np.dtype(dtype)
         self.strides = tuple(strides) if strides is not None else contiguous_strides(self.shape)
         self.offset = int(offset)       # in elements, from the start of the storage
+        self._array = None              # the kernel's view, made once the memory exists
 
     @classmethod
     def empty(cls, device, shape, dtype) -> "EagerBlobObject":
@@ -96,7 +97,13 @@ class EagerBlobObject:
         return EagerBlobObject(self.storage, shape, self.dtype, strides, offset)
 
     def array(self):
-        """The kernel's view of this blob: numpy (CPU) or a device array."""
+        """The kernel's view of this blob: numpy (CPU) or a device array (made once)."""
+        if self._array is not None and self.storage.allocation is not None:
+            return self._array
+        self._array = self._make_array()
+        return self._array
+
+    def _make_array(self):
         allocation = self.storage.allocation
         if allocation is None:
             raise RuntimeError(f"{self!r} has no memory (was the instruction that produces it skipped?)")

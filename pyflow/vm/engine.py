@@ -75,12 +75,16 @@ class VirtualMachineEngine:
     # --- the round ------------------------------------------------------------------------
 
     def schedule(self, dispatch, run_barrier) -> bool:
-        """One round; True if anything moved (something released, handled or dispatched)."""
-        released = self._release_finished()
+        """One round; True if it started new work (handled, dispatched or ran a barrier).
+
+        Releasing alone does not count: the worker that launches instructions notifies
+        again when it runs dry, so a scheduler need not spin while workers compute.
+        """
+        self._release_finished()
         barrier = self._try_run_barrier(run_barrier)
         handled = self._handle_pending()
         dispatched = self._dispatch_ready(dispatch)
-        return bool(released or barrier or handled or dispatched)
+        return bool(barrier or handled or dispatched)
 
     def _release_finished(self) -> int:
         count = 0

@@ -66,7 +66,9 @@ class Instruction:
 
     def dispatchable(self) -> bool:
         """Not dispatched yet, and every in-edge is satisfied (see the module docstring)."""
-        return not self.dispatched and all(self.edge_satisfied(src) for src in self.in_edges)
+        if self.dispatched:
+            return False
+        return not self.in_edges or all(self.edge_satisfied(src) for src in self.in_edges)
 
     def __repr__(self) -> str:
         state = ("released" if self.released else "launched" if self.launched

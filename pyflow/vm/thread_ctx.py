@@ -4,7 +4,7 @@ A ``ThreadCtx`` is one worker thread with a queue.  The scheduler *dispatches* a
 instruction by appending it to the queue of its stream's ThreadCtx and notifying
 the worker; the worker computes instructions in the order they arrived (so one
 stream's instructions keep their order), marks each *launched*, and notifies the
-scheduler.  An exception in a compute never kills the worker: it is kept on the
+scheduler when its queue runs dry (one wake-up per batch, not per instruction).  An exception in a compute never kills the worker: it is kept on the
 instruction and reported by the VM, with the instruction's name, at the next
 synchronisation point.
 
@@ -75,8 +75,9 @@ class ThreadCtx:
                     if not self._queue:
                         break
                     instruction = self._queue.popleft()
+                    last = not self._queue
                 run_instruction(instruction)
-                self._on_launched(instruction)
+                self._on_launched(instruction, wake_scheduler=last)
 
     def stop(self, timeout: float = 10.0) -> None:
         self.notifier.close()

@@ -207,11 +207,11 @@ class VirtualMachine:
                 return
             time.sleep(_EVENT_POLL_SECONDS)
 
-    def _on_launched(self, instruction) -> None:
+    def _on_launched(self, instruction, wake_scheduler: bool = True) -> None:
         self.launched += 1
         if instruction.error is not None:
             self.record_error(instruction.name, instruction.error)
-        if not self.sync_mode:
+        if wake_scheduler and not self.sync_mode:
             self._notifier.notify()
 
     def _on_release(self, instruction) -> None:

@@ -1,0 +1,109 @@
+"""Eager-mode overhead: a chain of small ops, and throughput on large tensors (issue 4).
+
+Small ops: ``x = x + y`` (then relu, mul, exp in turn) 10,000 times on 16-element
+float32 tensors, timed per op, for
+* pyflow, threaded VM (the default: scheduler thread + worker thread);
+* pyflow, step-through mode (``flow.vm.sync_mode()``: everything on this thread);
+* PyTorch CPU eager (if installed: ``pip install torch==2.13.0``);
+* numpy.
+Large ops: the same chain on 4M-element tensors, pyflow (cpu) against numpy.
+
+    python benchmarks/bench_eager_ops.py [--ops 10000] [--large 4000000] [--large-ops 40]
+
+Targets: small-op pyflow/torch <= 8; large-op pyflow/numpy <= 1.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("PYFLOW_CUDA", "sim")
+
+import numpy as np  # noqa: E402
+
+import pyflow as flow  # noqa: E402
+
+STEPS = ("add", "relu", "mul", "exp")
+
+
+def pyflow_chain(n_ops: int, size: int) -> float:
+    x = flow.tensor(np.full(size, 0.5, np.float32))
+    y = flow.tensor(np.full(size, 0.25, np.float32))
+    flow.sync()
+    start = time.perf_counter()
+    for i in range(n_ops):
+        step = STEPS[i % 4]
+        x = x + y if step == "add" else flow.relu(x) if step == "relu" else x * y if step == "mul" else flow.exp(-x)
+    x.numpy()
+    return time.perf_counter() - start
+
+
+def numpy_chain(n_ops: int, size: int) -> float:
+    x, y = np.full(size, 0.5, np.float32), np.full(size, 0.25, np.float32)
+    start = time.perf_counter()
+    for i in range(n_ops):
+        step = STEPS[i % 4]
+        x = x + y if step == "add" else np.maximum(x, 0) if step == "relu" else x * y if step == "mul" else np.exp(-x)
+    return time.perf_counter() - start
+
+
+def torch_chain(n_ops: int, size: int) -> float | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    x, y = torch.full((size,), 0.5), torch.full((size,), 0.25)
+    start = time.perf_counter()
+    for i in range(n_ops):
+        step = STEPS[i % 4]
+        x = x + y if step == "add" else torch.relu(x) if step == "relu" else x * y if step == "mul" else torch.exp(-x)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=10_000)
+    parser.add_argument("--large", type=int, default=4_000_000)
+    parser.add_argument("--large-ops", type=int, default=40)
+    args = parser.parse_args()
+
+    pyflow_chain(200, 16)  # warm up (imports, first allocations)
+    threaded = pyflow_chain(args.ops, 16)
+    with flow.vm.sync_mode():
+        stepped = pyflow_chain(args.ops, 16)
+    torch_time = torch_chain(args.ops, 16)
+    numpy_time = numpy_chain(args.ops, 16)
+
+    def per_op(t):
+        return t / args.ops * 1e6
+
+    print(f"small ops: {args.ops} ops on 16-element float32 tensors (per op)")
+    print(f"  pyflow threaded VM      {per_op(threaded):8.1f} us")
+    print(f"  pyflow step-through     {per_op(stepped):8.1f} us")
+    if torch_time is not None:
+        print(f"  PyTorch CPU eager       {per_op(torch_time):8.1f} us")
+    print(f"  numpy                   {per_op(numpy_time):8.1f} us")
+    if torch_time is not None:
+        verdict = "meets" if threaded / torch_time <= 8 else "MISSES"
+        print(f"  pyflow/torch = {threaded / torch_time:.2f} threaded, {stepped / torch_time:.2f} step-through "
+              f"({verdict} the <= 8 target)")
+    else:
+        print("  (PyTorch not installed: pip install torch==2.13.0 for the reference)")
+
+    pyflow_chain(4, args.large)  # warm up the allocator with big blocks
+    large_pyflow = min(pyflow_chain(args.large_ops, args.large) for _ in range(3))
+    large_numpy = min(numpy_chain(args.large_ops, args.large) for _ in range(3))
+    mbytes = args.large * 4 / 1e6
+    print(f"large ops: {args.large_ops} ops on {args.large}-element float32 tensors ({mbytes:.0f} MB each)")
+    print(f"  pyflow (cpu)  {large_pyflow / args.large_ops * 1e3:8.2f} ms/op")
+    print(f"  numpy         {large_numpy / args.large_ops * 1e3:8.2f} ms/op")
+    verdict = "meets" if large_pyflow / large_numpy <= 1.1 else "MISSES"
+    print(f"  pyflow/numpy = {large_pyflow / large_numpy:.3f} ({verdict} the <= 1.1 target)")
+    flow.vm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
