@@ -26,7 +26,8 @@ def neg(x):
 
 @jit(device=True)
 def relu(x):
-    return x if x > 0 else x * 0
+    # 0 for every non-positive x (also -0.0 and -inf), NaN stays NaN, like numpy's maximum(x, 0)
+    return 0 if x <= 0 else x
 
 
 @jit(device=True)

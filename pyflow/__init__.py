@@ -11,13 +11,14 @@ there is one and in pyflow's concurrent-grid CUDA simulator when there is not.
 Every op becomes a VM instruction (seed 002) that a scheduler thread orders by
 data dependences and a worker thread runs; ``numpy()``, ``item()`` and
 ``flow.sync()`` wait.  ``PYFLOW_VM_SYNC=1`` (or ``with flow.vm.sync_mode():``)
-runs everything on the caller's thread, for stepping through with pdb.
+runs everything on the caller's thread, for stepping through with pdb;
+``with flow.trace.trace() as t:`` records a timeline of every instruction.
 Importing pyflow starts no thread and never needs a GPU.
 """
 
 import numpy as _np
 
-from pyflow import errors, vm
+from pyflow import errors, trace, vm
 from pyflow.device import Device, DeviceType, Stream, StreamType
 from pyflow.framework.functional import (abs, add, argmax, cast, cat, div, exp, full, log, log_softmax,
                                          manual_seed, matmul, max, maximum, mean, min, minimum, mul, neg,
@@ -34,7 +35,7 @@ device = Device  # flow.device("cuda:0"), as in OneFlow and PyTorch
 float32, float64, int32, int64, bool = (_np.dtype(t) for t in ("float32", "float64", "int32", "int64", "bool"))
 float, double, long = float32, float64, int64
 
-__all__ = ["tensor", "Tensor", "device", "Device", "DeviceType", "Stream", "StreamType", "errors", "vm", "sync",
+__all__ = ["tensor", "Tensor", "device", "Device", "DeviceType", "Stream", "StreamType", "errors", "vm", "trace", "sync",
            "zeros", "ones", "full", "randn", "rand", "manual_seed", "relu", "sigmoid", "tanh", "exp", "log",
            "sqrt", "abs", "neg", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "matmul", "where",
            "softmax", "log_softmax", "cat", "cast", "sum", "mean", "max", "min", "argmax", "float32", "float64",

@@ -164,3 +164,13 @@ def test_broadcast_output_is_refused(target):
     out = broadcast_view(empty_on(target, (1,), np.float32), (3,))
     with pytest.raises(ShapeError, match="broadcast view"):
         get_kernel("neg", target)(out, a)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_relu_of_signed_zeros_and_infinities_is_like_numpy(target):
+    x = np.array([-np.inf, -2.0, -0.0, 0.0, 3.0, np.inf, np.nan], np.float32)
+    out = empty_on(target, x.shape, np.float32)
+    get_kernel("relu", target)(out, x if target == "cpu" else cuda.to_device(x))
+    result, expected = to_host(out), np.maximum(x, np.float32(0))
+    np.testing.assert_array_equal(result, expected)
+    assert not np.signbit(result[:4]).any(), "relu must not return -0.0"

@@ -19,7 +19,7 @@ instruction (``"relu #42"``).
 
 from __future__ import annotations
 
-__all__ = ["to_chrome_trace", "phases", "assign_lanes", "PROCESS_NAME"]
+__all__ = ["PROCESS_NAME", "assign_lanes", "phases", "to_chrome_trace"]
 
 PROCESS_NAME = "pyflow VM"
 PID = 1
@@ -92,8 +92,8 @@ def to_chrome_trace(records) -> dict:
             started = r.started if r.started is not None else r.launched
             args = {"instruction": f"{r.name} #{r.serial}", "serial": r.serial, "stream": stream,
                     "fused": r.count, "failed": r.failed,
-                    "waited for dependences (us)": ns(r.dispatched) / 1000 - ns(r.received) / 1000,
-                    "queued on worker (us)": ns(started) / 1000 - ns(r.dispatched) / 1000,
+                    "waited for dependences (us)": (ns(r.dispatched) - ns(r.received)) / 1000,
+                    "queued on worker (us)": (ns(started) - ns(r.dispatched)) / 1000,
                     "released at (us)": ns(r.released) / 1000}
             events.append(slice_event(r.name, "compute", stream_tid, started, r.launched, args,
                                       "terrible" if r.failed else "thread_state_running"))

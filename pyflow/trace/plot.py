@@ -62,18 +62,18 @@ def plot(records, path) -> str:
                 bars.setdefault((name, row + 0.5 + lane * height, height * 0.9), []).append(
                     (ms(start), ms(end) - ms(start)))
         for (kind, y, h), spans in bars.items():
-            axes.broken_barh(spans, (y, h), facecolors=COLOURS[kind], linewidth=0)
+            # a thin edge of the same colour keeps very short bars visible
+            axes.broken_barh(spans, (y, h), facecolors=COLOURS[kind], edgecolors=COLOURS[kind], linewidth=0.5)
     axes.set_yticks([row + 0.45 for row in range(len(streams))], streams)
-    axes.set_ylim(len(streams), 0)
+    axes.set_ylim(max(len(streams), 1), 0)
     axes.set_xlim(0, max(span * 1e3, 1e-3))
     axes.set_xlabel("ms since the first instruction was received")
     axes.set_title(f"pyflow VM trace: {len(records)} instructions on {len(streams)} streams "
                    "(top of each band: compute; bottom: waiting lanes)")
-    axes.legend(handles=[Patch(color=COLOURS[k], label=k) for k in
-                         ("compute", WAIT_DEPENDENCES[0], QUEUED[0], DEVICE[0])],
-                loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(streams) > 2 else -0.45),
-                ncol=4, fontsize=8, frameon=False)
+    figure.legend(handles=[Patch(color=COLOURS[k], label=k) for k in
+                           ("compute", WAIT_DEPENDENCES[0], QUEUED[0], DEVICE[0])],
+                  loc="lower center", ncol=4, fontsize=8, frameon=False)
     axes.grid(axis="x", alpha=0.3)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.06, 1, 1))
     figure.savefig(path, format="png")
     return path

@@ -114,12 +114,13 @@ class Tracer:
         records = self.records
         if not records:
             return "no instructions were traced"
-        header = (f"{'stream':<24}{'instructions':>13}{'compute ms':>12}"
+        width = max(len("stream"), *(len(r.stream) for r in records)) + 2
+        header = (f"{'stream':<{width}}{'instructions':>13}{'compute ms':>12}"
                   f"{'waited for deps ms':>20}{'queued ms':>11}")
         lines = [header, "-" * len(header)]
         for stream in self.streams():
             mine = [r for r in records if r.stream == stream]
-            lines.append(f"{stream:<24}{len(mine):>13}"
+            lines.append(f"{stream:<{width}}{len(mine):>13}"
                          f"{sum(r.compute_time for r in mine) * 1e3:>12.3f}"
                          f"{sum(r.dependence_wait for r in mine) * 1e3:>20.3f}"
                          f"{sum(r.queue_wait for r in mine) * 1e3:>11.3f}")
