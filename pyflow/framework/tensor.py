@@ -97,14 +97,15 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """A numpy copy of the values; waits for the ops that produce them."""
-        source = self if self.is_contiguous() or self.device.device_type is not DeviceType.cuda else self.contiguous()
+        on_cuda = self.device.device_type is DeviceType.cuda
+        source = self if self.is_contiguous() or not on_cuda else self.contiguous()
         box: dict = {}
         done = threading.Event()
 
-        def read(ep_stream, blob):
+        def read(ep_stream, blob):  # captures no tensor: the instruction must not keep one alive
             try:
                 array = blob.array()
-                if source.device.device_type is DeviceType.cuda:
+                if on_cuda:
                     host = np.empty(blob.shape, blob.dtype)
                     ep_stream.memcpy_d2h(host, array)
                 else:

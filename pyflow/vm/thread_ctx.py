@@ -78,6 +78,7 @@ class ThreadCtx:
                     last = not self._queue
                 run_instruction(instruction)
                 self._on_launched(instruction, wake_scheduler=last)
+                del instruction  # hold nothing while idle: tensors it references must be freeable
 
     def stop(self, timeout: float = 10.0) -> None:
         self.notifier.close()

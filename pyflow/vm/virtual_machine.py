@@ -145,10 +145,11 @@ class VirtualMachine:
 
     def _schedule_until_idle(self) -> bool:
         moved = False
+        released = self.engine.released
         with self._schedule_lock:
             while self.engine.schedule(self._dispatch, self._run_barrier):
                 moved = True
-        if moved:
+        if moved or self.engine.released != released:  # a release may be what a caller waits for
             with self._progress:
                 self._progress.notify_all()
         return moved
@@ -232,6 +233,8 @@ class VirtualMachine:
             errors, self._errors = self._errors, []
         if errors:
             name, error = errors[0]
+            if isinstance(error, StreamExecutionError) and error.__cause__ is not None:
+                error = error.__cause__  # the kernel's own exception, not the ep stream's wrapper
             more = f" (and {len(errors) - 1} more failed instruction(s))" if len(errors) > 1 else ""
             raise OpError(f"op {name!r} failed: {type(error).__name__}: {error}{more}", op=name) from error
 
