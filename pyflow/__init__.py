@@ -31,7 +31,7 @@ from pyflow.vm import sync
 
 __version__ = "0.1.0"
 
-device = Device  # flow.device("cuda:0"), as in OneFlow and PyTorch
+from pyflow import device  # the package, callable: flow.device("cuda:0") -> Device, as in OneFlow  # noqa: E402
 float32, float64, int32, int64, bool = (_np.dtype(t) for t in ("float32", "float64", "int32", "int64", "bool"))
 float, double, long = float32, float64, int64
 

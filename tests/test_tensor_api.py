@@ -15,6 +15,7 @@ here stay tiny.
 from __future__ import annotations
 
 import math
+import time
 import uuid
 
 import numpy as np
@@ -22,11 +23,23 @@ import pytest
 
 import pyflow as flow
 from pyflow.device import DeviceType, ep
-from pyflow.errors import AxisError, DeviceError, DTypeError, IndexOutOfRangeError, OpError, PyflowError, ShapeError
+from pyflow.errors import (
+    AxisError,
+    DeviceError,
+    DTypeError,
+    IndexOutOfRangeError,
+    OpError,
+    PyflowError,
+    ShapeError,
+)
 from pyflow.framework.op_registry import OP_REGISTRY, OpDef, TensorMeta, register_op
 from tests.strategies import TARGETS, assert_close, to_host
 
-pytestmark = pytest.mark.parametrize("device", TARGETS)
+
+@pytest.fixture(params=TARGETS)
+def device(request) -> str:
+    """Every test that takes ``device`` runs on "cpu" and on "cuda"."""
+    return request.param
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -220,13 +233,72 @@ def test_to_moves_values_between_cpu_and_cuda_both_ways(device):
     np.testing.assert_array_equal(t.T.to(other).numpy(), array.T)  # a non-contiguous source
 
 
-def test_to_between_two_cuda_devices_goes_through_the_host(device):
+def test_to_between_two_cuda_devices_goes_through_the_host():
     array = arange((3, 2), np.float32)
     t = flow.tensor(array, device="cuda:0")
     moved = (t + 1).to("cuda:1")
     assert moved.device == flow.device("cuda:1")
     np.testing.assert_array_equal(moved.numpy(), array + 1)
-    np.testing.assert_array_equal((moved * 2).to(device).numpy(), (array + 1) * 2)
+    np.testing.assert_array_equal((moved * 2).to("cuda:0").numpy(), (array + 1) * 2)
+
+
+def run_with_slow_cuda_streams(body, seeds=range(3)) -> None:
+    """``body(seed)`` in a fresh VM whose cuda ep streams sleep 0-50 ms before each task."""
+    flow.vm.shutdown()
+    try:
+        for seed in seeds:
+            with ep.emulation(max_delay=0.05, seed=seed):
+                body(seed)
+            flow.vm.shutdown()
+    finally:
+        flow.vm.shutdown()
+
+
+def release_now() -> None:
+    """Issue the ReleaseTensor of every tensor dropped so far (the next op does) and let it run."""
+    flow.zeros(1)
+    time.sleep(0.01)
+
+
+def test_a_copy_to_cuda_keeps_its_values_when_the_host_source_is_freed_at_once():
+    """``y = x.to("cuda"); del x``: x's memory may be reused only once the copy has read it."""
+    def body(seed):
+        x = flow.tensor(np.arange(6.0))
+        y = x.to("cuda")        # the copy waits behind a delay in the host-to-device stream
+        del x
+        release_now()
+        z = flow.full((6,), -1.0, dtype=flow.float64)  # the host allocator may hand out x's block
+        np.testing.assert_array_equal(y.numpy(), np.arange(6.0), err_msg=f"emulation seed {seed}")
+        np.testing.assert_array_equal(z.numpy(), np.full(6, -1.0))
+
+    run_with_slow_cuda_streams(body)
+
+
+def test_dropping_an_unread_copy_to_cuda_at_once_leaves_later_tensors_alone():
+    """``y = x.to("cuda"); del y``: y's memory may be reused only once the copy has written it."""
+    def body(seed):
+        x = flow.tensor(np.arange(6.0))
+        y = x.to("cuda")        # the copy waits behind a delay in the host-to-device stream
+        del y
+        release_now()
+        z = flow.full((6,), -1.0, dtype=flow.float64, device="cuda")  # may get y's block
+        np.testing.assert_array_equal(z.numpy(), np.full(6, -1.0), err_msg=f"emulation seed {seed}")
+        np.testing.assert_array_equal(x.numpy(), np.arange(6.0))
+
+    run_with_slow_cuda_streams(body)
+
+
+def test_a_copy_from_cuda_can_be_read_on_the_host_right_after_it_is_copied_back():
+    """``b = a.to("cpu"); c = b.to("cuda")``: host reads of b wait for the copy that wrote b."""
+    def body(seed):
+        a = flow.tensor(np.array([0.5, -1.5], dtype=np.float32), device="cuda")
+        b = a.to("cpu")         # device-to-host copy: b is written on the cuda device's d2h stream
+        c = b.to("cuda")        # ...and read on its h2d stream: b's last user is now the h2d stream
+        np.testing.assert_array_equal(b.numpy(), [0.5, -1.5], err_msg=f"emulation seed {seed}")
+        np.testing.assert_array_equal((b * 2).numpy(), [1.0, -3.0], err_msg=f"emulation seed {seed}")
+        np.testing.assert_array_equal(c.numpy(), [0.5, -1.5])
+
+    run_with_slow_cuda_streams(body)
 
 
 @pytest.mark.parametrize("target", ["float64", "int64", "int32", "float32"])
@@ -456,11 +528,12 @@ def test_views_of_views_compose_like_numpy(device):
     assert_close(flow.softmax(t[:, 1::2], 0).numpy()[0], (np.exp(x[:, 1::2]) / np.exp(x[:, 1::2]).sum(0))[0])
 
 
-def test_views_see_the_writes_to_their_base_issued_before_them_and_not_after(device):
+def test_views_follow_the_writes_to_their_base_in_program_order(device):
     x = arange((2, 3))
     t = flow.tensor(x, device=device)
-    views = {"t[1]": (t[1], lambda a: a[1]), "t.T": (t.T, lambda a: a.T), "t[..., ::2]": (t[..., ::2], lambda a: a[..., ::2]),
-             "t[None]": (t[None], lambda a: a[None]), "reshape(-1)": (t.reshape(-1), lambda a: a.reshape(-1)),
+    views = {"t[1]": (t[1], lambda a: a[1]), "t.T": (t.T, lambda a: a.T),
+             "t[..., ::2]": (t[..., ::2], lambda a: a[..., ::2]), "t[None]": (t[None], lambda a: a[None]),
+             "reshape(-1)": (t.reshape(-1), lambda a: a.reshape(-1)),
              "permute": (t.permute(1, 0), lambda a: a.transpose(1, 0))}
     issued_before = {what: view * 1 for what, (view, _) in views.items()}  # not read yet
     new = -10 * arange((2, 3))

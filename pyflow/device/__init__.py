@@ -7,7 +7,16 @@
 * ``allocator`` - the caching allocator (OneFlow's BinAllocator) over an ep device
 
 Imports only ``pyflow.kernels`` and ``pyflow.errors`` below it.
+
+``pyflow.device`` is this package *and*, as in OneFlow and PyTorch, the way to
+name a device: ``flow.device("cuda:1")`` calls the package, which returns a
+``Device``.  (A module cannot be called normally; the class swap at the end of
+this file makes it callable, so ``import pyflow.device.ep`` and
+``flow.device("cuda")`` both work.)
 """
+
+import sys
+import types
 
 from pyflow.device import ep
 from pyflow.device.allocator import Allocation, AllocatorStats, CachingAllocator
@@ -28,3 +37,13 @@ __all__ = [
     "need_soft_sync", "supports_stream_wait", "on_independent_thread", "allocator_stream_type",
     "CachingAllocator", "Allocation", "AllocatorStats", "ep",
 ]
+
+
+class _CallableModule(types.ModuleType):
+    """This package, callable: ``pyflow.device("cuda:1")`` is ``Device("cuda:1")``."""
+
+    def __call__(self, spec, index=None):
+        return Device(spec, index)
+
+
+sys.modules[__name__].__class__ = _CallableModule

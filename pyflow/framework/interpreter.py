@@ -21,7 +21,7 @@ from pyflow.errors import AxisError, DeviceError, DTypeError, IndexOutOfRangeErr
 from pyflow.framework.op_registry import TensorMeta, get_op
 from pyflow.kernels.registry import get_kernel
 
-__all__ = ["apply", "get_default_device", "kernel_target"]
+__all__ = ["apply", "get_default_device", "kernel_target", "describe"]
 
 
 def kernel_target(device: Device) -> str:
@@ -36,14 +36,19 @@ def get_default_device(op_name: str, inputs, device_attr=None) -> Device:
     device = inputs[0].device
     others = [t.device for t in inputs if t.device is not device]
     if others:
-        listed = ", ".join(f"{tuple(t.shape)} on {t.device}" for t in inputs)
+        listed = ", ".join(describe(t) for t in inputs)
         raise DeviceError(f"op {op_name!r}: inputs are on different devices ({listed}); "
                           f"move them with .to({str(device)!r}) first")
     return device
 
 
+def describe(t) -> str:
+    """A tensor as error messages name it: ``float32[2, 3] on cuda:0``."""
+    return f"{t.dtype}{list(t.shape)} on {t.device}"
+
+
 def _describe(inputs) -> str:
-    return "; ".join(f"{t.dtype}{list(t.shape)} on {t.device}" for t in inputs)
+    return "; ".join(describe(t) for t in inputs)
 
 
 def apply(name: str, inputs, **attrs) -> list:

@@ -25,7 +25,7 @@ import numpy as np
 from pyflow import vm
 from pyflow.device import Device, DeviceType
 from pyflow.errors import DTypeError, IndexOutOfRangeError, ShapeError
-from pyflow.framework.interpreter import apply
+from pyflow.framework.interpreter import apply, describe
 from pyflow.kernels.layout import contiguous_strides, normalize_axis
 from pyflow.vm.eager_blob_object import EagerBlobObject
 
@@ -184,15 +184,16 @@ class Tensor:
 
     def permute(self, *dims) -> "Tensor":
         dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
-        perm = tuple(normalize_axis(d, self.ndim, "permute") for d in dims)
+        perm = tuple(normalize_axis(d, self.ndim, f"permute of {describe(self)}") for d in dims)
         if sorted(perm) != list(range(self.ndim)):
-            raise ShapeError(f"permute: {dims} is not a permutation of the {self.ndim} dims of {self.shape}")
+            raise ShapeError(f"permute: {dims} is not a permutation of the {self.ndim} dims of {describe(self)}")
         blob = self._blob
         return self._view([blob.shape[d] for d in perm], [blob.strides[d] for d in perm], blob.offset)
 
     def transpose(self, dim0: int, dim1: int) -> "Tensor":
         perm = list(range(self.ndim))
-        a, b = normalize_axis(dim0, self.ndim, "transpose"), normalize_axis(dim1, self.ndim, "transpose")
+        what = f"transpose of {describe(self)}"
+        a, b = normalize_axis(dim0, self.ndim, what), normalize_axis(dim1, self.ndim, what)
         perm[a], perm[b] = perm[b], perm[a]
         return self.permute(perm)
 
@@ -202,7 +203,10 @@ class Tensor:
 
     def reshape(self, *shape) -> "Tensor":
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        shape = _resolve_shape(shape, self.numel())
+        try:
+            shape = _resolve_shape(shape, self.numel())
+        except ShapeError as error:
+            raise ShapeError(f"{error} (reshape of {describe(self)})") from None
         source = self.contiguous()
         return source._view(shape, contiguous_strides(shape), source._blob.offset)
 
@@ -265,7 +269,7 @@ def _basic_index(t: Tensor, index) -> Tensor:
         raise IndexError("an index can only have a single ellipsis ('...')")
     explicit = sum(i is not None and i is not Ellipsis for i in index)
     if explicit > t.ndim:
-        raise IndexOutOfRangeError(f"too many indices for a tensor of rank {t.ndim}: {index}")
+        raise IndexOutOfRangeError(f"indexing {describe(t)}: too many indices ({index}) for rank {t.ndim}")
     if Ellipsis in index:
         at = index.index(Ellipsis)
         index = index[:at] + (slice(None),) * (t.ndim - explicit) + index[at + 1:]
@@ -279,7 +283,8 @@ def _basic_index(t: Tensor, index) -> Tensor:
         size, stride = blob.shape[dim], blob.strides[dim]
         if isinstance(item, numbers.Integral) and not isinstance(item, bool):
             if not -size <= item < size:
-                raise IndexOutOfRangeError(f"index {item} is out of bounds for dimension {dim} with size {size}")
+                raise IndexOutOfRangeError(f"indexing {describe(t)}: index {item} is out of bounds for "
+                                           f"dimension {dim} with size {size}")
             offset += (item % size) * stride
         elif isinstance(item, slice):
             start, stop, step = item.indices(size)

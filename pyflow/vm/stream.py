@@ -13,6 +13,8 @@ knows:
   compute and host2device use the device's compute allocator; device2host uses
   pinned host memory);
 * its **running list**: dispatched instructions not yet released, in order;
+* whether it is **event-recorded** (host2device and device2host: an instruction is
+  done only when the device finished it, not when it was queued);
 * its **stream-sequential dependence** (``schedule_dep``).
 
 ``run(instruction)`` is ``StreamPolicy::Run``: activate the device, compute, and
@@ -42,9 +44,10 @@ class Stream:
         self.name = f"{self.device}/{self.stream_type.name}" + (f"/t{symbol.thread_uid}" if symbol.thread_uid else "")
         self.thread_ctx = thread_ctx
         self.on_scheduler_thread = self.stream_type is StreamType.barrier
-        # Every instruction of a device2host stream records an event, so the host
-        # knows when the data has landed (OneFlow's event-recorded stream policy).
-        self.event_recorded = self.stream_type is StreamType.device2host
+        # Every instruction of a copy stream records an event, so the host knows when
+        # the copy is over: device2host (the data has landed) and host2device (the
+        # host source may be freed or read again).  OneFlow's event-recorded policy.
+        self.event_recorded = self.stream_type in (StreamType.device2host, StreamType.host2device)
         self.running: collections.deque = collections.deque()
         self.schedule_dep = LocalDepObject(f"stream {self.name}")
         self._ep_streams: dict[bool, object] = {}
