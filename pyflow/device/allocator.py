@@ -45,7 +45,7 @@ from __future__ import annotations
 import bisect
 import operator
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from pyflow.errors import AllocationError, DoubleFreeError, InvalidFreeError, OutOfMemoryError
@@ -160,9 +160,6 @@ class Piece:
     next: Piece | None = None
     bin_num: int | None = None  # None while not in a bin (OneFlow: kInvalidBinNum)
     in_use: int = 0  # aligned size of the allocation occupying it (0 while free)
-    # Pointers handed out earlier that now lie inside this free piece, so that freeing
-    # one of them again is reported as a double free (even after merging).
-    freed_ptrs: set[int] = field(default_factory=set)
 
 
 class CachingAllocator:
@@ -178,6 +175,9 @@ class CachingAllocator:
         self._lock = threading.Lock()  # VM threads allocate and free concurrently
         self._bins: list[list[tuple[int, int]]] = [[] for _ in range(NUM_BINS)]  # (size, ptr)
         self._ptr2piece: dict[int, Piece] = {}  # every piece, used or free, by its start
+        # Sorted pointers once handed out and freed since, whose memory nobody got
+        # again: freeing one of them again is a double free (even after merging).
+        self._freed: list[int] = []
         self._blocks: dict[int, Block] = {}  # by base address
         self._capacity = None if capacity is None else self._checked(capacity, "capacity")
         self._reserved = self._in_use = self._peak_in_use = 0
@@ -220,7 +220,8 @@ class CachingAllocator:
                 raise self._bad_free(ptr)
             self._in_use -= piece.in_use
             self._num_live -= 1
-            piece.is_free, piece.in_use, piece.freed_ptrs = True, 0, {piece.ptr}
+            piece.is_free, piece.in_use = True, 0
+            bisect.insort(self._freed, piece.ptr)
             if piece.next is not None and piece.next.is_free:
                 self.merge_neighbour_free_piece(piece, piece.next)
             if piece.prev is not None and piece.prev.is_free:
@@ -292,7 +293,7 @@ class CachingAllocator:
                 if piece.size >= 2 * aligned or piece.size - aligned >= PIECE_SPLIT_THRESHOLD:
                     self.split_piece(piece, aligned)
                 piece.is_free = False
-                piece.freed_ptrs = set()  # any old pointer inside it is now interior
+                self._forget_freed(piece.ptr, piece.ptr + piece.size)  # old pointers here are now interior
                 return piece
         return None
 
@@ -300,7 +301,6 @@ class CachingAllocator:
         """Cut ``piece`` to ``aligned`` bytes; the rest becomes a free piece after it."""
         rest = Piece(ptr=piece.ptr + aligned, size=piece.size - aligned, block=piece.block,
                      prev=piece, next=piece.next)
-        rest.freed_ptrs = {p for p in piece.freed_ptrs if p >= rest.ptr}
         if piece.next is not None:
             piece.next.prev = rest
         piece.next, piece.size = rest, aligned
@@ -316,7 +316,6 @@ class CachingAllocator:
         lhs.next = rhs.next
         if rhs.next is not None:
             rhs.next.prev = lhs
-        lhs.freed_ptrs |= rhs.freed_ptrs
         del self._ptr2piece[rhs.ptr]
         return lhs
 
@@ -355,6 +354,7 @@ class CachingAllocator:
                     self.remove_piece_from_bin(piece)
                     del self._ptr2piece[piece.ptr]
                 del self._blocks[block.ptr]
+                self._forget_freed(block.ptr, block.ptr + block.size)
                 self._reserved -= block.size
                 self._num_backing_frees += 1
                 returned += block.size
@@ -395,7 +395,7 @@ class CachingAllocator:
             return InvalidFreeError(f"{self.device}: cannot free {ptr!r}: not a pointer")
         ptr, where = address, f"{address:#x}"
         piece = self._piece_containing(ptr)
-        if piece is not None and piece.is_free and ptr in piece.freed_ptrs:
+        if piece is not None and piece.is_free and self._was_freed(ptr):
             return DoubleFreeError(f"{self.device}: double free of {where}: it was already freed")
         if piece is None:
             why = "it was never handed out by this allocator (or its block was returned)"
@@ -405,6 +405,14 @@ class CachingAllocator:
             why = (f"it points inside the allocation at {piece.ptr:#x} "
                    f"(+{ptr - piece.ptr} bytes); free the allocation's own ptr")
         return InvalidFreeError(f"{self.device}: cannot free {where}: {why}")
+
+    def _forget_freed(self, start: int, stop: int) -> None:
+        """Drop remembered freed pointers in [start, stop): that memory was handed out again."""
+        del self._freed[bisect.bisect_left(self._freed, start):bisect.bisect_left(self._freed, stop)]
+
+    def _was_freed(self, ptr: int) -> bool:
+        i = bisect.bisect_left(self._freed, ptr)
+        return i < len(self._freed) and self._freed[i] == ptr
 
     def _piece_containing(self, ptr: int) -> Piece | None:
         pieces = (p for b in self._blocks.values() for p in b.pieces())

@@ -36,24 +36,25 @@ class LocalDepObject:
     def __init__(self, name: str):
         self.name = name
         self.last_write = None     # the head, when it is a write
-        self.reads_since: list = []  # readers after the head (or since the start)
+        # Readers after the head (or since the start): an ordered set (a dict), because a
+        # tensor read by thousands of in-flight instructions must forget each in O(1).
+        self.reads_since: dict = {}
 
     def access(self, instruction, write: bool) -> list:
         """Record an access by ``instruction``; return the instructions it must follow."""
         if write:
-            sources = ([self.last_write] if self.last_write is not None else []) + self.reads_since
-            self.last_write, self.reads_since = instruction, []
+            sources = ([self.last_write] if self.last_write is not None else []) + list(self.reads_since)
+            self.last_write, self.reads_since = instruction, {}
         else:
             sources = [self.last_write] if self.last_write is not None else []
-            self.reads_since.append(instruction)
+            self.reads_since[instruction] = None
         return [s for s in sources if s is not instruction]
 
     def forget(self, instruction) -> None:
         """Drop a released instruction: later accesses need not wait for it."""
         if self.last_write is instruction:
             self.last_write = None
-        if instruction in self.reads_since:
-            self.reads_since.remove(instruction)
+        self.reads_since.pop(instruction, None)
 
     def __repr__(self) -> str:
         return f"LocalDepObject({self.name})"

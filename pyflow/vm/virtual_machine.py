@@ -3,7 +3,10 @@
 The engine (``engine.py``) is bookkeeping; the VirtualMachine gives it threads:
 
 * ``receive(instructions)`` - the caller's side (OneFlow's ``Receive``): apply
-  back pressure, append to the engine's pending list, notify the scheduler;
+  back pressure, append to the engine's pending list, notify the scheduler.
+  OneFlow blocks the caller above 40,000 instructions in flight; pyflow uses
+  1,000 (resume at 500), because in Python a deep backlog costs more than it saves
+  (``benchmarks/bench_eager_ops.py``: ~160 us/op at 40,000, ~100 us/op at 1,000);
 * the **scheduler thread** sleeps on a ``Notifier`` and, when woken (new
   instructions, a worker finished one), runs ``engine.schedule()`` until nothing
   moves.  It polls briefly only while an instruction waits for an ep event;
@@ -66,7 +69,7 @@ class VirtualMachine:
     """Threads, streams, allocators and errors around one engine."""
 
     def __init__(self, sync_mode: bool = False, hang_timeout: float | None = None,
-                 high_water: int = 40_000, low_water: int = 20_000):
+                 high_water: int = 1_000, low_water: int = 500):
         self.sync_mode = sync_mode
         self.hang_timeout = hang_timeout if hang_timeout is not None else _env_float("PYFLOW_VM_HANG_TIMEOUT", 120)
         self.high_water, self.low_water = high_water, low_water
