@@ -50,6 +50,16 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # --- device code ----------------------------------------------------------------
 
 
+@jit(device=True)
+def unravel_nchw(i, shape):
+    """The (n, c, h, w) index of the ``i``-th element (row-major) of an NCHW ``shape``."""
+    w = i % shape[3]
+    rest = i // shape[3]
+    h = rest % shape[2]
+    rest = rest // shape[2]
+    return rest // shape[1], rest % shape[1], h, w
+
+
 @jit
 def conv2d_direct(out, out_strides, out_shape, x, x_strides, x_shape, w, w_strides, w_shape,
                   b, b_stride, has_bias, stride, padding, zero, n):
@@ -74,12 +84,7 @@ def conv2d_direct(out, out_strides, out_shape, x, x_strides, x_shape, w, w_strid
     # 4. add the bias, write out once.
     i = cuda.grid(1)
     while i < n:
-        wo = i % out_shape[3]
-        rest = i // out_shape[3]
-        ho = rest % out_shape[2]
-        rest = rest // out_shape[2]
-        co = rest % out_shape[1]
-        nb = rest // out_shape[1]
+        nb, co, ho, wo = unravel_nchw(i, out_shape)
         top = ho * stride[0] - padding[0]
         left = wo * stride[1] - padding[1]
         i_start = max(0, -top)
@@ -147,12 +152,7 @@ def make_pool2d(combine, finish):
         # 4. finish (divide by the area for avg), write out once.
         i = cuda.grid(1)
         while i < n:
-            wo = i % out_shape[3]
-            rest = i // out_shape[3]
-            ho = rest % out_shape[2]
-            rest = rest // out_shape[2]
-            c = rest % out_shape[1]
-            nb = rest // out_shape[1]
+            nb, c, ho, wo = unravel_nchw(i, out_shape)
             top = ho * stride[0] - padding[0]
             left = wo * stride[1] - padding[1]
             base = nb * x_strides[0] + c * x_strides[1]
@@ -353,7 +353,7 @@ def ptx_cases():
     from pyflow.kernels.compile_check import array, tuple_of
 
     i64, t2, t4 = types.int64, tuple_of(2), tuple_of(4)
-    cases = []
+    cases = [("unravel_nchw", unravel_nchw.py_func, (i64, t4), True)]
     for dtype in ("float32", "float64"):
         a, scalar = array(dtype), getattr(types, dtype)
         cases.append((f"conv2d[{dtype}]", conv2d_direct.py_func,
