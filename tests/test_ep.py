@@ -19,6 +19,7 @@ from pyflow.device.device import Device
 from pyflow.device.ep.base import RawBuffer
 from pyflow.device.ep.cpu import CpuDevice
 from pyflow.device.ep.emulated import EmulatedDevice, emulation, emulation_settings
+from pyflow.kernels.backend import _probe_driver
 from pyflow.errors import (
     AllocationError,
     DeviceError,
@@ -107,11 +108,8 @@ def test_out_of_range_index_names_the_count(monkeypatch: pytest.MonkeyPatch) -> 
         ep.get_device("gpu:0")
 
 
+@pytest.mark.skipif(_probe_driver()[0], reason="checks the no-GPU path; a GPU is visible here")
 def test_gpu_backend_without_a_gpu_raises_backend_error() -> None:
-    from pyflow.kernels.backend import _probe_driver
-
-    if _probe_driver()[0]:
-        pytest.skip("a GPU is visible here")
     code = (
         "from pyflow.device import ep\nfrom pyflow.errors import BackendError\n"
         "try:\n    ep.get_device('cuda')\nexcept BackendError as e:\n    print('BackendError:', e)\n"
