@@ -35,6 +35,7 @@ import math
 import numpy as np
 
 from pyflow.errors import DTypeError, ShapeError
+from pyflow.kernels import scalar_ops
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
 from pyflow.kernels.launch import elementwise_config, launcher, require_device_arrays
@@ -114,23 +115,6 @@ def max_nan(acc, value):
     return acc
 
 
-@jit(device=True)
-def add(acc, value):
-    return acc + value
-
-
-@jit(device=True)
-def keep(acc, area):
-    """Max pooling's result is the running max itself."""
-    return acc
-
-
-@jit(device=True)
-def divide(acc, area):
-    """Average pooling (count_include_pad): the sum over the window's full area."""
-    return acc / area
-
-
 @functools.cache
 def make_pool2d(combine, finish):
     """The pooling kernel ``out[n, c, ho, wo] = finish(combine over window of x, kH*kW)``.
@@ -167,8 +151,10 @@ def make_pool2d(combine, finish):
     return pool2d_direct
 
 
-_max_pool2d_direct = make_pool2d(max_nan, keep)
-_avg_pool2d_direct = make_pool2d(add, divide)
+# Max pooling keeps the running max; average pooling (count_include_pad) divides the
+# window's sum by its full area.
+_max_pool2d_direct = make_pool2d(max_nan, scalar_ops.keep)
+_avg_pool2d_direct = make_pool2d(scalar_ops.add, scalar_ops.divide)
 
 
 # --- argument rules (PyTorch's) -----------------------------------------------------
@@ -362,5 +348,5 @@ def ptx_cases():
             cases.append((f"{label}[{dtype}]", kernel.py_func,
                           (a, t4, t4, a, t4, t4, t2, t2, t2, scalar, scalar, i64), False))
         cases += [(f"{fn.py_func.__name__}[{dtype}]", fn.py_func, (scalar, scalar), True)
-                  for fn in (max_nan, add, keep, divide)]
+                  for fn in (max_nan, scalar_ops.add, scalar_ops.keep, scalar_ops.divide)]
     return cases

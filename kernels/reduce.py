@@ -67,18 +67,6 @@ def _identity(kind: str, dtype: np.dtype):
 
 
 @jit(device=True)
-def keep(total, count):
-    """The last step of sum, max and min: the combined value itself."""
-    return total
-
-
-@jit(device=True)
-def divide(total, count):
-    """The last step of mean: sum / count, in the output dtype."""
-    return total / count
-
-
-@jit(device=True)
 def argmax_better(va, ia, vb, ib):
     """Does (value va, index ia) beat (vb, ib)?  Index -1 means "no value yet".
 
@@ -127,7 +115,7 @@ def make_block_fold(combine, block: int):
 def make_reduce(kind: str, acc_dtype: np.dtype, block: int):
     """``(reduce_rows, reduce_partials)`` for ``kind`` (sum, max, min, mean) accumulating in
     ``acc_dtype``, for blocks of ``block`` threads."""
-    combine, finish = COMBINE[kind], (divide if kind == "mean" else keep)
+    combine, finish = COMBINE[kind], (scalar_ops.divide if kind == "mean" else scalar_ops.keep)
     block_fold = make_block_fold(combine, block)
     init, acc_type = _identity(kind, acc_dtype), numba.from_dtype(acc_dtype)
 
@@ -404,8 +392,8 @@ def ptx_cases():
     i64, t1, t2 = types.int64, tuple_of(1), tuple_of(2)
     block = 256
     cases = [("argmax_better[float32]", argmax_better.py_func, (types.float32, i64, types.float32, i64), True),
-             ("divide[float32]", divide.py_func, (types.float32, types.float32), True),
-             ("keep[int64]", keep.py_func, (i64, i64), True)]
+             ("divide[float32]", scalar_ops.divide.py_func, (types.float32, types.float32), True),
+             ("keep[int64]", scalar_ops.keep.py_func, (i64, i64), True)]
     for kind in ("sum", "max", "min", "mean"):
         for dtype in ("float32", "float64", "int32"):
             op, acc = f"reduce_{kind}", result_dtype(f"reduce_{kind}", dtype)

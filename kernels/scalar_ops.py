@@ -104,6 +104,18 @@ def power(x, y):
 
 
 @jit(device=True)
+def keep(total, count):
+    """A reduction's last step when the combined value is the result (sum, max, min)."""
+    return total
+
+
+@jit(device=True)
+def divide(total, count):
+    """A reduction's last step for a mean: total / count (in the caller's dtype)."""
+    return total / count
+
+
+@jit(device=True)
 def eq(x, y):
     return x == y
 
