@@ -147,3 +147,18 @@ class GridSyncExitError(DeadlockError):
 
 class KernelHangError(DeadlockError):
     """A simulated kernel made no progress for the configured timeout."""
+
+
+# --- Cocktailer (seed 001) -----------------------------------------------------------
+
+
+class CocktailerError(PyflowError, RuntimeError):
+    """A Cocktailer program failed while running (on either executor)."""
+
+
+class StackOverflowError(CocktailerError):
+    """A recursive function went deeper than its stack has frames (``stack_depth``)."""
+
+
+class IterationLimitError(CocktailerError):
+    """A while loop ran more iterations than its ``max_iters``."""

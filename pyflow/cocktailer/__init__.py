@@ -1,0 +1,28 @@
+"""Cocktailer (seed 001): dynamic control flow compiled into one persistent grid-sync kernel.
+
+    import pyflow.cocktailer as ck
+
+    program = ck.trace(fn, ck.spec(4, 8), ...)        # front end -> IR (trace.py, ir.py)
+    host = ck.compile(program, mode="host")           # every op a launch, control on the host
+    fast = ck.compile(program, mode="compiled")       # the whole program: one kernel
+    auto = ck.compile(program, mode="auto")           # Algorithm 1 decides (schedule.py)
+    out = fast(x, ...);  fast.last_stats              # launches, host_syncs, barriers
+    print(fast.source)                                # the generated kernel
+
+Modules: ``ir`` (uOperator, nested uTasks, uProgram pieces), ``trace`` (front end),
+``codegen`` (kernel source, barrier placement, recursion stack), ``executor``
+(host and compiled executors), ``schedule``/``profiler`` (Algorithm 1 and its cost
+model), ``optimize`` (inline, loop unroll, recursion unroll, branch reclustering).
+"""
+
+from pyflow.cocktailer.api import Compiled, compile
+from pyflow.cocktailer.executor import Options, RunStats
+from pyflow.cocktailer.trace import (Program, Tensor, TensorSpec, TraceError, add, cat, cond, copy, exp,
+                                     for_loop, function, linear, lstm_cell, matmul, max_rows, maximum, mul,
+                                     neg, relu, sigmoid, softmax_rows, spec, sub, sum_rows, tanh, trace, update,
+                                     while_loop, zeros)
+
+__all__ = ["trace", "spec", "TensorSpec", "Tensor", "Program", "TraceError", "compile", "Compiled", "Options",
+           "RunStats", "for_loop", "while_loop", "cond", "function", "linear", "matmul", "tanh", "sigmoid",
+           "relu", "exp", "neg", "add", "sub", "mul", "maximum", "sum_rows", "max_rows", "softmax_rows",
+           "lstm_cell", "cat", "update", "zeros", "copy"]

@@ -1,0 +1,61 @@
+"""``compile(program, mode=...)``: a traced program, ready to call, with its schedule and source."""
+
+from __future__ import annotations
+
+from pyflow.cocktailer.executor import Executor, Options
+
+__all__ = ["Compiled", "compile", "MODES"]
+
+MODES = ("host", "compiled", "auto")
+
+
+class Compiled:
+    """A program bound to an executor.  Call it with arrays (numpy or device) in input order.
+
+    ``last_stats``: launches / host_syncs / barriers of the last call; ``source``: the
+    generated kernel source of every uProgram; ``schedule``: the decision (mode auto).
+    """
+
+    def __init__(self, program, mode: str, options: Options, schedule=None, drop_barriers=frozenset()):
+        self.program, self.mode, self.options, self.schedule = program, mode, options, schedule
+        if mode == "host":
+            self.executor = Executor(program, options)
+        elif mode == "compiled":
+            self.executor = Executor(program, options, whole_program=True, drop_barriers=drop_barriers)
+        else:
+            self.executor = Executor(program, options, device_units=schedule.device_units,
+                                     whole_program=schedule.whole_program, drop_barriers=drop_barriers)
+
+    def __call__(self, *arrays, to_host: bool = True):
+        return self.executor.run(*arrays, to_host=to_host)
+
+    @property
+    def last_stats(self):
+        return self.executor.last_stats
+
+    @property
+    def kernels(self):
+        return list(self.executor.kernels.values())
+
+    @property
+    def source(self) -> str:
+        return "\n".join(k.source for k in self.kernels)
+
+
+def compile(program, mode: str = "compiled", **options) -> Compiled:  # noqa: A001 - the paper's verb
+    """Prepare ``program`` to run: ``mode`` is ``"host"``, ``"compiled"`` or ``"auto"``.
+
+    ``options`` are ``Options`` fields (threads, blocks, stack_depth, inline, ...);
+    with ``auto`` also the scheduler's (see ``schedule.schedule``).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    schedule = None
+    if mode == "auto":
+        from pyflow.cocktailer.schedule import schedule as make_schedule
+
+        sched_keys = {"cost_model"}
+        schedule = make_schedule(program, Options(**{k: v for k, v in options.items() if k not in sched_keys}),
+                                 **{k: v for k, v in options.items() if k in sched_keys})
+        options = {k: v for k, v in options.items() if k not in sched_keys}
+    return Compiled(program, mode, Options(**options), schedule)

@@ -1,0 +1,532 @@
+"""Code generation (seed 001): a block of the IR as the source of ONE persistent grid-sync kernel.
+
+The kernel has the shape Cocktailer's artifact generates (SEMANTICS.md sec. 7):
+control flow is replicated in every block (every thread runs the same loops and
+branches, so they are grid-uniform), and each operator's uTasks are spread over the
+blocks by the virtual-block loop::
+
+    for u in range(block, 12, blocks):       # uTask u runs on block u % gridDim
+        linear_bias_t16_float32(u, arena_float32[0:256], ...)
+    grid.sync()                               # only if a dependence crosses blocks
+    barriers += 1
+
+Differences from the artifact, on purpose:
+
+* barriers: the artifact syncs the grid after every operator; here ``_Pending``
+  tracks what was read and written since the last barrier and a barrier is emitted
+  only before an access that conflicts (read-after-write, write-after-read,
+  write-after-write on overlapping elements) with one that another block may have
+  made.  Two elementwise uTask families over the same elements with the same chunk
+  put each element on the same thread of the same block, so they never need one.
+  Loops are analysed to a fixpoint (what the end of an iteration left pending
+  meets the start of the next).
+* while loops: each block evaluates the condition itself; the analysis guarantees
+  a barrier between the op that produced the condition's input and the read, and
+  between the read and any later overwrite, so every block sees the same value.
+* recursion: an explicit stack of frames ``[label, ret, params...]`` in shared
+  memory (one copy per block, identical in all blocks), thread 0 writes it, and a
+  ``while top > 0`` loop dispatches on the label (numba has no goto).  The depth is
+  an option; a push past it stops every block and reports ``StackOverflowError``.
+
+The source is plain Python; ``pyflow.kernels.utask.generated.build_kernel`` turns it
+into a kernel.  ``status`` (int64[3]) returns ``[error, detail, barriers]``: error 1
+is a stack overflow (detail: function index), 2 a while loop over its cap (detail:
+loop index).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, Const, FunctionCall, FunctionDef, Load, Loop,
+                                  Offset, Scalar, TensorRef, UOperator, Var, scalar_loads, scalar_vars)
+
+__all__ = ["KernelSource", "generate", "ERR_STACK_OVERFLOW", "ERR_ITERATIONS", "render_scalar"]
+
+ERR_STACK_OVERFLOW = 1
+ERR_ITERATIONS = 2
+
+
+# ---- scalars and views as source text ---------------------------------------------
+
+
+def render_scalar(s: Scalar, names: dict) -> str:
+    """``s`` as a Python expression; ``names`` maps Vars to their source text."""
+    if isinstance(s, Const):
+        return repr(s.value)
+    if isinstance(s, Var):
+        return names.get(s, s.name)
+    if isinstance(s, Load):
+        return f"{s.ref.buffer.name}[{render_offset(s.ref.offset, names)}]"
+    if isinstance(s, BinOp):
+        return f"({render_scalar(s.a, names)} {s.op} {render_scalar(s.b, names)})"
+    raise TypeError(f"not a scalar: {s!r}")
+
+
+def render_offset(o: Offset, names: dict) -> str:
+    if o.dynamic is None:
+        return str(o.const)
+    dyn = render_scalar(o.dynamic, names)
+    return f"{dyn} + {o.const}" if o.const else dyn
+
+
+def render_view(ref: TensorRef, names: dict) -> str:
+    if ref.offset.dynamic is None:
+        return f"{ref.buffer.name}[{ref.offset.const}:{ref.offset.const + ref.size}]"
+    start = render_offset(ref.offset, names)
+    return f"{ref.buffer.name}[{start}:{start} + {ref.size}]"
+
+
+# ---- which accesses need a barrier ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Access:
+    buffer: object
+    lo: int
+    hi: int
+    pattern: tuple | None   # ("elementwise", chunk, absolute offset) or None (any block)
+    write: bool
+
+    def conflicts(self, other: "_Access") -> bool:
+        if self.buffer is not other.buffer or not (self.write or other.write):
+            return False
+        if self.hi <= self.lo or other.hi <= other.lo or self.hi <= other.lo or other.hi <= self.lo:
+            return False
+        return self.pattern is None or self.pattern != other.pattern
+
+
+def _accesses(ref: TensorRef, pattern, write: bool):
+    if ref.offset.dynamic is None:
+        lo = ref.offset.const
+        pattern = (pattern[0], pattern[1], lo) if pattern is not None else None
+        yield _Access(ref.buffer, lo, lo + ref.size, pattern, write)
+    else:  # a position known only at run time: the whole buffer, any block
+        yield _Access(ref.buffer, 0, 1 << 62, None, write)
+    for load in scalar_loads(ref.offset.dynamic) if ref.offset.dynamic is not None else ():
+        yield from _accesses(load.ref, None, False)
+
+
+def _op_accesses(op: UOperator):
+    for ref, pattern in op.reads:
+        yield from _accesses(ref, pattern, False)
+    for ref, pattern in op.writes:
+        yield from _accesses(ref, pattern, True)
+
+
+def _scalar_accesses(s: Scalar | None):
+    for load in scalar_loads(s) if s is not None else ():
+        yield from _accesses(load.ref, None, False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+    """Accesses made since the last grid barrier; ``unknown``: anything may have been."""
+
+    accesses: frozenset = frozenset()
+    unknown: bool = False
+
+    def needs_barrier(self, new) -> bool:
+        new = list(new)
+        if not new:
+            return False
+        return self.unknown or any(a.conflicts(b) for a in self.accesses for b in new)
+
+    def add(self, new) -> "_Pending":
+        return _Pending(self.accesses | frozenset(new), self.unknown)
+
+    def __or__(self, other: "_Pending") -> "_Pending":
+        return _Pending(self.accesses | other.accesses, self.unknown or other.unknown)
+
+
+_CLEAR = _Pending()
+_UNKNOWN = _Pending(unknown=True)
+
+
+class _BarrierPlan:
+    """Decides, statement by statement, where grid barriers go (``before`` holds statement ids)."""
+
+    def __init__(self, inline_functions: bool, drop: frozenset = frozenset()):
+        self.before: dict = {}     # id(stmt) -> reason
+        self.inline = inline_functions
+        self.in_recursion = False  # planning a recursive body: a call's resume starts with a barrier
+
+    def _check(self, key, pending: _Pending, new, reason: str) -> _Pending:
+        new = list(new)
+        if key in self.before or pending.needs_barrier(new):
+            self.before.setdefault(key, reason)
+            pending = _CLEAR
+        return pending.add(new)
+
+    def block(self, block: Block, pending: _Pending) -> _Pending:
+        for item in block.items:
+            pending = self.item(item, pending)
+        return pending
+
+    def item(self, item, pending: _Pending) -> _Pending:
+        if isinstance(item, UOperator):
+            return self._check(id(item), pending, _op_accesses(item), f"before {item.name}")
+        if isinstance(item, Loop):
+            entry = pending
+            if item.trip is not None:
+                entry = self._check(("trip", id(item)), entry, _scalar_accesses(item.trip), "trip count")
+            state = entry
+            while True:
+                head = state
+                if item.head is not None:
+                    head = self.block(item.head, head)
+                    head = self._check(("cond", id(item)), head, _scalar_accesses(item.cond), "loop condition")
+                end = self.block(item.body, head)
+                merged = state | end
+                if merged == state:
+                    return head if item.head is not None else state
+                state = merged
+        if isinstance(item, Branch):
+            state = self._check(("pred", id(item)), pending, _scalar_accesses(item.pred), "branch predicate")
+            if self.in_recursion and _has_call(item):  # then, else and the join start new segments
+                self.block(item.then, _CLEAR)
+                self.block(item.orelse, _CLEAR)
+                return _CLEAR
+            return self.block(item.then, state) | self.block(item.orelse, state)
+        if isinstance(item, FunctionCall):
+            if self.inline:
+                return self.block(item.body, pending)
+            self.block(item.body, _UNKNOWN)     # a separate device function knows nothing of its caller
+            return _UNKNOWN
+        if isinstance(item, Call):
+            args = [a for s in item.args for a in _scalar_accesses(s)]
+            self._check(("call", id(item)), pending, args, "recursion arguments")
+            return _CLEAR if self.in_recursion else _UNKNOWN
+        raise TypeError(f"cannot plan barriers for {item!r}")
+
+
+# ---- the source writer -------------------------------------------------------------
+
+
+class KernelSource:
+    """Generate the kernel ``name`` for ``block`` (a program body or a part of it)."""
+
+    def __init__(self, name: str, block: Block, functions, free_vars=(), stack_depth: int = 64,
+                 inline_functions: bool = True, drop_barriers: frozenset = frozenset()):
+        self.name, self.block = name, block
+        self.stack_depth = stack_depth
+        self.inline = inline_functions
+        self.lines: list[str] = []
+        self.namespace: dict = {"int64": _int64()}
+        self.buffers: dict = {}           # name -> Buffer, in order of first use
+        self.helper_sources: list[str] = []
+        self.loop_ids: dict = {}
+        self.functions = list(functions)
+        self.free_vars = list(free_vars)
+        self.plan = _BarrierPlan(inline_functions)
+        self.drop_barriers = drop_barriers
+        self.plan.block(block, _CLEAR)
+        for fdef in self._called_functions(block):
+            # every segment of a recursive body starts with a grid barrier (see _Segments)
+            self.plan.in_recursion = True
+            self.plan.block(fdef.body, _CLEAR)
+            self.plan.in_recursion = False
+        self.barrier_sites: list = []      # the plan keys of every emitted grid.sync
+
+    # -- bookkeeping ----------------------------------------------------------------
+    def _called_functions(self, block):
+        from pyflow.cocktailer.ir import walk
+
+        seen = []
+        for item in walk(block):
+            if isinstance(item, Call) and item.fn not in seen:
+                seen.append(item.fn)
+        return seen
+
+    def _use_buffer(self, buffer) -> str:
+        self.buffers.setdefault(buffer.name, buffer)
+        return buffer.name
+
+    def _use_ref(self, ref: TensorRef):
+        self._use_buffer(ref.buffer)
+        for load in scalar_loads(ref.offset.dynamic) if ref.offset.dynamic is not None else ():
+            self._use_ref(load.ref)
+
+    def _use_scalar(self, s):
+        for load in scalar_loads(s) if s is not None else ():
+            self._use_ref(load.ref)
+
+    def _fn(self, op: UOperator) -> str:
+        name = op.fn_name
+        known = self.namespace.get(name)
+        if known is not None and known is not op.fn:
+            k = 2
+            while self.namespace.get(f"{name}_{k}") not in (None, op.fn):
+                k += 1
+            name = f"{name}_{k}"
+        self.namespace[name] = op.fn
+        return name
+
+    # -- emission ---------------------------------------------------------------------
+    def emit(self, text: str, indent: int) -> None:
+        self.lines.append("    " * indent + text)
+
+    def barrier(self, key, indent: int) -> None:
+        reason = self.plan.before.get(key)
+        if reason is None:
+            return
+        if key in self.drop_barriers:
+            self.emit(f"# (barrier {reason} dropped on purpose)", indent)
+            return
+        self.emit(f"grid.sync()  # {reason}: another block touched what comes next", indent)
+        self.emit("barriers += 1", indent)
+        self.barrier_sites.append(key)
+
+    def op(self, op: UOperator, names: dict, indent: int) -> None:
+        self.barrier(id(op), indent)
+        fn = self._fn(op)
+        args = []
+        for a in op.args:
+            if isinstance(a, TensorRef):
+                self._use_ref(a)
+                args.append(render_view(a, names))
+            else:
+                args.append(repr(int(a)))
+        self.emit(f"# {op.name}: {op.note}", indent)
+        self.emit(f"for u in range(block, {op.count}, blocks):", indent)
+        self.emit(f"{fn}(u, {', '.join(args)})", indent + 1)
+
+    def block_items(self, block: Block, names: dict, indent: int) -> None:
+        if not block.items:
+            self.emit("pass", indent)
+        for item in block.items:
+            self.item(item, names, indent)
+
+    def item(self, item, names: dict, indent: int) -> None:
+        if isinstance(item, UOperator):
+            self.op(item, names, indent)
+        elif isinstance(item, Loop):
+            self.loop(item, names, indent)
+        elif isinstance(item, Branch):
+            self.barrier(("pred", id(item)), indent)
+            self._use_scalar(item.pred)
+            self.emit(f"if {render_scalar(item.pred, names)}:", indent)
+            self.block_items(item.then, names, indent + 1)
+            self.emit("else:", indent)
+            self.block_items(item.orelse, names, indent + 1)
+        elif isinstance(item, FunctionCall):
+            self.emit(f"# function uTask {item.name}" + (" (inlined)" if self.inline else ""), indent)
+            if self.inline:
+                self.block_items(item.body, names, indent)
+            else:  # not inlined: a barrier on each side (the caller's state is unknown to the body)
+                self.emit("grid.sync()  # function entry", indent)
+                self.emit("barriers += 1", indent)
+                self.block_items(item.body, names, indent)
+                self.emit("grid.sync()  # function exit", indent)
+                self.emit("barriers += 1", indent)
+        elif isinstance(item, Call):
+            self.recursion(item, names, indent)
+        else:
+            raise TypeError(f"cannot generate code for {item!r}")
+
+    def loop(self, loop: Loop, names: dict, indent: int) -> None:
+        index = self.loop_ids.setdefault(id(loop), len(self.loop_ids))
+        var = loop.var.name
+        if loop.kind == "for":
+            self.barrier(("trip", id(loop)), indent)
+            self._use_scalar(loop.trip)
+            self.emit(f"for {var} in range({render_scalar(loop.trip, names)}):", indent)
+            self.block_items(loop.body, names, indent + 1)
+            return
+        self.emit(f"# while loop {index}: at most {loop.max_iters} iterations", indent)
+        self.emit(f"{var} = 0", indent)
+        self.emit("while True:", indent)
+        self.block_items(loop.head, names, indent + 1) if loop.head.items else None
+        self.barrier(("cond", id(loop)), indent + 1)
+        self._use_scalar(loop.cond)
+        self.emit(f"if not {render_scalar(loop.cond, names)}:", indent + 1)
+        self.emit("break", indent + 2)
+        self.emit(f"if {var} == {loop.max_iters}:  # over the cap: stop every block, report", indent + 1)
+        self.emit("if leader:", indent + 2)
+        self.emit(f"status[0] = {ERR_ITERATIONS}", indent + 3)
+        self.emit(f"status[1] = {index}", indent + 3)
+        self.emit("status[2] += barriers", indent + 3)
+        self.emit("return", indent + 2)
+        self.block_items(loop.body, names, indent + 1)
+        self.emit(f"{var} += 1", indent + 1)
+
+    # -- recursion -------------------------------------------------------------------
+    def recursion(self, call: Call, names: dict, indent: int) -> None:
+        fdef = call.fn
+        findex = self.functions.index(fdef)
+        stack = f"frames_{fdef.name}"
+        fields = 2 + len(fdef.params)
+        self._use_buffer(fdef.stack)
+        for a in call.args:
+            self._use_scalar(a)
+        self.barrier(("call", id(call)), indent)
+        depth = self.stack_depth
+        self.namespace.setdefault("_shared_stacks", []).append((stack, depth, fields))
+        self.emit(f"# recursion {fdef.name}: frames [label, ret, {', '.join(p.name for p in fdef.params)}] "
+                  f"in shared memory, {depth} deep", indent)
+        self.emit("if cuda.threadIdx.x == 0:", indent)
+        self.emit(f"{stack}[0, 0] = 0", indent + 1)
+        self.emit(f"{stack}[0, 1] = {render_offset(call.result.offset, names)}", indent + 1)
+        for k, a in enumerate(call.args):
+            self.emit(f"{stack}[0, {2 + k}] = {render_scalar(a, names)}", indent + 1)
+        self.emit("cuda.syncthreads()", indent)
+        self.emit("top = 1", indent)
+        self.emit("overflow = False", indent)
+        self.emit("while top > 0:", indent)
+        inner = indent + 1
+        fnames = dict(names)
+        fnames[fdef.ret] = fdef.ret.name
+        self.emit("frame = top - 1", inner)
+        self.emit(f"label = {stack}[frame, 0]", inner)
+        self.emit(f"{fdef.ret.name} = {stack}[frame, 1]", inner)
+        for k, p in enumerate(fdef.params):
+            self.emit(f"{p.name} = {stack}[frame, {2 + k}]", inner)
+        self.emit(f"{fdef.base.name} = {fdef.root_size} + frame * {fdef.frame_size}", inner)
+        self.emit("cuda.syncthreads()  # everyone has read the frame before thread 0 rewrites it", inner)
+        segments = _Segments(self, fdef, stack, fnames)
+        segments.build()
+        self.lines.extend("    " * inner + line for line in segments.render())
+        self.emit("cuda.syncthreads()  # thread 0's frame writes are visible before the next dispatch", inner)
+        self.emit("if overflow:", indent)
+        self.emit("if leader:", indent + 1)
+        self.emit(f"status[0] = {ERR_STACK_OVERFLOW}", indent + 2)
+        self.emit(f"status[1] = {findex}", indent + 2)
+        self.emit("status[2] += barriers", indent + 2)
+        self.emit("return", indent + 1)
+
+    # -- the whole kernel ----------------------------------------------------------------
+    def source(self) -> str:
+        body_start = len(self.lines)
+        self.block_items(self.block, {}, 1)
+        body = self.lines[body_start:]
+        del self.lines[body_start:]
+        params = list(self.buffers) + ["status"] + [v.name for v in self.free_vars]
+        head = [f"def {self.name}({', '.join(params)}):",
+                "    grid = cuda.cg.this_grid()",
+                "    block = cuda.blockIdx.x",
+                "    blocks = cuda.gridDim.x",
+                "    leader = block == 0 and cuda.threadIdx.x == 0",
+                "    barriers = 0"]
+        for stack, depth, fields in self.namespace.pop("_shared_stacks", []):
+            if f"    {stack} = " not in "\n".join(head):
+                head.append(f"    {stack} = cuda.shared.array(({depth}, {fields}), int64)")
+        tail = ["    if leader:", "        status[2] += barriers"]
+        return "\n".join(head + body + tail) + "\n"
+
+
+class _Segments:
+    """A recursive function's body cut at its calls into labelled segments (a state machine)."""
+
+    def __init__(self, writer: KernelSource, fdef: FunctionDef, stack: str, names: dict):
+        self.w, self.fdef, self.stack, self.names = writer, fdef, stack, names
+        self.segments: list[list] = []   # per label: list of (indent, text)
+
+    def new(self) -> int:
+        self.segments.append([])
+        return len(self.segments) - 1
+
+    def build(self) -> None:
+        start = self.new()
+        end = self.sequence(self.fdef.body.items, start, 1)
+        self.emit(end, 1, "top -= 1  # return to the caller's frame")
+
+    def emit(self, label: int, indent: int, text: str) -> None:
+        self.segments[label].append((indent, text))
+
+    def barrier(self, label: int, indent: int, key) -> None:
+        """The writer's barrier decision for ``key``, emitted into segment ``label``."""
+        saved = self.w.lines
+        self.w.lines = []
+        self.w.barrier(key, indent)
+        produced, self.w.lines = self.w.lines, saved
+        for line in produced:
+            self.emit(label, indent, line.strip())
+
+    def goto(self, label: int, indent: int, target: int) -> None:
+        self.emit(label, indent, "if cuda.threadIdx.x == 0:")
+        self.emit(label, indent + 1, f"{self.stack}[frame, 0] = {target}")
+
+    def straight(self, label: int, indent: int, item) -> None:
+        """Emit ``item`` (no calls inside) into segment ``label`` via the writer."""
+        saved = self.w.lines
+        self.w.lines = []
+        self.w.item(item, self.names, indent)
+        produced, self.w.lines = self.w.lines, saved
+        for line in produced:
+            stripped = line.lstrip(" ")
+            self.emit(label, (len(line) - len(stripped)) // 4, stripped)
+
+    def sequence(self, items, label: int, indent: int) -> int:
+        for item in items:
+            if isinstance(item, Call):
+                label = self.call(item, label, indent)
+            elif isinstance(item, Branch) and _has_call(item):
+                label = self.branch(item, label, indent)
+            elif isinstance(item, FunctionCall) and _has_call(item):
+                label = self.sequence(item.body.items, label, indent)
+            else:
+                self.straight(label, indent, item)
+        return label
+
+    def call(self, call: Call, label: int, indent: int) -> int:
+        if call.fn is not self.fdef:
+            raise TypeError("a recursive function may only call itself")
+        resume = self.new()
+        stack, depth = self.stack, self.w.stack_depth
+        names = self.names
+        self.barrier(label, indent, ("call", id(call)))
+        for a in call.args:
+            self.w._use_scalar(a)
+        self.emit(label, indent, f"if top == {depth}:  # no frame left: stop every block")
+        self.emit(label, indent + 1, "overflow = True")
+        self.emit(label, indent + 1, "top = 0")
+        self.emit(label, indent, "else:")
+        self.emit(label, indent + 1, "if cuda.threadIdx.x == 0:")
+        self.emit(label, indent + 2, f"{stack}[frame, 0] = {resume}  # resume here after the call")
+        self.emit(label, indent + 2, f"{stack}[top, 0] = 0")
+        self.emit(label, indent + 2, f"{stack}[top, 1] = {render_offset(call.result.offset, names)}")
+        for k, a in enumerate(call.args):
+            self.emit(label, indent + 2, f"{stack}[top, {2 + k}] = {render_scalar(a, names)}")
+        self.emit(label, indent + 1, f"top += 1  # call {self.fdef.name}")
+        return resume
+
+    def branch(self, item: Branch, label: int, indent: int) -> int:
+        self.barrier(label, indent, ("pred", id(item)))
+        self.w._use_scalar(item.pred)
+        then_label, else_label = self.new(), self.new()
+        self.emit(label, indent, f"target = {then_label} if {render_scalar(item.pred, self.names)} else {else_label}")
+        self.goto(label, indent, "target")
+        join = self.new()
+        for start, block in ((then_label, item.then), (else_label, item.orelse)):
+            end = self.sequence(block.items, start, 1)
+            self.goto(end, 1, join)
+        return join
+
+    def render(self):
+        for label, lines in enumerate(self.segments):
+            yield f"{'if' if label == 0 else 'elif'} label == {label}:"
+            # a segment is entered from the dispatch: other blocks may be anywhere before it
+            yield "    grid.sync()  # segment entry: the previous segment's writes are visible"
+            yield "    barriers += 1"
+            for indent, text in lines or [(1, "pass")]:
+                yield "    " * indent + text
+
+
+def _has_call(item) -> bool:
+    from pyflow.cocktailer.ir import walk
+
+    return any(isinstance(s, Call) for block in item.blocks() for s in walk(block)) or any(
+        isinstance(s, Call) for block in item.blocks() for s in block.items)
+
+
+def _int64():
+    from numba import int64
+
+    return int64
+
+
+def generate(name: str, block: Block, functions, free_vars=(), **options) -> KernelSource:
+    """Generate the kernel source for ``block``; read ``.source()`` / ``.namespace`` / ``.buffers``."""
+    writer = KernelSource(name, block, functions, free_vars, **options)
+    writer.text = writer.source()
+    return writer

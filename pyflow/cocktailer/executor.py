@@ -1,0 +1,299 @@
+"""The two executors of a traced program (seed 001), over the same IR and the same uTasks.
+
+* host executor - what PyTorch or JAX do with dynamic control flow: every operator
+  is its own kernel launch (``uoperator_kernel``: the op's uTasks in the
+  virtual-block loop), loops and branches run in Python, and every condition,
+  device trip count and recursion argument is a device-to-host read.
+* compiled executor - a ``Schedule`` names parts of the program (uPrograms) that run
+  as ONE persistent kernel each (``codegen.py``); with the whole program on the
+  device a call is one launch and no host syncs.  Parts left on the host run as in
+  the host executor.
+
+Both use the same buffers and the same uTask device functions with the same block
+size, so their results are bitwise equal: a uTask's result depends only on ``u``,
+never on the block that runs it.
+
+``RunStats`` (``executor.last_stats``) counts, per call: ``launches`` (kernels
+launched), ``host_syncs`` (device-to-host reads made to decide control flow; the
+final read of the outputs and of the status word is not counted) and ``barriers``
+(grid barriers executed, counted by block 0 inside the kernels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from pyflow.cocktailer import codegen
+from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, Const, FunctionCall, Load, Loop, Scalar,
+                                  TensorRef, UOperator, Var, py_op, scalar_vars, walk)
+from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IterationLimitError, ShapeError,
+                           StackOverflowError)
+from pyflow.kernels.backend import cuda
+from pyflow.kernels.utask.generated import build_kernel, cooperative_grid_limit, uoperator_kernel
+
+__all__ = ["Options", "RunStats", "Executor", "CompiledKernel"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How a program runs.
+
+    ``threads``: threads per block (every kernel, both executors).  ``blocks``: grid
+    of the persistent kernels (None: ``set_resource`` picks the co-resident limit,
+    capped by the largest uTask count).  ``host_blocks``: cap on the grid of one
+    host-executor launch.  ``stack_depth``: frames per recursive function.
+    ``inline``: inline function uTasks (else each is fenced by grid barriers).
+    """
+
+    threads: int = 32
+    blocks: int | None = None
+    host_blocks: int = 1024
+    stack_depth: int = 64
+    inline: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.threads, int) or not 1 <= self.threads <= 1024:
+            raise ValueError(f"threads must be an int in 1..1024, got {self.threads!r}")
+        if self.blocks is not None and (not isinstance(self.blocks, int) or self.blocks < 1):
+            raise ValueError(f"blocks must be None or an int >= 1, got {self.blocks!r}")
+        if not isinstance(self.stack_depth, int) or self.stack_depth < 1:
+            raise ValueError(f"stack_depth must be an int >= 1, got {self.stack_depth!r}")
+
+
+@dataclasses.dataclass
+class RunStats:
+    launches: int = 0
+    host_syncs: int = 0
+    barriers: int = 0
+
+    def __str__(self):
+        return f"launches={self.launches} host_syncs={self.host_syncs} barriers={self.barriers}"
+
+
+def bound_vars(block: Block):
+    """Vars a block binds itself (its loop counters)."""
+    return {id(s.var) for s in walk(block) if isinstance(s, Loop)}
+
+
+def free_vars(block: Block) -> list:
+    """Vars a block reads but does not bind (enclosing host loop counters, frame fields)."""
+    found, bound = {}, bound_vars(block)
+
+    def note(s):
+        for v in scalar_vars(s):
+            if id(v) not in bound:
+                found.setdefault(id(v), v)
+
+    def refs(r):
+        if isinstance(r, TensorRef):
+            note(r.offset.dynamic)
+
+    for s in walk(block):
+        if isinstance(s, UOperator):
+            for a in s.args:
+                refs(a)
+        elif isinstance(s, Loop):
+            note(s.trip)
+            note(s.cond)
+        elif isinstance(s, Branch):
+            note(s.pred)
+        elif isinstance(s, Call):
+            for a in s.args:
+                note(a)
+            refs(s.result)
+    return sorted(found.values(), key=lambda v: v.name)
+
+
+class CompiledKernel:
+    """One uProgram: the generated source, the kernel, and how to call it."""
+
+    def __init__(self, name: str, block: Block, program, options: Options, drop_barriers=frozenset()):
+        self.name = name
+        self.free_vars = free_vars(block)
+        self.writer = codegen.generate(name, block, program.functions, self.free_vars,
+                                       stack_depth=options.stack_depth, inline_functions=options.inline,
+                                       drop_barriers=drop_barriers)
+        self.source = self.writer.text
+        self.buffer_names = list(self.writer.buffers)
+        self.kernel = build_kernel(self.source, name, self.writer.namespace)
+        self.max_utasks = max([s.count for s in walk(block) if isinstance(s, UOperator)]
+                              + [s.count for f in program.functions for s in walk(f.body)
+                                 if isinstance(s, UOperator)] + [1])
+        self.barrier_sites = len(self.writer.barrier_sites)
+        self._limit = None
+
+    def grid(self, args, options: Options, program_name: str) -> int:
+        """``set_resource``: the grid size, never more than can be co-resident."""
+        if self._limit is None:
+            self._limit = cooperative_grid_limit(self.kernel, args, options.threads)
+        if options.blocks is not None:
+            if options.blocks > self._limit:
+                raise CooperativeLaunchTooLargeError(
+                    f"{program_name}: {options.blocks} blocks of {options.threads} threads cannot all be "
+                    f"co-resident (the device fits {self._limit}); the persistent kernel needs every block "
+                    "running at once. Use fewer blocks or threads, or blocks=None.")
+            return options.blocks
+        return max(1, min(self._limit, self.max_utasks))
+
+
+class Executor:
+    """Runs a program; ``device_units`` are the statements (or the whole body) compiled to kernels."""
+
+    def __init__(self, program, options: Options, device_units=(), whole_program: bool = False,
+                 drop_barriers=frozenset()):
+        self.program, self.options = program, options
+        self.kernels: dict = {}
+        if whole_program:
+            self.kernels["body"] = CompiledKernel(f"{program.name}_uprogram", program.body, program, options,
+                                                  drop_barriers)
+        for k, stmt in enumerate(device_units):
+            self.kernels[id(stmt)] = CompiledKernel(f"{program.name}_uprogram{k}", Block([stmt]), program,
+                                                    options, drop_barriers)
+        self.last_stats = RunStats()
+        self._memory = None
+
+    # ---- memory ------------------------------------------------------------------
+    def _allocate(self):
+        if self._memory is None:
+            memory = {}
+            for b in self.program.buffers:
+                if b.role == "input":
+                    continue
+                size = b.size
+                if b.role == "stack":
+                    fdef = next(f for f in self.program.functions if f.stack is b)
+                    size = fdef.root_size + self.options.stack_depth * fdef.frame_size
+                memory[b.name] = cuda.device_array(max(size, 1), dtype=b.dtype)
+            memory["status"] = cuda.device_array(3, dtype=np.int64)
+            self._memory = memory
+        return self._memory
+
+    def _bind_inputs(self, arrays, memory):
+        spec = self.program.inputs
+        if len(arrays) != len(spec):
+            raise ShapeError(f"{self.program.name}: expected {len(spec)} inputs "
+                             f"({', '.join(n for n, _, _ in spec)}), got {len(arrays)}")
+        for (name, buffer, s), a in zip(spec, arrays):
+            shape, dtype = tuple(getattr(a, "shape", np.shape(a))), np.dtype(getattr(a, "dtype", None)
+                                                                               or np.asarray(a).dtype)
+            if shape != s.shape:
+                raise ShapeError(f"{self.program.name}: input {name!r} has shape {shape}, traced as {s.shape}")
+            if dtype != s.dtype:
+                raise DTypeError(f"{self.program.name}: input {name!r} is {dtype}, traced as {s.dtype}")
+            if isinstance(a, np.ndarray) or np.isscalar(a) or isinstance(a, (list, tuple)):
+                memory[buffer.name] = cuda.to_device(np.ascontiguousarray(a, dtype=s.dtype).reshape(-1))
+            else:  # a device array: use it in place, flat
+                memory[buffer.name] = a.reshape(-1) if len(shape) != 1 else a
+
+    # ---- running -------------------------------------------------------------------
+    def run(self, *arrays, to_host: bool = True):
+        memory = self._allocate()
+        self._bind_inputs(arrays, memory)
+        memory["status"].copy_to_device(np.zeros(3, dtype=np.int64))
+        self.stats = RunStats()
+        self.memory = memory
+        try:
+            if "body" in self.kernels:
+                self._launch(self.kernels["body"], {})
+            else:
+                self._block(self.program.body, {}, -1)
+            status = memory["status"].copy_to_host()
+            self._raise_for(status)
+            self.stats.barriers += int(status[2])
+            outs = [self._view(ref, {}) for ref in self.program.outputs]
+            outs = [o.copy_to_host().reshape(ref.shape) if to_host else o
+                    for o, ref in zip(outs, self.program.outputs)]
+        finally:
+            self.last_stats = self.stats
+        return outs[0] if self.program.single_output else tuple(outs)
+
+    def _raise_for(self, status) -> None:
+        code, detail = int(status[0]), int(status[1])
+        if code == codegen.ERR_STACK_OVERFLOW:
+            name = self.program.functions[detail].name
+            raise StackOverflowError(f"{self.program.name}: recursive function {name!r} went deeper than "
+                                     f"stack_depth={self.options.stack_depth} frames")
+        if code == codegen.ERR_ITERATIONS:
+            loops = [s for s in walk(self.program.body) if isinstance(s, Loop) and s.kind == "while"]
+            cap = loops[detail].max_iters if detail < len(loops) else "?"
+            raise IterationLimitError(f"{self.program.name}: a while loop ran more than max_iters={cap} "
+                                      "iterations")
+
+    def _launch(self, compiled: CompiledKernel, env: dict) -> None:
+        args = [self.memory[n] for n in compiled.buffer_names] + [self.memory["status"]]
+        args += [int(env[id(v)]) for v in compiled.free_vars]
+        blocks = compiled.grid(args, self.options, self.program.name)
+        compiled.kernel[blocks, self.options.threads](*args)
+        self.stats.launches += 1
+
+    # host-side evaluation ------------------------------------------------------------
+    def _scalar(self, s: Scalar, env: dict):
+        if isinstance(s, Const):
+            return s.value
+        if isinstance(s, Var):
+            return env[id(s)]
+        if isinstance(s, Load):
+            view = self._view(s.ref, env, size=1)
+            self.stats.host_syncs += 1   # a device-to-host read decides what runs next
+            return view.copy_to_host()[0].item()
+        if isinstance(s, BinOp):
+            return py_op(s.op)(self._scalar(s.a, env), self._scalar(s.b, env))
+        raise TypeError(f"not a scalar: {s!r}")
+
+    def _view(self, ref: TensorRef, env: dict, size: int | None = None):
+        start = ref.offset.const + (int(self._scalar(ref.offset.dynamic, env))
+                                    if ref.offset.dynamic is not None else 0)
+        return self.memory[ref.buffer.name][start:start + (ref.size if size is None else size)]
+
+    def _block(self, block: Block, env: dict, frame: int) -> None:
+        for item in block.items:
+            compiled = self.kernels.get(id(item))
+            if compiled is not None:
+                self._launch(compiled, env)
+            else:
+                self._item(item, env, frame)
+
+    def _item(self, item, env: dict, frame: int) -> None:
+        if isinstance(item, UOperator):
+            if item.count == 0:
+                return
+            args = [self._view(a, env) if isinstance(a, TensorRef) else int(a) for a in item.args]
+            blocks = min(item.count, self.options.host_blocks)
+            uoperator_kernel(item.fn, len(args))[blocks, self.options.threads](0, item.count, *args)
+            self.stats.launches += 1
+        elif isinstance(item, Loop) and item.kind == "for":
+            for i in range(int(self._scalar(item.trip, env))):
+                env[id(item.var)] = i
+                self._block(item.body, env, frame)
+        elif isinstance(item, Loop):
+            env[id(item.var)] = 0
+            while True:
+                self._block(item.head, env, frame)
+                if not self._scalar(item.cond, env):
+                    break
+                if env[id(item.var)] == item.max_iters:
+                    raise IterationLimitError(f"{self.program.name}: a while loop ran more than "
+                                              f"max_iters={item.max_iters} iterations")
+                self._block(item.body, env, frame)
+                env[id(item.var)] += 1
+        elif isinstance(item, Branch):
+            self._block(item.then if self._scalar(item.pred, env) else item.orelse, env, frame)
+        elif isinstance(item, FunctionCall):
+            self._block(item.body, env, frame)
+        elif isinstance(item, Call):
+            fdef = item.fn
+            callee = frame + 1
+            if callee >= self.options.stack_depth:
+                raise StackOverflowError(f"{self.program.name}: recursive function {fdef.name!r} went deeper "
+                                         f"than stack_depth={self.options.stack_depth} frames")
+            inner = dict(env)
+            for p, a in zip(fdef.params, item.args):
+                inner[id(p)] = int(self._scalar(a, env))
+            inner[id(fdef.ret)] = item.result.offset.const + (
+                int(self._scalar(item.result.offset.dynamic, env)) if item.result.offset.dynamic is not None else 0)
+            inner[id(fdef.base)] = fdef.root_size + callee * fdef.frame_size
+            self._block(fdef.body, inner, callee)
+        else:
+            raise TypeError(f"cannot run {item!r}")
