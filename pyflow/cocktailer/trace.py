@@ -248,7 +248,12 @@ class Tensor:
     def reshape(self, *shape) -> "Tensor":
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
-        if math.prod(shape) != self.size:
+        shape = tuple(int(d) for d in shape)
+        if shape.count(-1) == 1:  # one side inferred, as in numpy
+            known = math.prod(d for d in shape if d != -1)
+            if known and self.size % known == 0:
+                shape = tuple(self.size // known if d == -1 else d for d in shape)
+        if any(d < 0 for d in shape) or math.prod(shape) != self.size:
             raise ShapeError(f"reshape: cannot view {self.shape} ({self.size} elements) as {tuple(shape)}")
         return Tensor(self._use("reshape").reshaped(shape), self.readonly)
 

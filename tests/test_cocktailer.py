@@ -1,0 +1,433 @@
+"""Cocktailer (seed 001): random programs agree on both executors; one launch, no host syncs; barriers matter.
+
+The central property: a traced program gives the same values under the compiled
+executor (one persistent kernel, concurrent blocks, grid barriers) and the host
+executor (one launch per operator, control flow in Python), bitwise, for any grid
+of 1-6 blocks and with inlining on or off: both run the same uTasks, and a
+uTask's result never depends on which block runs it.  Each program is also
+interpreted with numpy from the same random description, so a bug shared by both
+executors (say, in the front end) is caught too.
+
+Random programs: a carried state ``h`` (batch, hidden) goes through statements
+drawn by hypothesis: ops (linear+tanh, add a row of ``xs``, softmax, mul), ``for``
+loops (static or device-resident trip counts), ``while`` loops counting up to a
+device limit, and ``cond``s on a device flag or on the sign of a sum, nested up to
+depth 3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pyflow.cocktailer as ck
+from pyflow.cocktailer.api import Compiled
+from pyflow.cocktailer.executor import Options
+from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IterationLimitError, ShapeError,
+                           StackOverflowError)
+from pyflow.kernels import sim
+
+# ---- random program descriptions --------------------------------------------------
+# a statement is a tuple: ("op", kind) | ("for", trip, device, body) | ("while", limit, device, body)
+#                         | ("cond", pred_kind, flag_index, then, else)
+
+OPS = ("linear_tanh", "add_x", "softmax", "square_mix", "relu_sub")
+
+
+def statements(depth: int):
+    op = st.tuples(st.just("op"), st.sampled_from(OPS))
+    if depth == 0:
+        return st.lists(op, min_size=1, max_size=2)
+    inner = statements(depth - 1)
+    loop = st.tuples(st.just("for"), st.integers(0, 2), st.booleans(), inner)
+    wloop = st.tuples(st.just("while"), st.integers(0, 2), st.booleans(), inner)
+    branch = st.tuples(st.just("cond"), st.sampled_from(["flag", "sign"]), st.integers(0, 2), inner, inner)
+    return st.lists(st.one_of(op, op, loop, wloop, branch), min_size=1, max_size=3)
+
+
+def build(desc, trips, flags):
+    """The traceable program for ``desc`` (and its numpy twin below)."""
+
+    def run_stmts(stmts, h, env):
+        for s in stmts:
+            h = run_stmt(s, h, env)
+        return h
+
+    def run_stmt(s, h, env):
+        kind = s[0]
+        if kind == "op":
+            return apply_op(s[1], h, env)
+        if kind == "for":
+            _, trip, device, body = s
+            n = env["trips"][trip].item() if device else trip
+
+            def step(i, h):
+                return run_stmts(body, h, dict(env, i=i))
+
+            return ck.for_loop(n, step, h)
+        if kind == "while":
+            _, limit, device, body = s
+            lim = env["trips"][limit].item() if device else limit
+
+            def test(h, count):
+                return count[0].item() < lim
+
+            def step(h, count):
+                return run_stmts(body, h, env), ck.add(count, env["one"])
+
+            h, _ = ck.while_loop(test, step, h, ck.zeros(1), max_iters=5)
+            return h
+        _, pred_kind, k, then, orelse = s
+        if pred_kind == "flag":
+            pred = env["flags"][k].item()
+        else:
+            pred = ck.sum_rows(h.reshape(1, -1)).item() > 0
+        return ck.cond(pred, lambda h: run_stmts(then, h, env), lambda h: run_stmts(orelse, h, env), h)
+
+    def apply_op(kind, h, env):
+        if kind == "linear_tanh":
+            return ck.tanh(ck.linear(h, env["w"], env["b"]))
+        if kind == "add_x":
+            return ck.add(h, env["xs"][env.get("i", 0)])
+        if kind == "softmax":
+            return ck.softmax_rows(h)
+        if kind == "square_mix":
+            return ck.sub(ck.mul(h, h), ck.tanh(h))
+        return ck.relu(ck.sub(h, env["b"]))
+
+    def program(h0, xs, w, b, trips, flags, one):
+        env = dict(xs=xs, w=w, b=b, trips=trips, flags=flags, one=one)
+        return run_stmts(desc, h0, env)
+
+    return program
+
+
+def numpy_twin(desc, h0, xs, w, b, trips, flags):
+    """The same program interpreted with numpy (float64 scalars aside, the reference values)."""
+
+    def softmax(x):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def run_stmts(stmts, h, i):
+        for s in stmts:
+            h = run_stmt(s, h, i)
+        return h
+
+    def run_stmt(s, h, i):
+        kind = s[0]
+        if kind == "op":
+            op = s[1]
+            if op == "linear_tanh":
+                return np.tanh(h @ w.T + b).astype(np.float32)
+            if op == "add_x":
+                return (h + xs[i]).astype(np.float32)
+            if op == "softmax":
+                return softmax(h).astype(np.float32)
+            if op == "square_mix":
+                return (h * h - np.tanh(h)).astype(np.float32)
+            return np.maximum(h - b, 0).astype(np.float32)
+        if kind == "for":
+            _, trip, device, body = s
+            for j in range(int(trips[trip]) if device else trip):
+                h = run_stmts(body, h, j)
+            return h
+        if kind == "while":
+            _, limit, device, body = s
+            for _ in range(int(trips[limit]) if device else limit):
+                h = run_stmts(body, h, i)
+            return h
+        _, pred_kind, k, then, orelse = s
+        pred = bool(flags[k]) if pred_kind == "flag" else h.sum() > 0
+        return run_stmts(then if pred else orelse, h, i)
+
+    return run_stmts(desc, h0, 0)
+
+
+def inputs(batch, hidden, steps, seed):
+    rng = np.random.default_rng(seed)
+    h0 = rng.standard_normal((batch, hidden)).astype(np.float32)
+    xs = rng.standard_normal((steps, batch, hidden)).astype(np.float32)
+    w = (rng.standard_normal((hidden, hidden)) * 0.5).astype(np.float32)
+    b = rng.standard_normal(hidden).astype(np.float32)
+    trips = rng.integers(0, 3, size=3).astype(np.int64)
+    flags = rng.integers(0, 2, size=3).astype(np.int64)
+    one = np.ones(1, np.float32)
+    return h0, xs, w, b, trips, flags, one
+
+
+def trace_random(desc, args):
+    return ck.trace(build(desc, None, None), *args, chunk=4, tile=4, name="random")
+
+
+@settings(max_examples=12)
+@given(desc=statements(3), batch=st.integers(1, 2), hidden=st.integers(2, 6), blocks=st.integers(1, 6),
+       inline=st.booleans(), seed=st.integers(0, 2**16))
+def test_random_programs_agree_on_both_executors_and_with_numpy(desc, batch, hidden, blocks, inline, seed):
+    args = inputs(batch, hidden, 3, seed)
+    program = trace_random(desc, args)
+    host = ck.compile(program, mode="host", threads=4, inline=inline)(*args)
+    compiled = ck.compile(program, mode="compiled", threads=4, blocks=blocks, inline=inline)
+    got = compiled(*args)
+    np.testing.assert_array_equal(got, host)
+    np.testing.assert_allclose(got, numpy_twin(desc, *args[:6]), rtol=1e-4, atol=1e-5)
+    assert compiled.last_stats.launches == 1 and compiled.last_stats.host_syncs == 0
+
+
+# ---- functions (inline on / off) and recursion ------------------------------------------
+
+
+def test_function_utasks_inline_or_fenced_give_the_same_values():
+    @ck.function
+    def cell(h, w, b):
+        return ck.tanh(ck.linear(h, w, b))
+
+    def prog(h0, w, b):
+        return ck.for_loop(3, lambda i, h: ck.add(cell(h, w, b), h), h0)
+
+    rng = np.random.default_rng(3)
+    args = (rng.standard_normal((2, 5)).astype(np.float32), rng.standard_normal((5, 5)).astype(np.float32),
+            rng.standard_normal(5).astype(np.float32))
+    program = ck.trace(prog, *args, chunk=4, tile=4)
+    host = ck.compile(program, mode="host", threads=4)(*args)
+    runs = {}
+    for inline in (True, False):
+        c = ck.compile(program, mode="compiled", threads=4, blocks=3, inline=inline)
+        np.testing.assert_array_equal(c(*args), host)
+        runs[inline] = c.last_stats.barriers
+    assert runs[False] > runs[True]  # a fenced function uTask costs barriers on both sides
+
+
+def random_tree(leaves: int, rng):
+    left, right, leaf = [], [], []
+
+    def grow(k):
+        i = len(leaf)
+        leaf.append(1 if k == 1 else 0)
+        left.append(0)
+        right.append(0)
+        if k > 1:
+            a = int(rng.integers(1, k))
+            left[i], right[i] = grow(a), grow(k - a)
+        return i
+
+    grow(leaves)
+    return np.array(left, np.int64), np.array(right, np.int64), np.array(leaf, np.int64)
+
+
+def tree_program(dim):
+    def prog(left, right, is_leaf, values, w, b):
+        @ck.function(returns=ck.spec(dim))
+        def walk(node):
+            def inner():
+                both = ck.cat([walk(left[node].item()), walk(right[node].item())])
+                return ck.relu(ck.linear(both, w, b))
+
+            return ck.cond(is_leaf[node].item(), lambda: ck.tanh(values[node]), inner)
+
+        return walk(0)
+
+    return prog
+
+
+def tree_reference(left, right, is_leaf, values, w, b):
+    def walk(n):
+        if is_leaf[n]:
+            return np.tanh(values[n])
+        return np.maximum(w @ np.concatenate([walk(left[n]), walk(right[n])]) + b, 0)
+
+    return walk(0)
+
+
+@settings(max_examples=6)
+@given(leaves=st.integers(1, 7), dim=st.integers(1, 4), blocks=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_random_recursion_trees_agree(leaves, dim, blocks, seed):
+    rng = np.random.default_rng(seed)
+    left, right, is_leaf = random_tree(leaves, rng)
+    n = len(left)
+    args = (left, right, is_leaf, rng.standard_normal((n, dim)).astype(np.float32),
+            (rng.standard_normal((dim, 2 * dim)) * 0.5).astype(np.float32), rng.standard_normal(dim).astype(np.float32))
+    program = ck.trace(tree_program(dim), *args, chunk=4, tile=4)
+    host = ck.compile(program, mode="host", threads=4)
+    compiled = ck.compile(program, mode="compiled", threads=4, blocks=blocks)
+    got = compiled(*args)
+    np.testing.assert_array_equal(got, host(*args))
+    np.testing.assert_allclose(got, tree_reference(*args), rtol=1e-5, atol=1e-6)
+    assert compiled.last_stats.launches == 1 and compiled.last_stats.host_syncs == 0
+    assert host.last_stats.host_syncs >= n  # every node's is_leaf flag was read on the host
+
+
+def chain(depth: int):
+    """A left-deep tree: node k's left child is node k + 1, its right child a leaf."""
+    left, right, leaf = [], [], []
+    for k in range(depth):
+        left.append(2 * k + 1 if k < depth - 1 else 0)
+        right.append(2 * k + 2 if k < depth - 1 else 0)
+        leaf.append(0 if k < depth - 1 else 1)
+    # renumber: inner nodes 0, 2, 4, ...; the chain continues at the left child
+    n = 2 * depth - 1
+    L, R, F = np.zeros(n, np.int64), np.zeros(n, np.int64), np.ones(n, np.int64)
+    for k in range(depth - 1):
+        L[2 * k], R[2 * k], F[2 * k] = 2 * k + 2, 2 * k + 1, 0
+    return L, R, F
+
+
+def test_recursion_deeper_than_32_frames():
+    L, R, F = chain(40)  # 40 frames active at the deepest point (the artifact fixes 32)
+    rng = np.random.default_rng(0)
+    dim = 2
+    args = (L, R, F, rng.standard_normal((len(L), dim)).astype(np.float32),
+            (rng.standard_normal((dim, 2 * dim)) * 0.5).astype(np.float32), rng.standard_normal(dim).astype(np.float32))
+    program = ck.trace(tree_program(dim), *args, chunk=4, tile=4)
+    compiled = ck.compile(program, mode="compiled", threads=2, blocks=2, stack_depth=41)
+    np.testing.assert_allclose(compiled(*args), tree_reference(*args), rtol=1e-5, atol=1e-6)
+    for mode in ("compiled", "host"):
+        with pytest.raises(StackOverflowError, match="stack_depth=39"):
+            ck.compile(program, mode=mode, threads=2, blocks=2, stack_depth=39)(*args)
+
+
+# ---- barriers -----------------------------------------------------------------------
+
+
+def rnn_program():
+    def rnn(h0, xs, w, b):
+        return ck.for_loop(xs.shape[0], lambda t, h: ck.tanh(ck.add(ck.linear(h, w, b), xs[t])), h0)
+
+    rng = np.random.default_rng(0)
+    args = (rng.standard_normal((2, 8)).astype(np.float32), rng.standard_normal((3, 2, 8)).astype(np.float32),
+            (rng.standard_normal((8, 8)) * 0.3).astype(np.float32), rng.standard_normal(8).astype(np.float32))
+    return ck.trace(rnn, *args, chunk=4, tile=4), args
+
+
+def test_barriers_only_where_a_dependence_crosses_blocks():
+    program, args = rnn_program()
+    compiled = ck.compile(program, mode="compiled", threads=4, blocks=3)
+    compiled(*args)
+    source = compiled.source
+    # per step: linear reads all of h (barrier), add reads linear's tiles (barrier);
+    # add -> tanh -> copy touch the same chunks on the same threads: no barrier
+    assert source.count("grid.sync()") == 2
+    assert compiled.last_stats.barriers == 2 * 3
+    assert compiled.last_stats.launches == 1 and compiled.last_stats.host_syncs == 0
+    host = ck.compile(program, mode="host", threads=4)
+    host(*args)
+    assert host.last_stats.launches == 1 + 3 * 4 + 1 and host.last_stats.barriers == 0
+
+
+def test_removing_a_needed_barrier_breaks_the_result():
+    program, args = rnn_program()
+    good = ck.compile(program, mode="host", threads=4)(*args)
+    sites = ck.compile(program, mode="compiled", threads=4, blocks=3).kernels[0].writer.barrier_sites
+    assert sites
+    for site in sites:
+        wrong = 0
+        for seed in range(3):  # the simulator's block start order: a race shows under some order
+            with sim.configure(seed=seed):
+                broken = Compiled(program, "compiled", Options(threads=4, blocks=3), drop_barriers=frozenset([site]))
+                wrong += not np.array_equal(broken(*args), good)
+        assert wrong, f"dropping the barrier {site} went unnoticed"
+
+
+# ---- errors -------------------------------------------------------------------------
+
+
+def test_shape_errors_at_trace_time_name_the_op_and_shapes():
+    with pytest.raises(ShapeError, match=r"linear: input \(2, 3\) does not fit weight \(4, 5\)"):
+        ck.trace(lambda x, w: ck.linear(x, w), ck.spec(2, 3), ck.spec(4, 5))
+    with pytest.raises(ShapeError, match="add: shapes"):
+        ck.trace(lambda a, b: ck.add(a, b), ck.spec(2, 3), ck.spec(3, 2))
+    with pytest.raises(ShapeError, match="carried value changed"):
+        ck.trace(lambda h: ck.for_loop(2, lambda i, h: ck.sum_rows(h), h), ck.spec(2, 3))
+    with pytest.raises(ShapeError, match="branches return different shapes"):
+        ck.trace(lambda h, f: ck.cond(f[0].item(), lambda: h, lambda: ck.sum_rows(h)), ck.spec(2, 3),
+                 ck.spec(1, dtype="int64"))
+    with pytest.raises(DTypeError, match="int tables are only"):
+        ck.trace(lambda t: ck.tanh(t), ck.spec(3, dtype="int64"))
+    with pytest.raises(TypeError, match="no truth value"):
+        ck.trace(lambda f, h: h if f[0].item() else h, ck.spec(1, dtype="int64"), ck.spec(2))
+    with pytest.raises(ck.TraceError, match="inside cocktailer.trace"):
+        ck.tanh(None)
+
+
+def test_stale_tensor_after_update_and_readonly_inputs():
+    def prog(x):
+        out = ck.zeros(2, 3)
+        new = ck.update(out, 0, x)
+        return ck.add(out[1], new[0])
+
+    with pytest.raises(ck.TraceError, match="updated in place"):
+        ck.trace(prog, ck.spec(3))
+    with pytest.raises(ck.TraceError, match="read-only"):
+        ck.trace(lambda x: ck.update(x, 0, x[1]), ck.spec(2, 3))
+
+
+def test_while_loop_over_its_cap_raises_on_both_executors():
+    def prog(h, one):
+        return ck.while_loop(lambda h: h[0].item() > -1, lambda h: ck.add(h, one), h, max_iters=4)
+
+    program = ck.trace(prog, ck.spec(1), ck.spec(1), chunk=4, tile=4)
+    args = (np.zeros(1, np.float32), np.ones(1, np.float32))
+    for mode in ("host", "compiled"):
+        with pytest.raises(IterationLimitError, match="max_iters=4"):
+            ck.compile(program, mode=mode, threads=2, blocks=2)(*args)
+
+
+def test_a_grid_that_cannot_be_coresident_is_refused_and_inputs_are_checked():
+    program, args = rnn_program()
+    with pytest.raises(CooperativeLaunchTooLargeError, match="co-resident"):
+        ck.compile(program, mode="compiled", threads=4, blocks=10_000)(*args)
+    c = ck.compile(program, mode="compiled", threads=4)
+    with pytest.raises(ShapeError, match="input 'xs' has shape"):
+        c(args[0], args[0], args[2], args[3])
+    with pytest.raises(DTypeError, match="float64"):
+        c(args[0].astype(np.float64), *args[1:])
+    np.testing.assert_array_equal(c(*args), ck.compile(program, mode="host", threads=4)(*args))
+
+
+def test_device_trip_counts_and_loop_containing_branch_and_recursion():
+    """A loop whose body has a branch and a recursive call compiles (the artifact cannot)."""
+    dim = 2
+
+    def prog(left, right, is_leaf, values, w, b, trips, flags):
+        @ck.function(returns=ck.spec(dim))
+        def walk(node):
+            return ck.cond(is_leaf[node].item(), lambda: ck.tanh(values[node]),
+                           lambda: ck.relu(ck.linear(ck.cat([walk(left[node].item()), walk(right[node].item())]), w, b)))
+
+        def step(i, acc):
+            acc = ck.cond(flags[i].item(), lambda a: ck.add(a, walk(0)), lambda a: ck.sub(a, values[0]), acc)
+            return acc
+
+        return ck.for_loop(trips[0].item(), step, ck.zeros(dim))
+
+    rng = np.random.default_rng(5)
+    left, right, is_leaf = random_tree(4, rng)
+    n = len(left)
+    values = rng.standard_normal((n, dim)).astype(np.float32)
+    w = (rng.standard_normal((dim, 2 * dim)) * 0.5).astype(np.float32)
+    b = rng.standard_normal(dim).astype(np.float32)
+    trips, flags = np.array([3], np.int64), np.array([1, 0, 1], np.int64)
+    args = (left, right, is_leaf, values, w, b, trips, flags)
+    program = ck.trace(prog, *args, chunk=4, tile=4)
+    compiled = ck.compile(program, mode="compiled", threads=4, blocks=3)
+    got = compiled(*args)
+    np.testing.assert_array_equal(got, ck.compile(program, mode="host", threads=4)(*args))
+    tree = tree_reference(left, right, is_leaf, values, w, b)
+    np.testing.assert_allclose(got, tree + tree - values[0], rtol=1e-5, atol=1e-6)
+    assert compiled.last_stats.launches == 1 and compiled.last_stats.host_syncs == 0
+
+
+def test_generated_source_is_kept_readable_and_steppable():
+    import inspect
+    import linecache
+
+    program, args = rnn_program()
+    c = ck.compile(program, mode="compiled", threads=4, blocks=2)
+    kernel = c.kernels[0].kernel
+    filename = kernel.py_func.__code__.co_filename
+    assert filename.startswith("<cocktailer ")
+    assert "".join(linecache.getlines(filename)) == c.source
+    assert inspect.getsource(kernel.py_func) == c.source
+    assert "for i0 in range(3):" in c.source and "grid.sync()" in c.source
