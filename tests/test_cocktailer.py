@@ -431,3 +431,24 @@ def test_generated_source_is_kept_readable_and_steppable():
     assert "".join(linecache.getlines(filename)) == c.source
     assert inspect.getsource(kernel.py_func) == c.source
     assert "for i0 in range(3):" in c.source and "grid.sync()" in c.source
+
+
+def test_a_dependence_carried_around_the_loop_gets_a_barrier():
+    """Iteration i+1's linear overwrites t while iteration i's add may still read it (write after read).
+
+    Nothing before the loop conflicts with the linear, so only the loop fixpoint
+    (the end of an iteration meets the start of the next) finds this barrier.
+    """
+
+    def prog(h0, xs, w):
+        return ck.for_loop(xs.shape[0], lambda i, h: ck.add(ck.linear(xs[i], w), h), h0)
+
+    rng = np.random.default_rng(0)
+    args = (rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((4, 4, 8)).astype(np.float32),
+            rng.standard_normal((8, 8)).astype(np.float32))
+    program = ck.trace(prog, *args, chunk=4, tile=4)
+    compiled = ck.compile(program, mode="compiled", threads=4, blocks=4)
+    body = compiled.source.split("for i0 in range(4):")[1]
+    assert body.index("grid.sync()  # before linear") < body.index("linear_t4_float32(")
+    np.testing.assert_array_equal(compiled(*args), ck.compile(program, mode="host", threads=4)(*args))
+    assert compiled.last_stats.barriers == 2 * 4
