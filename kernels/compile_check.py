@@ -25,13 +25,14 @@ from numba import types
 
 from pyflow.kernels import backend
 
-__all__ = ["FAMILIES", "array", "tuple_of", "run"]
+__all__ = ["FAMILIES", "array", "tuple_of", "run", "pretend_sm90"]
 
 CC = (9, 0)
 FAMILIES = ["pyflow.kernels.examples", "pyflow.kernels.elementwise", "pyflow.kernels.reduce",
             "pyflow.kernels.softmax", "pyflow.kernels.matmul", "pyflow.kernels.movement",
             "pyflow.kernels.conv", "pyflow.kernels.utask.elementwise", "pyflow.kernels.utask.matmul",
-            "pyflow.kernels.utask.reduce", "pyflow.kernels.utask.program"]
+            "pyflow.kernels.utask.reduce", "pyflow.kernels.utask.program",
+            "pyflow.kernels.utask.cell"]
 
 
 def array(dtype, ndim: int = 1, layout: str = "C"):
@@ -51,14 +52,19 @@ def _cases():
             yield name.rsplit(".", 1)[-1], *case
 
 
+def pretend_sm90() -> None:
+    """Without a GPU, answer numba's "current device" question with sm_90 (compiling only)."""
+    import numba.cuda.dispatcher as dispatcher
+
+    if not backend._probe_driver()[0]:
+        dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=CC)
+
+
 def run() -> int:
     if not backend.is_gpu():
         print("the PTX check needs the real CUDA target: run with PYFLOW_CUDA=gpu", file=sys.stderr)
         return 2
-    import numba.cuda.dispatcher as dispatcher
-
-    if not backend._probe_driver()[0]:  # no GPU here: compile for sm_90 anyway
-        dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=CC)
+    pretend_sm90()
     failures = 0
     start = time.perf_counter()
     count = 0
