@@ -31,11 +31,12 @@ from pyflow.vm import sync
 
 __version__ = "0.1.0"
 
+from pyflow import cocktailer  # noqa: E402 - seed 001, the uTask compiler
 from pyflow import device  # the package, callable: flow.device("cuda:0") -> Device, as in OneFlow  # noqa: E402
 float32, float64, int32, int64, bool = (_np.dtype(t) for t in ("float32", "float64", "int32", "int64", "bool"))
 float, double, long = float32, float64, int64
 
-__all__ = ["tensor", "Tensor", "device", "Device", "DeviceType", "Stream", "StreamType", "errors", "vm", "trace", "sync",
+__all__ = ["tensor", "Tensor", "cocktailer", "device", "Device", "DeviceType", "Stream", "StreamType", "errors", "vm", "trace", "sync",
            "zeros", "ones", "full", "randn", "rand", "manual_seed", "relu", "sigmoid", "tanh", "exp", "log",
            "sqrt", "abs", "neg", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "matmul", "where",
            "softmax", "log_softmax", "cat", "cast", "sum", "mean", "max", "min", "argmax", "float32", "float64",
