@@ -21,20 +21,23 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyflow.kernels import sim
 
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import Compiled
 from pyflow.cocktailer.executor import Options
-from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IterationLimitError, ShapeError,
-                           StackOverflowError)
-from pyflow.kernels import sim
+from pyflow.cocktailer.random_programs import OPS, build, inputs, numpy_twin
+from pyflow.errors import (
+    CooperativeLaunchTooLargeError,
+    DTypeError,
+    IterationLimitError,
+    ShapeError,
+    StackOverflowError,
+)
 
 # ---- random program descriptions --------------------------------------------------
 # a statement is a tuple: ("op", kind) | ("for", trip, device, body) | ("while", limit, device, body)
 #                         | ("cond", pred_kind, flag_index, then, else)
-
-OPS = ("linear_tanh", "add_x", "softmax", "square_mix", "relu_sub")
-
 
 def statements(depth: int):
     op = st.tuples(st.just("op"), st.sampled_from(OPS))
@@ -47,119 +50,8 @@ def statements(depth: int):
     return st.lists(st.one_of(op, op, loop, wloop, branch), min_size=1, max_size=3)
 
 
-def build(desc, trips, flags):
-    """The traceable program for ``desc`` (and its numpy twin below)."""
-
-    def run_stmts(stmts, h, env):
-        for s in stmts:
-            h = run_stmt(s, h, env)
-        return h
-
-    def run_stmt(s, h, env):
-        kind = s[0]
-        if kind == "op":
-            return apply_op(s[1], h, env)
-        if kind == "for":
-            _, trip, device, body = s
-            n = env["trips"][trip].item() if device else trip
-
-            def step(i, h):
-                return run_stmts(body, h, dict(env, i=i))
-
-            return ck.for_loop(n, step, h)
-        if kind == "while":
-            _, limit, device, body = s
-            lim = env["trips"][limit].item() if device else limit
-
-            def test(h, count):
-                return count[0].item() < lim
-
-            def step(h, count):
-                return run_stmts(body, h, env), ck.add(count, env["one"])
-
-            h, _ = ck.while_loop(test, step, h, ck.zeros(1), max_iters=5)
-            return h
-        _, pred_kind, k, then, orelse = s
-        if pred_kind == "flag":
-            pred = env["flags"][k].item()
-        else:
-            pred = ck.sum_rows(h.reshape(1, -1)).item() > 0
-        return ck.cond(pred, lambda h: run_stmts(then, h, env), lambda h: run_stmts(orelse, h, env), h)
-
-    def apply_op(kind, h, env):
-        if kind == "linear_tanh":
-            return ck.tanh(ck.linear(h, env["w"], env["b"]))
-        if kind == "add_x":
-            return ck.add(h, env["xs"][env.get("i", 0)])
-        if kind == "softmax":
-            return ck.softmax_rows(h)
-        if kind == "square_mix":
-            return ck.sub(ck.mul(h, h), ck.tanh(h))
-        return ck.relu(ck.sub(h, env["b"]))
-
-    def program(h0, xs, w, b, trips, flags, one):
-        env = dict(xs=xs, w=w, b=b, trips=trips, flags=flags, one=one)
-        return run_stmts(desc, h0, env)
-
-    return program
-
-
-def numpy_twin(desc, h0, xs, w, b, trips, flags):
-    """The same program interpreted with numpy (float64 scalars aside, the reference values)."""
-
-    def softmax(x):
-        e = np.exp(x - x.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
-
-    def run_stmts(stmts, h, i):
-        for s in stmts:
-            h = run_stmt(s, h, i)
-        return h
-
-    def run_stmt(s, h, i):
-        kind = s[0]
-        if kind == "op":
-            op = s[1]
-            if op == "linear_tanh":
-                return np.tanh(h @ w.T + b).astype(np.float32)
-            if op == "add_x":
-                return (h + xs[i]).astype(np.float32)
-            if op == "softmax":
-                return softmax(h).astype(np.float32)
-            if op == "square_mix":
-                return (h * h - np.tanh(h)).astype(np.float32)
-            return np.maximum(h - b, 0).astype(np.float32)
-        if kind == "for":
-            _, trip, device, body = s
-            for j in range(int(trips[trip]) if device else trip):
-                h = run_stmts(body, h, j)
-            return h
-        if kind == "while":
-            _, limit, device, body = s
-            for _ in range(int(trips[limit]) if device else limit):
-                h = run_stmts(body, h, i)
-            return h
-        _, pred_kind, k, then, orelse = s
-        pred = bool(flags[k]) if pred_kind == "flag" else h.sum() > 0
-        return run_stmts(then if pred else orelse, h, i)
-
-    return run_stmts(desc, h0, 0)
-
-
-def inputs(batch, hidden, steps, seed):
-    rng = np.random.default_rng(seed)
-    h0 = rng.standard_normal((batch, hidden)).astype(np.float32)
-    xs = rng.standard_normal((steps, batch, hidden)).astype(np.float32)
-    w = (rng.standard_normal((hidden, hidden)) * 0.5).astype(np.float32)
-    b = rng.standard_normal(hidden).astype(np.float32)
-    trips = rng.integers(0, 3, size=3).astype(np.int64)
-    flags = rng.integers(0, 2, size=3).astype(np.int64)
-    one = np.ones(1, np.float32)
-    return h0, xs, w, b, trips, flags, one
-
-
 def trace_random(desc, args):
-    return ck.trace(build(desc, None, None), *args, chunk=4, tile=4, name="random")
+    return ck.trace(build(desc), *args, chunk=4, tile=4, name="random")
 
 
 @settings(max_examples=12)
@@ -346,7 +238,7 @@ def test_shape_errors_at_trace_time_name_the_op_and_shapes():
     with pytest.raises(DTypeError, match="int tables are only"):
         ck.trace(lambda t: ck.tanh(t), ck.spec(3, dtype="int64"))
     with pytest.raises(TypeError, match="no truth value"):
-        ck.trace(lambda f, h: h if f[0].item() else h, ck.spec(1, dtype="int64"), ck.spec(2))
+        ck.trace(lambda f, h: ck.tanh(h) if f[0].item() else h, ck.spec(1, dtype="int64"), ck.spec(2))
     with pytest.raises(ck.TraceError, match="inside cocktailer.trace"):
         ck.tanh(None)
 
@@ -423,7 +315,7 @@ def test_generated_source_is_kept_readable_and_steppable():
     import inspect
     import linecache
 
-    program, args = rnn_program()
+    program, _ = rnn_program()
     c = ck.compile(program, mode="compiled", threads=4, blocks=2)
     kernel = c.kernels[0].kernel
     filename = kernel.py_func.__code__.co_filename

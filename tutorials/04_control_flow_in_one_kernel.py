@@ -35,6 +35,7 @@ import threading
 import numpy as np
 
 import pyflow.cocktailer as ck
+from pyflow.errors import CooperativeLaunchTooLargeError, StackOverflowError
 
 rng = np.random.default_rng(0)
 
@@ -113,7 +114,7 @@ print(compiled.source)
 # %%
 try:
     ck.compile(program, mode="compiled", threads=4, blocks=1000)(h0, xs, w, b)
-except Exception as error:  # CooperativeLaunchTooLargeError
+except CooperativeLaunchTooLargeError as error:
     print(type(error).__name__, ":", str(error)[:150], "...")
 
 # %% [markdown]
@@ -225,7 +226,7 @@ print(text[start:start + 1500], "\n...")
 # %%
 try:
     ck.compile(tree, mode="compiled", threads=4, blocks=2, stack_depth=2)(left, right, is_leaf, inp, W, bias)
-except Exception as error:  # StackOverflowError
+except StackOverflowError as error:
     print(type(error).__name__, ":", error)
 
 print("tutorial 4 done", file=sys.stderr)

@@ -26,7 +26,7 @@ import linecache
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit, max_cooperative_grid_blocks
 
-__all__ = ["build_kernel", "uoperator_kernel", "cooperative_grid_limit"]
+__all__ = ["build_kernel", "cooperative_grid_limit", "uoperator_kernel"]
 
 _serial = itertools.count()
 
