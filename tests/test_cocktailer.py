@@ -27,13 +27,9 @@ import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import Compiled
 from pyflow.cocktailer.executor import Options
 from pyflow.cocktailer.random_programs import OPS, build, inputs, numpy_twin
-from pyflow.errors import (
-    CooperativeLaunchTooLargeError,
-    DTypeError,
-    IterationLimitError,
-    ShapeError,
-    StackOverflowError,
-)
+from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IterationLimitError, ShapeError,
+                           StackOverflowError)
+from pyflow.kernels import sim
 
 # ---- random program descriptions --------------------------------------------------
 # a statement is a tuple: ("op", kind) | ("for", trip, device, body) | ("while", limit, device, body)

@@ -55,38 +55,14 @@ Factories are cached (``functools.cache``): calling one twice returns the same
 device functions, so numba compiles each specialization once.
 """
 
-from pyflow.kernels.utask.elementwise import (
-                                              CHUNK,
-                                              ElementwiseUTasks,
-                                              copy_utask,
-                                              copy_utask_count,
-                                              elementwise_utask_count,
-                                              make_elementwise_utask,
-)
+from pyflow.kernels.utask.elementwise import (CHUNK, ElementwiseUTasks, copy_utask, copy_utask_count,
+                                              elementwise_utask_count, make_elementwise_utask)
 from pyflow.kernels.utask.matmul import TILE, make_matmul_utask, matmul_utask_count
-from pyflow.kernels.utask.reduce import (
-                                              MAX_BLOCK,
-                                              make_block_reduce,
-                                              make_reduce_row_utask,
-                                              make_softmax_row_utask,
-                                              reduce_row_utask_count,
-                                              softmax_row_utask_count,
-)
+from pyflow.kernels.utask.reduce import (MAX_BLOCK, make_block_reduce, make_reduce_row_utask,
+                                         make_softmax_row_utask, reduce_row_utask_count,
+                                         softmax_row_utask_count)
 
-__all__ = [
-                                              "CHUNK",
-                                              "MAX_BLOCK",
-                                              "TILE",
-                                              "ElementwiseUTasks",
-                                              "copy_utask",
-                                              "copy_utask_count",
-                                              "elementwise_utask_count",
-                                              "make_block_reduce",
-                                              "make_elementwise_utask",
-                                              "make_matmul_utask",
-                                              "make_reduce_row_utask",
-                                              "make_softmax_row_utask",
-                                              "matmul_utask_count",
-                                              "reduce_row_utask_count",
-                                              "softmax_row_utask_count",
-]
+__all__ = ["CHUNK", "TILE", "MAX_BLOCK", "ElementwiseUTasks", "make_elementwise_utask",
+           "elementwise_utask_count", "copy_utask", "copy_utask_count", "make_matmul_utask",
+           "matmul_utask_count", "make_block_reduce", "make_reduce_row_utask", "make_softmax_row_utask",
+           "reduce_row_utask_count", "softmax_row_utask_count"]

@@ -72,6 +72,7 @@ def lstm_cell_utask(u, h_out, c_out, gx, gh, c, batch, hidden, chunk):
 def ptx_cases():
     """(label, py_func, argtypes, is_device) for the PTX compile check."""
     from numba import types
+
     from pyflow.kernels.compile_check import array
 
     i64 = types.int64

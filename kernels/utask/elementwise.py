@@ -31,16 +31,8 @@ from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
 from pyflow.kernels.utask.sizes import ceil_div, require_sizes
 
-__all__ = [
-    "CHUNK",
-    "ElementwiseUTasks",
-    "copy_kernel",
-    "copy_utask",
-    "copy_utask_count",
-    "elementwise_utask_count",
-    "make_elementwise_kernels",
-    "make_elementwise_utask",
-]
+__all__ = ["CHUNK", "ElementwiseUTasks", "make_elementwise_utask", "make_elementwise_kernels",
+           "elementwise_utask_count", "copy_utask", "copy_kernel", "copy_utask_count"]
 
 # Elements per uTask when the code generator has no better idea: four per thread
 # of a 256-thread block.  Tests pass small chunks explicitly.
@@ -168,6 +160,7 @@ def copy_kernel(u_begin, u_end, dst, src, n, dst_offset, src_offset, chunk):
 def ptx_cases():
     """(label, py_func, argtypes, is_device) for the PTX compile check."""
     from numba import types
+
     from pyflow.kernels import scalar_ops
     from pyflow.kernels.compile_check import array
 

@@ -33,13 +33,13 @@ import functools
 
 import numpy as np
 from numba import from_dtype
+
+from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
 from pyflow.kernels.utask.sizes import ceil_div, require_sizes
 
-from pyflow.errors import DTypeError, ShapeError
-
-__all__ = ["DTYPES", "MAX_TILE", "TILE", "make_matmul_kernel", "make_matmul_utask", "matmul_utask_count"]
+__all__ = ["TILE", "MAX_TILE", "DTYPES", "make_matmul_utask", "make_matmul_kernel", "matmul_utask_count"]
 
 TILE = 16  # default tile side for generated code: 16 x 16 = 256 threads per block
 MAX_TILE = 32  # 32 x 32 = 1024 threads, the most a block has
@@ -191,6 +191,7 @@ def _build_kernel(tile, dtype, transpose_b, bias):
 def ptx_cases():
     """(label, py_func, argtypes, is_device) for the PTX compile check."""
     from numba import types
+
     from pyflow.kernels.compile_check import array
 
     i64 = types.int64

@@ -77,6 +77,7 @@ def make_rnn_program(tile: int = 16, dtype="float32"):
 def ptx_cases():
     """(label, py_func, argtypes, is_device) for the PTX compile check."""
     from numba import types
+
     from pyflow.kernels.compile_check import array
 
     i64 = types.int64

@@ -32,24 +32,16 @@ import math
 
 import numpy as np
 from numba import from_dtype
+
+from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels import scalar_ops
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
 from pyflow.kernels.utask.sizes import require_sizes
 
-from pyflow.errors import DTypeError, ShapeError
-
-__all__ = [
-    "COMBINE",
-    "MAX_BLOCK",
-    "make_block_reduce",
-    "make_reduce_row_kernel",
-    "make_reduce_row_utask",
-    "make_softmax_row_kernel",
-    "make_softmax_row_utask",
-    "reduce_row_utask_count",
-    "softmax_row_utask_count",
-]
+__all__ = ["MAX_BLOCK", "COMBINE", "make_block_reduce", "make_reduce_row_utask", "make_softmax_row_utask",
+           "make_reduce_row_kernel", "make_softmax_row_kernel", "reduce_row_utask_count",
+           "softmax_row_utask_count"]
 
 MAX_BLOCK = 1024
 COMBINE = {"sum": scalar_ops.add, "max": scalar_ops.maximum, "min": scalar_ops.minimum}
@@ -237,6 +229,7 @@ def _softmax_row_kernel(dtype, max_block):
 def ptx_cases():
     """(label, py_func, argtypes, is_device) for the PTX compile check."""
     from numba import types
+
     from pyflow.kernels.compile_check import array
 
     i64 = types.int64

@@ -17,7 +17,7 @@ import numbers
 
 from pyflow.errors import ShapeError
 
-__all__ = ["ceil_div", "require_sizes"]
+__all__ = ["require_sizes", "ceil_div"]
 
 
 def require_sizes(op: str, minimum: int = 0, **sizes) -> None:

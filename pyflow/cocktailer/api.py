@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyflow.cocktailer.executor import Executor, Options
 
-__all__ = ["MODES", "Compiled", "compile"]
+__all__ = ["Compiled", "compile", "MODES"]
 
 MODES = ("host", "compiled", "auto")
 
@@ -42,7 +42,7 @@ class Compiled:
         return "\n".join(k.source for k in self.kernels)
 
 
-def compile(program, mode: str = "compiled", **options) -> Compiled:
+def compile(program, mode: str = "compiled", **options) -> Compiled:  # noqa: A001 - the paper's verb
     """Prepare ``program`` to run: ``mode`` is ``"host"``, ``"compiled"`` or ``"auto"``.
 
     ``options`` are ``Options`` fields (threads, blocks, stack_depth, inline, ...);

@@ -38,25 +38,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from pyflow.cocktailer.ir import (
-    BinOp,
-    Block,
-    Branch,
-    Call,
-    Const,
-    FunctionCall,
-    FunctionDef,
-    Load,
-    Loop,
-    Offset,
-    Scalar,
-    TensorRef,
-    UOperator,
-    Var,
-    scalar_loads,
-)
+from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, Const, FunctionCall, FunctionDef, Load, Loop,
+                                  Offset, Scalar, TensorRef, UOperator, Var, scalar_loads, scalar_vars)
 
-__all__ = ["ERR_ITERATIONS", "ERR_STACK_OVERFLOW", "KernelSource", "generate", "render_scalar"]
+__all__ = ["KernelSource", "generate", "ERR_STACK_OVERFLOW", "ERR_ITERATIONS", "render_scalar"]
 
 ERR_STACK_OVERFLOW = 1
 ERR_ITERATIONS = 2
@@ -103,7 +88,7 @@ class _Access:
     pattern: tuple | None   # ("elementwise", chunk, absolute offset) or None (any block)
     write: bool
 
-    def conflicts(self, other: _Access) -> bool:
+    def conflicts(self, other: "_Access") -> bool:
         if self.buffer is not other.buffer or not (self.write or other.write):
             return False
         if self.hi <= self.lo or other.hi <= other.lo or self.hi <= other.lo or other.hi <= self.lo:
@@ -147,10 +132,10 @@ class _Pending:
             return False
         return self.unknown or any(a.conflicts(b) for a in self.accesses for b in new)
 
-    def add(self, new) -> _Pending:
+    def add(self, new) -> "_Pending":
         return _Pending(self.accesses | frozenset(new), self.unknown)
 
-    def __or__(self, other: _Pending) -> _Pending:
+    def __or__(self, other: "_Pending") -> "_Pending":
         return _Pending(self.accesses | other.accesses, self.unknown or other.unknown)
 
 

@@ -26,38 +26,14 @@ import dataclasses
 import numpy as np
 
 from pyflow.cocktailer import codegen
-from pyflow.cocktailer.ir import (
-    BinOp,
-    Block,
-    Branch,
-    Call,
-    Const,
-    FunctionCall,
-    Load,
-    Loop,
-    Scalar,
-    TensorRef,
-    UOperator,
-    Var,
-    py_op,
-    scalar_vars,
-    walk,
-)
-from pyflow.errors import (
-    CooperativeLaunchTooLargeError,
-    DTypeError,
-    IterationLimitError,
-    ShapeError,
-    StackOverflowError,
-)
+from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, Const, FunctionCall, Load, Loop, Scalar,
+                                  TensorRef, UOperator, Var, py_op, scalar_vars, walk)
+from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IterationLimitError, ShapeError,
+                           StackOverflowError)
 from pyflow.kernels.backend import cuda
-from pyflow.kernels.utask.generated import (
-    build_kernel,
-    cooperative_grid_limit,
-    uoperator_kernel,
-)
+from pyflow.kernels.utask.generated import build_kernel, cooperative_grid_limit, uoperator_kernel
 
-__all__ = ["CompiledKernel", "Executor", "Options", "RunStats"]
+__all__ = ["Options", "RunStats", "Executor", "CompiledKernel"]
 
 
 @dataclasses.dataclass(frozen=True)

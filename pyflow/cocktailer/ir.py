@@ -30,27 +30,9 @@ import operator
 
 import numpy as np
 
-__all__ = [
-    "BinOp",
-    "Block",
-    "Branch",
-    "Buffer",
-    "Call",
-    "Const",
-    "FunctionCall",
-    "FunctionDef",
-    "Load",
-    "Loop",
-    "NestedUTask",
-    "Offset",
-    "Return",
-    "Scalar",
-    "TensorRef",
-    "UOperator",
-    "Var",
-    "as_scalar",
-    "walk",
-]
+__all__ = ["Buffer", "Offset", "TensorRef", "Scalar", "Const", "Var", "Load", "BinOp", "UOperator",
+           "Block", "NestedUTask", "Loop", "Branch", "FunctionCall", "FunctionDef", "Call", "Return",
+           "walk", "as_scalar"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -127,7 +109,7 @@ class Var(Scalar):
 class Load(Scalar):
     """One element of a buffer (``ref`` is a 0-d or 1-element TensorRef)."""
 
-    ref: TensorRef
+    ref: "TensorRef"
 
     def __repr__(self): return f"{self.ref.buffer.name}[{self.ref.offset}]"
 
@@ -203,7 +185,7 @@ class Offset:
     def is_static(self) -> bool:
         return self.dynamic is None
 
-    def __add__(self, k: int | Scalar) -> Offset:
+    def __add__(self, k: "int | Scalar") -> "Offset":
         if isinstance(k, Scalar):
             return Offset(k if self.dynamic is None else self.dynamic + k, self.const)
         return Offset(self.dynamic, self.const + int(k))
@@ -230,7 +212,7 @@ class TensorRef:
     def dtype(self) -> np.dtype:
         return self.buffer.dtype
 
-    def reshaped(self, shape) -> TensorRef:
+    def reshaped(self, shape) -> "TensorRef":
         return TensorRef(self.buffer, tuple(shape), self.offset)
 
     def __repr__(self):

@@ -37,22 +37,8 @@ import threading
 
 import numpy as np
 
-from pyflow.cocktailer.ir import (
-    Block,
-    Branch,
-    Buffer,
-    Call,
-    FunctionCall,
-    FunctionDef,
-    Load,
-    Loop,
-    Offset,
-    Scalar,
-    TensorRef,
-    UOperator,
-    Var,
-    as_scalar,
-)
+from pyflow.cocktailer.ir import (Block, Branch, Buffer, Call, FunctionCall, FunctionDef, Load, Loop,
+                                  Offset, Scalar, TensorRef, UOperator, Var, as_scalar)
 from pyflow.errors import DTypeError, PyflowError, ShapeError
 from pyflow.kernels import scalar_ops
 from pyflow.kernels.utask import CHUNK, TILE, make_elementwise_utask
@@ -62,37 +48,10 @@ from pyflow.kernels.utask.matmul import make_matmul_utask
 from pyflow.kernels.utask.reduce import make_reduce_row_utask, make_softmax_row_utask
 from pyflow.kernels.utask.sizes import ceil_div
 
-__all__ = [
-    "Program",
-    "Tensor",
-    "TensorSpec",
-    "TraceError",
-    "add",
-    "cat",
-    "cond",
-    "copy",
-    "exp",
-    "for_loop",
-    "function",
-    "linear",
-    "lstm_cell",
-    "matmul",
-    "max_rows",
-    "maximum",
-    "mul",
-    "neg",
-    "relu",
-    "sigmoid",
-    "softmax_rows",
-    "spec",
-    "sub",
-    "sum_rows",
-    "tanh",
-    "trace",
-    "update",
-    "while_loop",
-    "zeros",
-]
+__all__ = ["TraceError", "TensorSpec", "spec", "Tensor", "Program", "trace", "for_loop", "while_loop",
+           "cond", "function", "linear", "matmul", "tanh", "sigmoid", "relu", "exp", "neg", "add", "sub",
+           "mul", "maximum", "sum_rows", "max_rows", "softmax_rows", "lstm_cell", "cat", "update",
+           "zeros", "copy"]
 
 FLOAT_DTYPES = (np.dtype("float32"), np.dtype("float64"))
 INDEX_DTYPES = (np.dtype("int32"), np.dtype("int64"))
@@ -270,7 +229,7 @@ class Tensor:
         return f"Tensor(shape={self.shape}, dtype={self.dtype}, at {self.ref!r})"
 
     # row views -----------------------------------------------------------------
-    def __getitem__(self, index) -> Tensor:
+    def __getitem__(self, index) -> "Tensor":
         """``x[i]``: row ``i`` of the first axis, a view (``i`` an int or a device Scalar)."""
         ref = self._use("indexing")
         if not self.shape:
@@ -286,7 +245,7 @@ class Tensor:
             offset = ref.offset + (i % self.shape[0]) * row
         return Tensor(TensorRef(ref.buffer, inner, offset), self.readonly)
 
-    def reshape(self, *shape) -> Tensor:
+    def reshape(self, *shape) -> "Tensor":
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         shape = tuple(int(d) for d in shape)
