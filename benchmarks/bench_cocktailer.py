@@ -1,0 +1,216 @@
+"""Cocktailer: host executor vs compiled executor (vs PyTorch eager on a GPU) for LSTM, RAE, random programs.
+
+    python benchmarks/bench_cocktailer.py                 # simulator: counts only
+    PYFLOW_CUDA=gpu python benchmarks/bench_cocktailer.py --warmup 100 --repeats 100
+
+Per call, for each model and executor it prints ``launches``, ``host_syncs`` and
+``barriers`` (what the executors count; the ratio host/compiled is the point of
+seed 001).  In the simulator that is all: simulated time means nothing.
+
+On a real GPU it also times, at batch 1 and 64, the artifact's sizes (LSTM 10
+layers, hidden 256, seq 64; RAE Linear(1024 -> 512) + tanh over a 127-node tree),
+the compiled executor against the host executor and against PyTorch eager on the
+same GPU (the same model written as a Python loop of torch ops, as the artifact's
+baselines are; ``nn.LSTM``'s cuDNN kernel is printed as a separate reference).
+Inputs live on the device; each timed call ends with a synchronisation (the
+compiled executor reads back its status word).  Targets: compiled >= 3x faster
+than the host executor and >= 1.5x faster than PyTorch eager at batch 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import pyflow.cocktailer as ck
+from pyflow.cocktailer.random_programs import build, inputs, random_description
+from pyflow.kernels import backend
+from pyflow.kernels.backend import cuda
+from pyflow.models import LSTM, RAE
+
+
+def balanced_tree(leaves: int):
+    """Tables of a balanced binary tree with ``leaves`` leaves (2 * leaves - 1 nodes), root 0."""
+    left, right, is_leaf = [], [], []
+
+    def grow(k):
+        i = len(is_leaf)
+        is_leaf.append(int(k == 1))
+        left.append(0)
+        right.append(0)
+        if k > 1:
+            left[i] = grow(k // 2)
+            right[i] = grow(k - k // 2)
+        return i
+
+    grow(leaves)
+    return (np.array(left, np.int64), np.array(right, np.int64), np.array(is_leaf, np.int64))
+
+
+def counts_row(name: str, host, compiled) -> str:
+    h, c = host.last_stats, compiled.last_stats
+    return (f"{name:<34} host: {h.launches:6d} launches {h.host_syncs:5d} syncs | compiled: {c.launches:3d} launch "
+            f"{c.host_syncs:3d} syncs {c.barriers:6d} barriers | launches host/compiled = "
+            f"{h.launches / max(c.launches, 1):.0f}")
+
+
+def counts(sizes: dict) -> None:
+    """Launches, host syncs and barriers per call, host vs compiled executor."""
+    print("== per-call counts (host executor vs compiled executor) ==")
+    rng = np.random.default_rng(0)
+    lstm = LSTM(sizes["input"], sizes["hidden"], sizes["layers"], **sizes["options"])
+    x = rng.standard_normal((sizes["seq"], sizes["batch"], sizes["input"])).astype(np.float32)
+    out_h = lstm(x, mode="host")
+    host = lstm.last_compiled
+    out_c = lstm(x, mode="compiled")
+    assert all(np.array_equal(a, b) for a, b in zip((out_h[0], *out_h[1]), (out_c[0], *out_c[1])))
+    print(counts_row(f"LSTM L{sizes['layers']} H{sizes['hidden']} seq{sizes['seq']} b{sizes['batch']}",
+                     host, lstm.last_compiled))
+
+    rae = RAE(sizes["dim"], **sizes["options"])
+    left, right, is_leaf = balanced_tree(sizes["leaves"])
+    inp = rng.standard_normal((len(left), sizes["dim"])).astype(np.float32)
+    a = rae(left, right, is_leaf, inp, mode="host")
+    host = rae.last_compiled
+    b = rae(left, right, is_leaf, inp, mode="compiled")
+    assert np.array_equal(a, b)
+    print(counts_row(f"RAE dim{sizes['dim']} {len(left)} nodes", host, rae.last_compiled))
+
+    r = random.Random(0)
+    totals = {"host": [0, 0], "compiled": [0, 0, 0]}
+    for k in range(sizes["random"]):
+        desc = random_description(r, depth=3)
+        args = inputs(2, 4, 3, seed=k)
+        program = ck.trace(build(desc), *args, chunk=4, tile=4, name=f"random{k}")
+        host = ck.compile(program, mode="host", threads=4)
+        compiled = ck.compile(program, mode="compiled", threads=4)
+        assert np.array_equal(host(*args), compiled(*args))
+        totals["host"][0] += host.last_stats.launches
+        totals["host"][1] += host.last_stats.host_syncs
+        s = compiled.last_stats
+        totals["compiled"] = [t + v for t, v in zip(totals["compiled"], (s.launches, s.host_syncs, s.barriers))]
+    h, c = totals["host"], totals["compiled"]
+    print(f"{sizes['random']} random programs (depth 3), total: host {h[0]} launches {h[1]} syncs | compiled "
+          f"{c[0]} launches {c[1]} syncs {c[2]} barriers | launches host/compiled = {h[0] / max(c[0], 1):.1f}")
+
+
+def timed(fn, warmup: int, repeats: int) -> float:
+    """Median seconds per call of ``fn`` (which must synchronise)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def gpu_latency(warmup: int, repeats: int) -> None:
+    import torch
+
+    dev = torch.device("cuda")
+    print(f"== GPU latency (median of {repeats} after {warmup} warm-up calls), device "
+          f"{torch.cuda.get_device_name(0)} ==")
+    opts = {"threads": 256, "chunk": 256, "tile": 16}
+    L, H, S = 10, 256, 64
+    for batch in (1, 64):
+        lstm = LSTM(H, H, L, **opts)
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((S, batch, H)).astype(np.float32)
+        zeros = np.zeros((L, batch, H), np.float32)
+        dev_args = [cuda.to_device(a) for a in (x, zeros, zeros, *lstm._weights())]
+        results = {}
+        for mode in ("compiled", "host"):
+            c = lstm.compiled_for(S, batch, mode)
+            results[mode] = timed(lambda c=c: (c(*dev_args, to_host=False), cuda.synchronize()), warmup, repeats)
+        sd = {k: torch.tensor(v, device=dev) for k, v in lstm.state_dict().items()}
+        xt = torch.tensor(x, device=dev)
+
+        def torch_loop():
+            with torch.no_grad():
+                inp = xt
+                for layer in range(L):
+                    h = torch.zeros(batch, H, device=dev)
+                    c = torch.zeros(batch, H, device=dev)
+                    outs = []
+                    for t in range(S):
+                        gates = (inp[t] @ sd[f"weight_ih_l{layer}"].T + sd[f"bias_ih_l{layer}"]
+                                 + h @ sd[f"weight_hh_l{layer}"].T + sd[f"bias_hh_l{layer}"])
+                        i, f, g, o = gates.chunk(4, 1)
+                        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                        h = torch.sigmoid(o) * torch.tanh(c)
+                        outs.append(h)
+                    inp = torch.stack(outs)
+                torch.cuda.synchronize()
+
+        results["torch eager (loop)"] = timed(torch_loop, warmup, repeats)
+        cudnn = torch.nn.LSTM(H, H, L).to(dev)
+
+        def torch_cudnn():
+            with torch.no_grad():
+                cudnn(xt)
+            torch.cuda.synchronize()
+
+        results["torch nn.LSTM (cuDNN, reference)"] = timed(torch_cudnn, warmup, repeats)
+        report(f"LSTM L{L} H{H} seq{S} batch {batch}", results)
+
+    dim, leaves = 512, 64
+    rae = RAE(dim, **opts)
+    left, right, is_leaf = balanced_tree(leaves)
+    rng = np.random.default_rng(1)
+    inp = rng.standard_normal((len(left), dim)).astype(np.float32)
+    tables = rae.check_tree(left, right, is_leaf, inp, 0)
+    dev_args = [cuda.to_device(a) for a in (*tables[:4], rae.weight, rae.bias, tables[4])]
+    results = {}
+    for mode in ("compiled", "host"):
+        c = rae.compiled_for(len(left), mode)
+        results[mode] = timed(lambda c=c: (c(*dev_args, to_host=False), cuda.synchronize()), warmup, repeats)
+    w, b, xt = (torch.tensor(a, device=dev) for a in (rae.weight, rae.bias, inp))
+
+    def torch_rae():
+        def rec(n):
+            if is_leaf[n]:
+                return xt[n]
+            return torch.tanh(w @ torch.cat([rec(left[n]), rec(right[n])]) + b)
+
+        with torch.no_grad():
+            rec(0)
+        torch.cuda.synchronize()
+
+    results["torch eager (recursion)"] = timed(torch_rae, warmup, repeats)
+    report(f"RAE dim {dim}, {len(left)} nodes, batch 1", results)
+
+
+def report(name: str, results: dict) -> None:
+    base = results["compiled"]
+    print(f"{name}:")
+    for key, seconds in results.items():
+        print(f"  {key:<34} {seconds * 1e3:9.3f} ms   ({seconds / base:5.2f}x the compiled executor's time)")
+
+
+SIM_SIZES = {"input": 4, "hidden": 4, "layers": 2, "seq": 4, "batch": 2, "dim": 4, "leaves": 8, "random": 10,
+             "options": {"threads": 4, "chunk": 8, "tile": 4}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args(argv)
+    print(f"backend: {backend.describe()}")
+    counts(SIM_SIZES)
+    if backend.is_gpu():
+        gpu_latency(args.warmup, args.repeats)
+    else:
+        print("(no GPU: counts only; simulated time is not a latency)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
