@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 
 from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, Const, FunctionCall, FunctionDef, Load, Loop,
-                                  Offset, Scalar, TensorRef, UOperator, Var, scalar_loads, scalar_vars)
+                                  Offset, Scalar, TensorRef, UOperator, Var, free_vars, scalar_loads)
 
 __all__ = ["KernelSource", "generate", "ERR_STACK_OVERFLOW", "ERR_ITERATIONS", "render_scalar"]
 
@@ -214,7 +214,8 @@ class KernelSource:
         self.lines: list[str] = []
         self.namespace: dict = {"int64": _int64()}
         self.buffers: dict = {}           # name -> Buffer, in order of first use
-        self.helper_sources: list[str] = []
+        self.helper_sources: list[str] = []   # device functions of function uTasks not inlined
+        self.in_function = False
         self.loop_ids: dict = {}
         self.functions = list(functions)
         self.free_vars = list(free_vars)
@@ -310,15 +311,11 @@ class KernelSource:
             self.emit("else:", indent)
             self.block_items(item.orelse, names, indent + 1)
         elif isinstance(item, FunctionCall):
-            self.emit(f"# function uTask {item.name}" + (" (inlined)" if self.inline else ""), indent)
-            if self.inline:
+            if self.inline or _has_call(item):  # (a function holding a recursion is always inlined)
+                self.emit(f"# function uTask {item.name} (inlined)", indent)
                 self.block_items(item.body, names, indent)
-            else:  # not inlined: a barrier on each side (the caller's state is unknown to the body)
-                self.emit("grid.sync()  # function entry", indent)
-                self.emit("barriers += 1", indent)
-                self.block_items(item.body, names, indent)
-                self.emit("grid.sync()  # function exit", indent)
-                self.emit("barriers += 1", indent)
+            else:
+                self.device_function(item, names, indent)
         elif isinstance(item, Call):
             self.recursion(item, names, indent)
         else:
@@ -345,10 +342,44 @@ class KernelSource:
         self.emit("if leader:", indent + 2)
         self.emit(f"status[0] = {ERR_ITERATIONS}", indent + 3)
         self.emit(f"status[1] = {index}", indent + 3)
-        self.emit("status[2] += barriers", indent + 3)
-        self.emit("return", indent + 2)
+        self.stop(indent + 2)
         self.block_items(loop.body, names, indent + 1)
         self.emit(f"{var} += 1", indent + 1)
+
+    def device_function(self, call: FunctionCall, names: dict, indent: int) -> None:
+        """A function uTask that is not inlined: its own device function, called by every block.
+
+        It returns the grid barriers it executed (or -1 after an error, when every
+        block must stop).  The barrier plan knows nothing across the call, so the
+        body starts, and the caller continues, with a barrier before the first access.
+        """
+        fname = f"function_{call.name}_{len(self.helper_sources)}"
+        saved = self.lines, self.buffers, self.in_function
+        self.lines, self.buffers, self.in_function = [], {}, True
+        self.block_items(call.body, names, 1)
+        body, used = self.lines, self.buffers
+        self.lines, self.buffers, self.in_function = saved
+        for name, buffer in used.items():
+            self.buffers.setdefault(name, buffer)
+        params = list(used) + ["status"] + [v.name for v in free_vars(call.body)]
+        self.helper_sources.append("\n".join(
+            ["@jit(device=True)", f"def {fname}({', '.join(params)}):",
+             f'    """function uTask {call.name}: returns its grid barriers, -1 if every block must stop."""',
+             *_PREAMBLE[1:], *body, "    return barriers"]))
+        self.emit(f"# function uTask {call.name}: a device function (not inlined)", indent)
+        self.emit(f"done = {fname}({', '.join(params)})", indent)
+        self.emit("if done < 0:", indent)
+        self.stop(indent + 1)
+        self.emit("barriers += done", indent)
+
+    def stop(self, indent: int) -> None:
+        """Leave the kernel (or the function uTask) after an error; every block does the same."""
+        if self.in_function:
+            self.emit("return -1", indent)
+        else:
+            self.emit("if leader:", indent)
+            self.emit("status[2] += barriers", indent + 1)
+            self.emit("return", indent)
 
     # -- recursion -------------------------------------------------------------------
     def recursion(self, call: Call, names: dict, indent: int) -> None:
@@ -391,8 +422,7 @@ class KernelSource:
         self.emit("if leader:", indent + 1)
         self.emit(f"status[0] = {ERR_STACK_OVERFLOW}", indent + 2)
         self.emit(f"status[1] = {findex}", indent + 2)
-        self.emit("status[2] += barriers", indent + 2)
-        self.emit("return", indent + 1)
+        self.stop(indent + 1)
 
     # -- the whole kernel ----------------------------------------------------------------
     def source(self) -> str:
@@ -401,17 +431,21 @@ class KernelSource:
         body = self.lines[body_start:]
         del self.lines[body_start:]
         params = list(self.buffers) + ["status"] + [v.name for v in self.free_vars]
-        head = [f"def {self.name}({', '.join(params)}):",
-                "    grid = cuda.cg.this_grid()",
-                "    block = cuda.blockIdx.x",
-                "    blocks = cuda.gridDim.x",
-                "    leader = block == 0 and cuda.threadIdx.x == 0",
-                "    barriers = 0"]
+        head = [f"def {self.name}({', '.join(params)}):", *_PREAMBLE[1:]]
         for stack, depth, fields in self.namespace.pop("_shared_stacks", []):
             if f"    {stack} = " not in "\n".join(head):
                 head.append(f"    {stack} = cuda.shared.array(({depth}, {fields}), int64)")
         tail = ["    if leader:", "        status[2] += barriers"]
-        return "\n".join(head + body + tail) + "\n"
+        helpers = [h + "\n\n" for h in self.helper_sources]
+        return "".join(helpers) + "\n".join(head + body + tail) + "\n"
+
+
+_PREAMBLE = ("def ...:",
+             "    grid = cuda.cg.this_grid()",
+             "    block = cuda.blockIdx.x",
+             "    blocks = cuda.gridDim.x",
+             "    leader = block == 0 and cuda.threadIdx.x == 0",
+             "    barriers = 0")
 
 
 class _Segments:

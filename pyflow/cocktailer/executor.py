@@ -27,7 +27,7 @@ import numpy as np
 
 from pyflow.cocktailer import codegen
 from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, Const, FunctionCall, Load, Loop, Scalar,
-                                  TensorRef, UOperator, Var, py_op, scalar_vars, walk)
+                                  TensorRef, UOperator, Var, free_vars, py_op, walk)
 from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IterationLimitError, ShapeError,
                            StackOverflowError)
 from pyflow.kernels.backend import cuda
@@ -70,40 +70,6 @@ class RunStats:
 
     def __str__(self):
         return f"launches={self.launches} host_syncs={self.host_syncs} barriers={self.barriers}"
-
-
-def bound_vars(block: Block):
-    """Vars a block binds itself (its loop counters)."""
-    return {id(s.var) for s in walk(block) if isinstance(s, Loop)}
-
-
-def free_vars(block: Block) -> list:
-    """Vars a block reads but does not bind (enclosing host loop counters, frame fields)."""
-    found, bound = {}, bound_vars(block)
-
-    def note(s):
-        for v in scalar_vars(s):
-            if id(v) not in bound:
-                found.setdefault(id(v), v)
-
-    def refs(r):
-        if isinstance(r, TensorRef):
-            note(r.offset.dynamic)
-
-    for s in walk(block):
-        if isinstance(s, UOperator):
-            for a in s.args:
-                refs(a)
-        elif isinstance(s, Loop):
-            note(s.trip)
-            note(s.cond)
-        elif isinstance(s, Branch):
-            note(s.pred)
-        elif isinstance(s, Call):
-            for a in s.args:
-                note(a)
-            refs(s.result)
-    return sorted(found.values(), key=lambda v: v.name)
 
 
 class CompiledKernel:

@@ -32,7 +32,7 @@ import numpy as np
 
 __all__ = ["Buffer", "Offset", "TensorRef", "Scalar", "Const", "Var", "Load", "BinOp", "UOperator",
            "Block", "NestedUTask", "Loop", "Branch", "FunctionCall", "FunctionDef", "Call", "Return",
-           "walk", "as_scalar"]
+           "walk", "as_scalar", "free_vars"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -357,3 +357,37 @@ def walk(block: Block):
         if isinstance(item, NestedUTask):
             for inner in item.blocks():
                 yield from walk(inner)
+
+
+def bound_vars(block: Block):
+    """Vars a block binds itself (its loop counters)."""
+    return {id(s.var) for s in walk(block) if isinstance(s, Loop)}
+
+
+def free_vars(block: Block) -> list:
+    """Vars a block reads but does not bind (enclosing host loop counters, frame fields)."""
+    found, bound = {}, bound_vars(block)
+
+    def note(s):
+        for v in scalar_vars(s):
+            if id(v) not in bound:
+                found.setdefault(id(v), v)
+
+    def refs(r):
+        if isinstance(r, TensorRef):
+            note(r.offset.dynamic)
+
+    for s in walk(block):
+        if isinstance(s, UOperator):
+            for a in s.args:
+                refs(a)
+        elif isinstance(s, Loop):
+            note(s.trip)
+            note(s.cond)
+        elif isinstance(s, Branch):
+            note(s.pred)
+        elif isinstance(s, Call):
+            for a in s.args:
+                note(a)
+            refs(s.result)
+    return sorted(found.values(), key=lambda v: v.name)
