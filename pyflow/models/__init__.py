@@ -1,0 +1,23 @@
+"""Models written as Cocktailer programs (seed 001, issue 5): the paper's LSTM and RAE benchmarks.
+
+Each model is a small class that holds its parameters as numpy arrays (loaded under
+PyTorch's names with ``load_state_dict``), traces itself into a ``cocktailer``
+program the first time it sees an input size, and runs that program with either
+executor:
+
+* ``LSTM`` (``lstm.py``): ``nn.LSTM`` semantics; a ``for_loop`` over time with two
+  matmuls and a fused cell per layer per step: the paper's loop case.
+* ``RAE`` (``rae.py``): a recursive autoencoder over a binary tree; a recursive
+  function uTask: the paper's recursion case (its best speed-up, 8.22x).
+
+``mode="compiled"`` runs the whole program as one persistent kernel, ``mode="host"``
+one kernel launch per operator with control flow on the host; the two are bitwise
+equal.  ``model.compiled_for(...)`` gives the ``cocktailer.Compiled`` object
+(``source``, ``last_stats``) for benchmarks.
+"""
+
+from pyflow.models.lstm import LSTM
+from pyflow.models.rae import RAE
+from pyflow.models.state_dict import StateDictError
+
+__all__ = ["LSTM", "RAE", "StateDictError"]
