@@ -54,8 +54,9 @@ def compile(program, mode: str = "compiled", **options) -> Compiled:  # noqa: A0
     if mode == "auto":
         from pyflow.cocktailer.schedule import schedule as make_schedule
 
-        sched_keys = {"cost_model"}
+        sched_keys = {"cost_model", "sample_inputs", "measure", "optimizations"}
         schedule = make_schedule(program, Options(**{k: v for k, v in options.items() if k not in sched_keys}),
                                  **{k: v for k, v in options.items() if k in sched_keys})
-        options = {k: v for k, v in options.items() if k not in sched_keys}
+        # the schedule may have optimized the program (inline, unroll, recluster) and decided inlining
+        return Compiled(schedule.program, mode, schedule.options, schedule)
     return Compiled(program, mode, Options(**options), schedule)
