@@ -27,8 +27,8 @@ import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import Compiled
 from pyflow.cocktailer.executor import Options
 from pyflow.cocktailer.random_programs import OPS, build, inputs, numpy_twin
-from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IterationLimitError, ShapeError,
-                           StackOverflowError)
+from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IndexOutOfRangeError,
+                           IterationLimitError, ShapeError, StackOverflowError)
 from pyflow.kernels import sim
 
 # ---- random program descriptions --------------------------------------------------
@@ -340,3 +340,41 @@ def test_a_dependence_carried_around_the_loop_gets_a_barrier():
     assert body.index("grid.sync()  # before linear") < body.index("linear_t4_float32(")
     np.testing.assert_array_equal(compiled(*args), ck.compile(program, mode="host", threads=4)(*args))
     assert compiled.last_stats.barriers == 2 * 4
+
+
+def test_a_row_written_at_a_runtime_index_only_conflicts_with_its_own_tensor():
+    """``out[t]`` may be any row of ``out`` but nothing else: the ops around it need no barrier."""
+
+    def prog(h0):
+        def step(t, h, out):
+            a = ck.tanh(h)
+            out = ck.update(out, t, a)
+            return ck.tanh(a), out
+
+        return ck.for_loop(3, step, h0, ck.zeros(3, *h0.shape))[1]
+
+    h0 = np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6)
+    program = ck.trace(prog, h0, chunk=4, tile=4)
+    compiled = ck.compile(program, mode="compiled", threads=4, blocks=3)
+    got = compiled(h0)
+    expected, h = [], h0
+    for _ in range(3):
+        expected.append(np.tanh(h))
+        h = np.tanh(np.tanh(h))
+    np.testing.assert_allclose(got, np.stack(expected), rtol=1e-6)
+    # one barrier per step, before the row write (the previous step's row write may
+    # still be running in another block), none for the elementwise ops around it,
+    # and one before the output copy reads all of out
+    assert compiled.last_stats.barriers == 3 + 1
+
+
+def test_a_runtime_index_out_of_range_is_reported_by_the_host_executor():
+    def prog(xs, n):
+        return ck.for_loop(n[0].item(), lambda t, h: ck.add(h, xs[t]), ck.zeros(xs.shape[1:]))
+
+    xs = np.ones((2, 3), np.float32)
+    program = ck.trace(prog, xs, np.array([3], np.int64), chunk=4, tile=4)
+    with pytest.raises(IndexOutOfRangeError, match="outside"):
+        ck.compile(program, mode="host", threads=2)(xs, np.array([3], np.int64))
+    np.testing.assert_array_equal(ck.compile(program, mode="host", threads=2)(xs, np.array([2], np.int64)),
+                                  [2, 2, 2])

@@ -101,8 +101,9 @@ def _accesses(ref: TensorRef, pattern, write: bool):
         lo = ref.offset.const
         pattern = (pattern[0], pattern[1], lo) if pattern is not None else None
         yield _Access(ref.buffer, lo, lo + ref.size, pattern, write)
-    else:  # a position known only at run time: the whole buffer, any block
-        yield _Access(ref.buffer, 0, 1 << 62, None, write)
+    else:  # a position known only at run time: anywhere in its bounds, any block
+        lo, hi = ref.bounds if ref.bounds is not None else (0, 1 << 62)
+        yield _Access(ref.buffer, lo, hi, None, write)
     for load in scalar_loads(ref.offset.dynamic) if ref.offset.dynamic is not None else ():
         yield from _accesses(load.ref, None, False)
 

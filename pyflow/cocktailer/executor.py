@@ -28,8 +28,8 @@ import numpy as np
 from pyflow.cocktailer import codegen
 from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, Const, FunctionCall, Load, Loop, Scalar,
                                   TensorRef, UOperator, Var, free_vars, py_op, walk)
-from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IterationLimitError, ShapeError,
-                           StackOverflowError)
+from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IndexOutOfRangeError,
+                           IterationLimitError, ShapeError, StackOverflowError)
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.utask.generated import build_kernel, cooperative_grid_limit, uoperator_kernel
 
@@ -211,6 +211,11 @@ class Executor:
     def _view(self, ref: TensorRef, env: dict, size: int | None = None):
         start = ref.offset.const + (int(self._scalar(ref.offset.dynamic, env))
                                     if ref.offset.dynamic is not None else 0)
+        n = ref.size if size is None else size
+        if ref.bounds is not None and not ref.bounds[0] <= start <= start + n <= ref.bounds[1]:
+            raise IndexOutOfRangeError(
+                f"{self.program.name}: a run-time index puts {ref!r} at element {start}, outside "
+                f"[{ref.bounds[0]}, {ref.bounds[1]}) of the tensor it indexes")
         return self.memory[ref.buffer.name][start:start + (ref.size if size is None else size)]
 
     def _block(self, block: Block, env: dict, frame: int) -> None:

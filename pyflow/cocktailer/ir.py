@@ -198,11 +198,17 @@ class Offset:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TensorRef:
-    """A contiguous tensor: ``shape`` elements of ``buffer`` starting at ``offset``."""
+    """A contiguous tensor: ``shape`` elements of ``buffer`` starting at ``offset``.
+
+    ``bounds``: for a view at a run-time offset (``xs[t]``), the static element range
+    ``[lo, hi)`` of the tensor it was cut from; every value of the offset stays inside
+    (indices must be in range).  The barrier planner uses it instead of "anywhere".
+    """
 
     buffer: Buffer
     shape: tuple
     offset: Offset
+    bounds: tuple | None = None
 
     @property
     def size(self) -> int:
@@ -213,7 +219,14 @@ class TensorRef:
         return self.buffer.dtype
 
     def reshaped(self, shape) -> "TensorRef":
-        return TensorRef(self.buffer, tuple(shape), self.offset)
+        return TensorRef(self.buffer, tuple(shape), self.offset, self.bounds)
+
+    @property
+    def region(self) -> tuple | None:
+        """The static element range this tensor may occupy, or None if unknown."""
+        if self.offset.dynamic is None:
+            return (self.offset.const, self.offset.const + self.size)
+        return self.bounds
 
     def __repr__(self):
         return f"{self.buffer.name}[{self.offset!r}:+{self.size}]{list(self.shape)}"

@@ -243,7 +243,8 @@ class Tensor:
             if not -self.shape[0] <= i < self.shape[0]:
                 raise ShapeError(f"index {i} out of range for a tensor of shape {self.shape}")
             offset = ref.offset + (i % self.shape[0]) * row
-        return Tensor(TensorRef(ref.buffer, inner, offset), self.readonly)
+        bounds = ref.region if offset.dynamic is not None else None
+        return Tensor(TensorRef(ref.buffer, inner, offset, bounds), self.readonly)
 
     def reshape(self, *shape) -> "Tensor":
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
