@@ -123,8 +123,7 @@ def gpu_latency(warmup: int, repeats: int) -> None:
         lstm = LSTM(H, H, L, **opts)
         rng = np.random.default_rng(0)
         x = rng.standard_normal((S, batch, H)).astype(np.float32)
-        zeros = np.zeros((L, batch, H), np.float32)
-        dev_args = [cuda.to_device(a) for a in (x, zeros, zeros, *lstm._weights())]
+        dev_args = [cuda.to_device(a) for a in lstm.program_inputs(x)]
         results = {}
         for mode in ("compiled", "host"):
             c = lstm.compiled_for(S, batch, mode)
