@@ -118,6 +118,24 @@ except CooperativeLaunchTooLargeError as error:
     print(type(error).__name__, ":", str(error)[:150], "...")
 
 # %% [markdown]
+# ### Should it be one kernel?  The schedule decision
+#
+# One kernel is not always best: its grid is capped at the co-resident limit, and
+# every grid barrier costs about as much as a small kernel.  `mode="auto"` runs
+# Cocktailer's Algorithm 1: bottom-up over the program, a loop or branch moves
+# into a uProgram (one kernel) when its body is already on the device and the
+# profiler says it pays.  On a GPU the profiler can time the candidates; in the
+# simulator it uses a documented cost model (launches, host syncs, barriers, work
+# per block).  It also tries the optimizations (inline, loop unroll, branch
+# reclustering) and keeps those that lower the estimate.  The decision prints
+# with its reasons:
+
+# %%
+auto = ck.compile(program, mode="auto", threads=4)
+print(auto.schedule)
+assert np.array_equal(auto(h0, xs, w, b), out_host)
+
+# %% [markdown]
 # ## 3. Stepping into one block's loop
 #
 # In the simulator every CUDA thread is a Python thread running the generated
