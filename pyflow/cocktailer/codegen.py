@@ -184,9 +184,11 @@ class _BarrierPlan:
                 state = merged
         if isinstance(item, Branch):
             state = self._check(("pred", id(item)), pending, _scalar_accesses(item.pred), "branch predicate")
-            if self.in_recursion and _has_call(item):  # then, else and the join start new segments
-                self.block(item.then, _CLEAR)
-                self.block(item.orelse, _CLEAR)
+            if self.in_recursion and _has_call(item):
+                # an arm with a call starts a new segment (a barrier); an arm without one
+                # stays in the current segment; the join starts a new segment
+                for arm in (item.then, item.orelse):
+                    self.block(arm, _CLEAR if _block_has_call(arm) else state)
                 return _CLEAR
             return self.block(item.then, state) | self.block(item.orelse, state)
         if isinstance(item, FunctionCall):
@@ -528,13 +530,20 @@ class _Segments:
     def branch(self, item: Branch, label: int, indent: int) -> int:
         self.barrier(label, indent, ("pred", id(item)))
         self.w._use_scalar(item.pred)
-        then_label, else_label = self.new(), self.new()
-        self.emit(label, indent, f"target = {then_label} if {render_scalar(item.pred, self.names)} else {else_label}")
-        self.goto(label, indent, "target")
         join = self.new()
-        for start, block in ((then_label, item.then), (else_label, item.orelse)):
-            end = self.sequence(block.items, start, 1)
-            self.goto(end, 1, join)
+        self.emit(label, indent, f"if {render_scalar(item.pred, self.names)}:")
+        for k, arm in enumerate((item.then, item.orelse)):
+            if k == 1:
+                self.emit(label, indent, "else:")
+            if _block_has_call(arm):  # its own segments, entered through the dispatch
+                start = self.new()
+                self.goto(label, indent + 1, start)
+                end = self.sequence(arm.items, start, 1)
+                self.goto(end, 1, join)
+            else:  # no call: it runs right here, in the current segment
+                for inner in arm.items:
+                    self.straight(label, indent + 1, inner)
+                self.goto(label, indent + 1, join)
         return join
 
     def render(self):
@@ -545,6 +554,12 @@ class _Segments:
             yield "    barriers += 1"
             for indent, text in lines or [(1, "pass")]:
                 yield "    " * indent + text
+
+
+def _block_has_call(block: Block) -> bool:
+    from pyflow.cocktailer.ir import walk
+
+    return any(isinstance(s, Call) for s in walk(block))
 
 
 def _has_call(item) -> bool:
