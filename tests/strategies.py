@@ -122,3 +122,21 @@ def assert_close(actual, expected, dtype=None, what: str = "") -> None:
         raise AssertionError(
             f"{what}: {int((~ok).sum())} of {actual.size} values differ ({dtype}, shape {actual.shape}); "
             f"first at {bad.tolist()}: {actual[tuple(bad)]!r} vs {expected[tuple(bad)]!r}; max |diff| {diff:g}")
+
+
+def cocktailer_programs(depth: int, ops: int = 1, loops: int = 1):
+    """Random Cocktailer program descriptions (the format of ``pyflow.cocktailer.random_programs``).
+
+    Statements nest up to ``depth``; ``ops`` and ``loops`` weight how often a
+    statement is a plain op or a for loop (against one while loop and one cond).
+    """
+    from pyflow.cocktailer.random_programs import OPS
+
+    op = st.tuples(st.just("op"), st.sampled_from(OPS))
+    if depth == 0:
+        return st.lists(op, min_size=1, max_size=2)
+    inner = cocktailer_programs(depth - 1, ops, loops)
+    loop = st.tuples(st.just("for"), st.integers(0, 2), st.booleans(), inner)
+    wloop = st.tuples(st.just("while"), st.integers(0, 2), st.booleans(), inner)
+    branch = st.tuples(st.just("cond"), st.sampled_from(["flag", "sign"]), st.integers(0, 2), inner, inner)
+    return st.lists(st.one_of(*[op] * ops, *[loop] * loops, wloop, branch), min_size=1, max_size=3)

@@ -21,29 +21,22 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pyflow.kernels import sim
 
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import Compiled
 from pyflow.cocktailer.executor import Options
-from pyflow.cocktailer.random_programs import OPS, build, inputs, numpy_twin
+from pyflow.cocktailer.random_programs import build, inputs, numpy_twin
 from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IndexOutOfRangeError,
                            IterationLimitError, ShapeError, StackOverflowError)
 from pyflow.kernels import sim
+from tests.strategies import cocktailer_programs
 
 # ---- random program descriptions --------------------------------------------------
 # a statement is a tuple: ("op", kind) | ("for", trip, device, body) | ("while", limit, device, body)
 #                         | ("cond", pred_kind, flag_index, then, else)
 
 def statements(depth: int):
-    op = st.tuples(st.just("op"), st.sampled_from(OPS))
-    if depth == 0:
-        return st.lists(op, min_size=1, max_size=2)
-    inner = statements(depth - 1)
-    loop = st.tuples(st.just("for"), st.integers(0, 2), st.booleans(), inner)
-    wloop = st.tuples(st.just("while"), st.integers(0, 2), st.booleans(), inner)
-    branch = st.tuples(st.just("cond"), st.sampled_from(["flag", "sign"]), st.integers(0, 2), inner, inner)
-    return st.lists(st.one_of(op, op, loop, wloop, branch), min_size=1, max_size=3)
+    return cocktailer_programs(depth, ops=2)
 
 
 def trace_random(desc, args):

@@ -37,8 +37,9 @@ from pyflow.cocktailer.optimize import (
     unroll_loop,
     unroll_loops,
 )
-from pyflow.cocktailer.random_programs import OPS, build, inputs
+from pyflow.cocktailer.random_programs import build, inputs
 from pyflow.cocktailer.schedule import schedule
+from tests.strategies import cocktailer_programs
 
 THREADS = 4
 
@@ -278,14 +279,7 @@ def test_inline_removes_function_utasks_and_their_fences():
 
 
 def statements(depth: int):
-    op = st.tuples(st.just("op"), st.sampled_from(OPS))
-    if depth == 0:
-        return st.lists(op, min_size=1, max_size=2)
-    inner = statements(depth - 1)
-    loop = st.tuples(st.just("for"), st.integers(0, 2), st.booleans(), inner)
-    wloop = st.tuples(st.just("while"), st.integers(0, 2), st.booleans(), inner)
-    branch = st.tuples(st.just("cond"), st.sampled_from(["flag", "sign"]), st.integers(0, 2), inner, inner)
-    return st.lists(st.one_of(op, loop, loop, wloop, branch), min_size=1, max_size=3)
+    return cocktailer_programs(depth, loops=2)
 
 
 @settings(max_examples=12)

@@ -39,6 +39,7 @@ from pyflow.cocktailer.schedule import (
     schedule_operator,
     set_resource,
 )
+from tests.strategies import cocktailer_programs
 
 THREADS = 4
 
@@ -251,14 +252,7 @@ def test_recursion_in_a_loop_is_scheduled_either_way_and_stays_correct(model, on
 
 
 def statements(depth: int):
-    op = st.tuples(st.just("op"), st.sampled_from(OPS))
-    if depth == 0:
-        return st.lists(op, min_size=1, max_size=2)
-    inner = statements(depth - 1)
-    loop = st.tuples(st.just("for"), st.integers(0, 2), st.booleans(), inner)
-    wloop = st.tuples(st.just("while"), st.integers(0, 2), st.booleans(), inner)
-    branch = st.tuples(st.just("cond"), st.sampled_from(["flag", "sign"]), st.integers(0, 2), inner, inner)
-    return st.lists(st.one_of(op, loop, wloop, branch), min_size=1, max_size=3)
+    return cocktailer_programs(depth)
 
 
 cost_models = st.builds(CostModel, launch_us=st.sampled_from([0.0, 5.0, 50.0]),
