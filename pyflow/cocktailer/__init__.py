@@ -9,18 +9,19 @@
     out = fast(x, ...);  fast.last_stats              # launches, host_syncs, barriers
     print(fast.source)                                # the generated kernel
 
-Modules: ``ir`` (uOperator, nested uTasks, uProgram pieces), ``trace`` (front end),
+Modules: ``ir`` (uOperator, nested uTasks, uProgram pieces), ``trace`` (front end: tracing,
+control flow, memory management), ``ops`` (the ops),
 ``codegen`` (kernel source, barrier placement, recursion stack), ``executor``
 (host and compiled executors), ``schedule``/``profiler`` (Algorithm 1 and its cost
-model), ``optimize`` (inline, loop unroll, recursion unroll, branch reclustering).
+model), ``optimize`` (inline, loop unroll, branch reclustering; recursion unroll is not built).
 """
 
 from pyflow.cocktailer.api import Compiled, compile
 from pyflow.cocktailer.executor import Options, RunStats
-from pyflow.cocktailer.trace import (Program, Tensor, TensorSpec, TraceError, add, cat, cond, copy, exp,
-                                     for_loop, function, linear, lstm_cell, matmul, max_rows, maximum, mul,
-                                     neg, relu, sigmoid, softmax_rows, spec, sub, sum_rows, tanh, trace, update,
-                                     while_loop, zeros)
+from pyflow.cocktailer.ops import (add, cat, copy, exp, linear, lstm_cell, matmul, max_rows, maximum, mul, neg,
+                                   relu, sigmoid, softmax_rows, sub, sum_rows, tanh, update, zeros)
+from pyflow.cocktailer.trace import (Program, Tensor, TensorSpec, TraceError, cond, for_loop, function, spec, trace,
+                                     while_loop)
 
 __all__ = ["trace", "spec", "TensorSpec", "Tensor", "Program", "TraceError", "compile", "Compiled", "Options",
            "RunStats", "for_loop", "while_loop", "cond", "function", "linear", "matmul", "tanh", "sigmoid",
