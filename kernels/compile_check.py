@@ -25,7 +25,7 @@ from numba import types
 
 from pyflow.kernels import backend
 
-__all__ = ["FAMILIES", "array", "tuple_of", "run", "pretend_sm90"]
+__all__ = ["FAMILIES", "array", "tuple_of", "run", "pretend_sm90", "report"]
 
 CC = (9, 0)
 FAMILIES = ["pyflow.kernels.examples", "pyflow.kernels.elementwise", "pyflow.kernels.reduce",
@@ -65,20 +65,31 @@ def run() -> int:
         print("the PTX check needs the real CUDA target: run with PYFLOW_CUDA=gpu", file=sys.stderr)
         return 2
     pretend_sm90()
-    failures = 0
+
+    def compile_case(py_func, argtypes, is_device):
+        backend.cuda.compile_ptx(py_func, argtypes, device=is_device, cc=CC)
+
+    return report(((f"{family}.{label}", lambda c=case: compile_case(*c))
+                   for family, label, *case in _cases()), "compiled")
+
+
+def report(checks, what: str) -> int:
+    """Run ``(label, check)`` pairs: one ok/FAIL line each, a total; 1 if any failed.
+
+    ``check()`` raises on failure; what it returns (if anything) is printed after ok.
+    """
+    failures = count = 0
     start = time.perf_counter()
-    count = 0
-    for family, label, py_func, argtypes, is_device in _cases():
+    for label, check in checks:
         count += 1
         try:
-            backend.cuda.compile_ptx(py_func, argtypes, device=is_device, cc=CC)
-            print(f"ok    {family}.{label}")
+            note = check()
+            print(f"ok    {label}" + (f" ({note})" if note else ""))
         except Exception as error:  # noqa: BLE001 - report every failure, then exit 1
             failures += 1
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            print(f"FAIL  {family}.{label}: {type(error).__name__}: {first}")
-    print(f"{count - failures}/{count} compiled to PTX for sm_{CC[0]}{CC[1]} "
-          f"in {time.perf_counter() - start:.1f} s")
+            print(f"FAIL  {label}: {type(error).__name__}: {first}")
+    print(f"{count - failures}/{count} {what} to PTX for sm_{CC[0]}{CC[1]} in {time.perf_counter() - start:.1f} s")
     return 1 if failures else 0
 
 

@@ -16,7 +16,6 @@ It prints one line per kernel and exits 1 if any fails.
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 
@@ -93,24 +92,17 @@ def run() -> int:
     if not backend.is_gpu():
         print("the PTX check needs the real CUDA target: run with PYFLOW_CUDA=gpu", file=sys.stderr)
         return 2
-    from pyflow.kernels.compile_check import CC, pretend_sm90
+    from pyflow.kernels.compile_check import CC, pretend_sm90, report
 
     pretend_sm90()
-    failures = count = 0
-    start = time.perf_counter()
-    for label, program, inline in examples():
-        count += 1
-        try:
-            compiled = CompiledKernel(f"{program.name}_uprogram", program.body, program, Options(inline=inline))
-            backend.cuda.compile_ptx(compiled.kernel.py_func, argtypes(compiled), cc=CC)
-            print(f"ok    {label} ({compiled.barrier_sites} grid barriers in the source)")
-        except Exception as error:  # noqa: BLE001 - report every failure, then exit 1
-            failures += 1
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            print(f"FAIL  {label}: {type(error).__name__}: {first}")
-    print(f"{count - failures}/{count} generated kernels compiled to PTX for sm_{CC[0]}{CC[1]} "
-          f"in {time.perf_counter() - start:.1f} s")
-    return 1 if failures else 0
+
+    def check(program, inline):
+        compiled = CompiledKernel(f"{program.name}_uprogram", program.body, program, Options(inline=inline))
+        backend.cuda.compile_ptx(compiled.kernel.py_func, argtypes(compiled), cc=CC)
+        return f"{compiled.barrier_sites} grid barriers in the source"
+
+    return report(((label, lambda p=program, i=inline: check(p, i)) for label, program, inline in examples()),
+                  "generated kernels compiled")
 
 
 if __name__ == "__main__":

@@ -24,14 +24,13 @@ expressions inside the kernel.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import operator
 
 import numpy as np
 
 __all__ = ["Buffer", "Offset", "TensorRef", "Scalar", "Const", "Var", "Load", "BinOp", "UOperator",
-           "Block", "NestedUTask", "Loop", "Branch", "FunctionCall", "FunctionDef", "Call", "Return",
+           "Block", "NestedUTask", "Loop", "Branch", "FunctionCall", "FunctionDef", "Call",
            "walk", "as_scalar", "free_vars"]
 
 
@@ -91,9 +90,6 @@ class Const(Scalar):
     value: int | float
 
     def __repr__(self): return repr(self.value)
-
-
-_var_ids = itertools.count()
 
 
 @dataclasses.dataclass(eq=False)
@@ -356,11 +352,6 @@ class Call(NestedUTask):
     args: tuple
     result: TensorRef
     kind = "reference"
-
-
-@dataclasses.dataclass(eq=False)
-class Return:
-    """End of a recursive function's body: its result has been copied to ``stack[ret:]``."""
 
 
 def walk(block: Block):

@@ -38,7 +38,7 @@ import threading
 import numpy as np
 
 from pyflow.cocktailer.ir import (Block, Branch, Buffer, Call, FunctionCall, FunctionDef, Load, Loop,
-                                  Offset, Scalar, TensorRef, UOperator, Var, as_scalar)
+                                  Offset, Scalar, TensorRef, UOperator, Var, as_scalar, walk)
 from pyflow.errors import DTypeError, PyflowError, ShapeError
 from pyflow.kernels.utask import CHUNK, TILE
 from pyflow.kernels.utask.elementwise import copy_utask
@@ -295,10 +295,6 @@ def _same_dtype(op, *refs):
         raise DTypeError(f"{op}: inputs have different dtypes {sorted(map(str, dtypes))}")
 
 
-def _fn_name(fn) -> str:
-    return getattr(fn, "__name__", None) or fn.py_func.__name__
-
-
 def _emit_op(name, fn, fn_name, count, args, reads, writes, note="") -> None:
     _current().emit(UOperator(name, fn, fn_name, count, tuple(args), tuple(reads), tuple(writes), note))
 
@@ -420,7 +416,8 @@ def cond(pred, then_fn, else_fn, *operands):
     if not isinstance(pred, Scalar):
         return (then_fn if pred else else_fn)(*operands)
     branch = Branch(pred, Block(), Block())
-    outs: list[TensorRef] | None = None
+    results_of: dict = {}   # branch block -> the TensorRefs it returned
+    shapes = None
     with t.shared_scratch() as restart:
         for k, (fn, block) in enumerate(((then_fn, branch.then), (else_fn, branch.orelse))):
             if k == 1:
@@ -428,20 +425,18 @@ def cond(pred, then_fn, else_fn, *operands):
             with t.block(block):
                 results = _as_tuple(fn(*operands), "cond branch")
                 refs = [_float(r, "cond") for r in results]
-                if outs is None:
-                    outs = [None] * len(refs)
+                if shapes is None:
                     shapes = [(r.shape, r.dtype) for r in refs]
                 elif [(r.shape, r.dtype) for r in refs] != shapes:
                     raise ShapeError(f"cond: the branches return different shapes: {shapes} and "
                                      f"{[(r.shape, r.dtype) for r in refs]}")
-                block.results = refs
+                results_of[id(block)] = refs
     # the outputs live outside the shared scratch; each branch copies its results into them
-    outs = [t.new_ref(r.shape, r.dtype) for r in branch.then.results]
+    outs = [t.new_ref(shape, dtype) for shape, dtype in shapes]
     for block in (branch.then, branch.orelse):
         with t.block(block):
-            for o, r in zip(outs, block.results):
+            for o, r in zip(outs, results_of[id(block)]):
                 _copy_into(o, r, "cond output")
-        del block.results
     t.emit(branch)
     return _unwrap(tuple(Tensor(o) for o in outs), len(outs) == 1)
 
@@ -522,17 +517,11 @@ class Function:
         finally:
             t.frames.pop()
             t.loop_depth = saved_depth
-        for item in _walk_all(fdef.body):
+        for item in walk(fdef.body):
             if isinstance(item, Loop):
                 raise TraceError(f"{fdef.name}: loops inside a recursive function are not supported "
                                  "(call the function from a loop instead)")
         return fdef
-
-
-def _walk_all(block):
-    from pyflow.cocktailer.ir import walk
-
-    return walk(block)
 
 
 def _param_names(fn, n: int):
