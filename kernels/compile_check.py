@@ -32,7 +32,7 @@ FAMILIES = ["pyflow.kernels.examples", "pyflow.kernels.elementwise", "pyflow.ker
             "pyflow.kernels.softmax", "pyflow.kernels.matmul", "pyflow.kernels.movement",
             "pyflow.kernels.conv", "pyflow.kernels.utask.elementwise", "pyflow.kernels.utask.matmul",
             "pyflow.kernels.utask.reduce", "pyflow.kernels.utask.program",
-            "pyflow.kernels.utask.cell"]
+            "pyflow.kernels.utask.cell", "pyflow.kernels.utask.groups"]
 
 
 def array(dtype, ndim: int = 1, layout: str = "C"):

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, Const, FunctionCall, FunctionDef, Load, Loop,
-                                  Offset, Scalar, TensorRef, UOperator, Var, free_vars, scalar_loads)
+from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, CallGroup, Const, FunctionCall, FunctionDef, Load,
+                                  Loop, Offset, Scalar, TensorRef, UOperator, Var, free_vars, scalar_loads)
 
 __all__ = ["KernelSource", "generate", "ERR_STACK_OVERFLOW", "ERR_ITERATIONS", "render_scalar"]
 
@@ -200,10 +200,27 @@ class _BarrierPlan:
             args = [a for s in item.args for a in _scalar_accesses(s)]
             self._check(("call", id(item)), pending, args, "recursion arguments")
             return _CLEAR if self.in_recursion else _UNKNOWN
+        if isinstance(item, CallGroup):   # its calls' arguments are read first; it ends with a grid barrier
+            args = [a for call in item.calls for s in call.args for a in _scalar_accesses(s)]
+            self._check(("group", id(item)), pending, args, "recursion arguments")
+            return _CLEAR
         raise TypeError(f"cannot plan barriers for {item!r}")
 
 
 # ---- the source writer -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Blocks:
+    """Who runs the code being written: the names of "my block", "how many" and their barrier."""
+
+    block: str
+    blocks: str
+    sync: str
+
+
+_GRID = _Blocks("block", "blocks", "grid.sync()")
+_GROUP = _Blocks("gblock", "gblocks", "group_barrier(status, gslot, gblocks)")
 
 
 class KernelSource:
@@ -231,6 +248,7 @@ class KernelSource:
             self.plan.block(fdef.body, _CLEAR)
             self.plan.in_recursion = False
         self.barrier_sites: list = []      # the plan keys of every emitted grid.sync
+        self.ctx = _GRID                   # the whole grid, or one block group of a CallGroup
 
     # -- bookkeeping ----------------------------------------------------------------
     def _called_functions(self, block):
@@ -277,7 +295,7 @@ class KernelSource:
         if key in self.drop_barriers:
             self.emit(f"# (barrier {reason} dropped on purpose)", indent)
             return
-        self.emit(f"grid.sync()  # {reason}: another block touched what comes next", indent)
+        self.emit(f"{self.ctx.sync}  # {reason}: another block touched what comes next", indent)
         self.emit("barriers += 1", indent)
         self.barrier_sites.append(key)
 
@@ -292,7 +310,7 @@ class KernelSource:
             else:
                 args.append(repr(int(a)))
         self.emit(f"# {op.name}: {op.note}", indent)
-        self.emit(f"for u in range(block, {op.count}, blocks):", indent)
+        self.emit(f"for u in range({self.ctx.block}, {op.count}, {self.ctx.blocks}):", indent)
         self.emit(f"{fn}(u, {', '.join(args)})", indent + 1)
 
     def block_items(self, block: Block, names: dict, indent: int) -> None:
@@ -314,13 +332,16 @@ class KernelSource:
             self.emit("else:", indent)
             self.block_items(item.orelse, names, indent + 1)
         elif isinstance(item, FunctionCall):
-            if self.inline or _has_call(item):  # (a function holding a recursion is always inlined)
+            # a function holding a recursion, or inside a block group, is always inlined
+            if self.inline or _has_call(item) or self.ctx is not _GRID:
                 self.emit(f"# function uTask {item.name} (inlined)", indent)
                 self.block_items(item.body, names, indent)
             else:
                 self.device_function(item, names, indent)
         elif isinstance(item, Call):
             self.recursion(item, names, indent)
+        elif isinstance(item, CallGroup):
+            self.call_group(item, names, indent)
         else:
             raise TypeError(f"cannot generate code for {item!r}")
 
@@ -398,15 +419,38 @@ class KernelSource:
         self.namespace.setdefault("_shared_stacks", []).append((stack, depth, fields))
         self.emit(f"# recursion {fdef.name}: frames [label, ret, {', '.join(p.name for p in fdef.params)}] "
                   f"in shared memory, {depth} deep", indent)
+        first = call.depth   # frames below it belong to the levels recursion unroll lifted out
+        if first >= depth:
+            self.emit("overflow = True  # the unrolled levels above already use every frame", indent)
+        else:
+            if first:
+                self.emit(f"# (unrolled from depth {first}: frames 0..{first - 1} stay empty, so the stack "
+                          "overflows where it did before the unroll)", indent)
+            self.recursion_loop(call, names, indent, stack, first)
+        self.emit("if overflow:", indent)
+        if self.ctx is _GRID:
+            self.emit("if leader:", indent + 1)
+            self.emit(f"status[0] = {ERR_STACK_OVERFLOW}", indent + 2)
+            self.emit(f"status[1] = {findex}", indent + 2)
+            self.stop(indent + 1)
+        else:   # only this group knows: it reports, and every block stops after the groups join
+            self.emit(f"if {self.ctx.block} == 0 and cuda.threadIdx.x == 0:", indent + 1)
+            self.emit(f"status[0] = {ERR_STACK_OVERFLOW}", indent + 2)
+            self.emit(f"status[1] = {findex}", indent + 2)
+            self.emit("group_failed = True", indent + 1)
+
+    def recursion_loop(self, call: Call, names: dict, indent: int, stack: str, first: int) -> None:
+        """Push the outside call's frame, then dispatch frames until it has returned."""
+        fdef = call.fn
         self.emit("if cuda.threadIdx.x == 0:", indent)
-        self.emit(f"{stack}[0, 0] = 0", indent + 1)
-        self.emit(f"{stack}[0, 1] = {render_offset(call.result.offset, names)}", indent + 1)
+        self.emit(f"{stack}[{first}, 0] = 0", indent + 1)
+        self.emit(f"{stack}[{first}, 1] = {render_offset(call.result.offset, names)}", indent + 1)
         for k, a in enumerate(call.args):
-            self.emit(f"{stack}[0, {2 + k}] = {render_scalar(a, names)}", indent + 1)
+            self.emit(f"{stack}[{first}, {2 + k}] = {render_scalar(a, names)}", indent + 1)
         self.emit("cuda.syncthreads()", indent)
-        self.emit("top = 1", indent)
+        self.emit(f"top = {first + 1}", indent)
         self.emit("overflow = False", indent)
-        self.emit("while top > 0:", indent)
+        self.emit(f"while top > {first}:", indent)
         inner = indent + 1
         fnames = dict(names)
         fnames[fdef.ret] = fdef.ret.name
@@ -421,10 +465,40 @@ class KernelSource:
         segments.build()
         self.lines.extend("    " * inner + line for line in segments.render())
         self.emit("cuda.syncthreads()  # thread 0's frame writes are visible before the next dispatch", inner)
-        self.emit("if overflow:", indent)
-        self.emit("if leader:", indent + 1)
-        self.emit(f"status[0] = {ERR_STACK_OVERFLOW}", indent + 2)
-        self.emit(f"status[1] = {findex}", indent + 2)
+
+    def call_group(self, group: CallGroup, names: dict, indent: int) -> None:
+        """Recursion unroll: call ``k`` of ``group`` on block group ``k % groups``, all at once.
+
+        The grid splits into ``groups = min(len(calls), blocks)`` runs of consecutive
+        blocks.  Inside a group, operators spread over its blocks (``gblock`` of
+        ``gblocks``) and barriers are ``group_barrier``s on the group's two counters
+        in ``status``; a grid barrier joins the groups at the end.
+        """
+        n = len(group.calls)
+        for call in group.calls:
+            for a in call.args:
+                self._use_scalar(a)
+        self.namespace["group_barrier"] = _group_barrier()
+        self.barrier(("group", id(group)), indent)
+        self.emit(f"# recursion unroll: {n} independent calls at once, call k on block group k % groups", indent)
+        self.emit(f"groups = min({n}, blocks)", indent)
+        self.emit("group = block * groups // blocks", indent)
+        self.emit("gfirst = (group * blocks + groups - 1) // groups", indent)
+        self.emit("gblocks = ((group + 1) * blocks + groups - 1) // groups - gfirst", indent)
+        self.emit("gblock = block - gfirst", indent)
+        self.emit("gslot = 3 + 2 * group  # this group's barrier counters in status", indent)
+        self.emit("group_failed = False", indent)
+        saved, self.ctx = self.ctx, _GROUP
+        try:
+            for k, call in enumerate(group.calls):
+                self.emit(f"if group == {k} % groups and not group_failed:", indent)
+                self.recursion(call, names, indent + 1)
+        finally:
+            self.ctx = saved
+        self.emit("grid.sync()  # the groups join: every call has returned", indent)
+        self.emit("barriers += 1", indent)
+        self.barrier_sites.append(("join", id(group)))
+        self.emit("if status[0] != 0:  # a group stopped (stack overflow): every block stops", indent)
         self.stop(indent + 1)
 
     # -- the whole kernel ----------------------------------------------------------------
@@ -550,7 +624,7 @@ class _Segments:
         for label, lines in enumerate(self.segments):
             yield f"{'if' if label == 0 else 'elif'} label == {label}:"
             # a segment is entered from the dispatch: other blocks may be anywhere before it
-            yield "    grid.sync()  # segment entry: the previous segment's writes are visible"
+            yield f"    {self.w.ctx.sync}  # segment entry: the previous segment's writes are visible"
             yield "    barriers += 1"
             for indent, text in lines or [(1, "pass")]:
                 yield "    " * indent + text
@@ -573,6 +647,12 @@ def _int64():
     from numba import int64
 
     return int64
+
+
+def _group_barrier():
+    from pyflow.kernels.utask.groups import group_barrier
+
+    return group_barrier
 
 
 def generate(name: str, block: Block, functions, free_vars=(), **options) -> KernelSource:

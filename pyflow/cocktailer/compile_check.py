@@ -21,6 +21,7 @@ import numpy as np
 
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.executor import CompiledKernel, Options
+from pyflow.cocktailer.optimize import unroll_recursion
 from pyflow.kernels import backend
 
 __all__ = ["examples", "run"]
@@ -69,8 +70,10 @@ def examples():
                        ck.spec(4, dtype=i64), ck.spec(1))
     yield "control_flow", control, True
     yield "control_flow_not_inlined", control, False
-    yield "recursion", ck.trace(_tree, ck.spec(7, dtype=i64), ck.spec(7, dtype=i64), ck.spec(7, dtype=i64),
-                                ck.spec(7, 4), ck.spec(4, 8), ck.spec(4)), True
+    tree = ck.trace(_tree, ck.spec(7, dtype=i64), ck.spec(7, dtype=i64), ck.spec(7, dtype=i64),
+                    ck.spec(7, 4), ck.spec(4, 8), ck.spec(4))
+    yield "recursion", tree, True
+    yield "recursion_unrolled", unroll_recursion(tree).program, True
     yield "lstm_float64", ck.trace(_lstm, ck.spec(3, 2, 4, dtype="float64"), ck.spec(2, 5, dtype="float64"),
                                    ck.spec(2, 5, dtype="float64"), ck.spec(20, 4, dtype="float64"),
                                    ck.spec(20, 5, dtype="float64"), ck.spec(20, dtype="float64"),

@@ -16,7 +16,8 @@ never on the block that runs it.
 ``RunStats`` (``executor.last_stats``) counts, per call: ``launches`` (kernels
 launched), ``host_syncs`` (device-to-host reads made to decide control flow; the
 final read of the outputs and of the status word is not counted) and ``barriers``
-(grid barriers executed, counted by block 0 inside the kernels).
+(the grid barriers, and the group barriers of a ``CallGroup``, that block 0
+waited at, counted inside the kernels).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import dataclasses
 import numpy as np
 
 from pyflow.cocktailer import codegen
-from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, Const, FunctionCall, Load, Loop, Scalar,
+from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, CallGroup, Const, FunctionCall, Load, Loop, Scalar,
                                   TensorRef, UOperator, Var, free_vars, py_op, walk)
 from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IndexOutOfRangeError,
                            IterationLimitError, ShapeError, StackOverflowError)
@@ -42,7 +43,8 @@ class Options:
 
     ``threads``: threads per block (every kernel, both executors).  ``blocks``: grid
     of the persistent kernels (None: ``set_resource`` picks the co-resident limit,
-    capped by the largest uTask count).  ``host_blocks``: cap on the grid of one
+    capped by the largest uTask count; the calls of a ``CallGroup`` run side by
+    side, so there their counts add up).  ``host_blocks``: cap on the grid of one
     host-executor launch.  ``stack_depth``: frames per recursive function.
     ``inline``: inline function uTasks (else each is fenced by grid barriers).
     """
@@ -85,8 +87,9 @@ class CompiledKernel:
         self.buffer_names = list(self.writer.buffers)
         self.kernel = build_kernel(self.source, name, self.writer.namespace)
         self.max_utasks = max([s.count for s in walk(block) if isinstance(s, UOperator)]
-                              + [s.count for f in program.functions for s in walk(f.body)
-                                 if isinstance(s, UOperator)] + [1])
+                              + [_utasks(f) for f in program.functions]
+                              + [sum(_utasks(c.fn) for c in s.calls) for s in walk(block) if isinstance(s, CallGroup)]
+                              + [1])
         self.barrier_sites = len(self.writer.barrier_sites)
         self._limit = None
 
@@ -102,6 +105,11 @@ class CompiledKernel:
                     "running at once. Use fewer blocks or threads, or blocks=None.")
             return options.blocks
         return max(1, min(self._limit, self.max_utasks))
+
+
+def _utasks(fdef) -> int:
+    """The most uTasks of one operator in a recursive function's body."""
+    return max([s.count for s in walk(fdef.body) if isinstance(s, UOperator)], default=1)
 
 
 class Executor:
@@ -132,9 +140,15 @@ class Executor:
                     fdef = next(f for f in self.program.functions if f.stack is b)
                     size = fdef.root_size + self.options.stack_depth * fdef.frame_size
                 memory[b.name] = cuda.device_array(max(size, 1), dtype=b.dtype)
-            memory["status"] = cuda.device_array(3, dtype=np.int64)
+            memory["status"] = cuda.device_array(self._status_size(), dtype=np.int64)
             self._memory = memory
         return self._memory
+
+    def _status_size(self) -> int:
+        """``[error, detail, barriers]``, then two counters per block group (``group_barrier``)."""
+        bodies = [self.program.body] + [f.body for f in self.program.functions]
+        groups = [len(s.calls) for b in bodies for s in walk(b) if isinstance(s, CallGroup)]
+        return 3 + 2 * max(groups, default=0)
 
     def _bind_inputs(self, arrays, memory):
         spec = self.program.inputs
@@ -157,7 +171,7 @@ class Executor:
     def run(self, *arrays, to_host: bool = True):
         memory = self._allocate()
         self._bind_inputs(arrays, memory)
-        memory["status"].copy_to_device(np.zeros(3, dtype=np.int64))
+        memory["status"].copy_to_device(np.zeros(memory["status"].shape, dtype=np.int64))
         self.stats = RunStats()
         self.memory = memory
         try:
@@ -178,7 +192,8 @@ class Executor:
     def _raise_for(self, status) -> None:
         code, detail = int(status[0]), int(status[1])
         if code == codegen.ERR_STACK_OVERFLOW:
-            name = self.program.functions[detail].name
+            fdef = self.program.functions[detail]
+            name = fdef.unrolled_from or fdef.name
             raise StackOverflowError(f"{self.program.name}: recursive function {name!r} went deeper than "
                                      f"stack_depth={self.options.stack_depth} frames")
         if code == codegen.ERR_ITERATIONS:
@@ -251,13 +266,14 @@ class Executor:
                 env[id(item.var)] += 1
         elif isinstance(item, Branch):
             self._block(item.then if self._scalar(item.pred, env) else item.orelse, env, frame)
-        elif isinstance(item, FunctionCall):
+        elif isinstance(item, (FunctionCall, CallGroup)):   # a group's calls: one after another
             self._block(item.body, env, frame)
         elif isinstance(item, Call):
             fdef = item.fn
-            callee = frame + 1
+            callee = frame + 1 + item.depth
             if callee >= self.options.stack_depth:
-                raise StackOverflowError(f"{self.program.name}: recursive function {fdef.name!r} went deeper "
+                name = fdef.unrolled_from or fdef.name
+                raise StackOverflowError(f"{self.program.name}: recursive function {name!r} went deeper "
                                          f"than stack_depth={self.options.stack_depth} frames")
             inner = dict(env)
             for p, a in zip(fdef.params, item.args):

@@ -8,8 +8,10 @@ A traced program (``trace.py``) is a tree of statements:
 * ``NestedUTask`` kinds, each holding ``Block``s of statements:
   ``Loop`` (a for loop with a trip count, or a while loop with a device-side
   condition), ``Branch`` (then/else on a device scalar), ``FunctionCall`` (a
-  function uTask: the body of a called function) and ``Call`` (a uTask reference to
-  a ``FunctionDef``; a function that references itself is recursive).
+  function uTask: the body of a called function), ``Call`` (a uTask reference to
+  a ``FunctionDef``; a function that references itself is recursive) and
+  ``CallGroup`` (independent calls run at the same time on disjoint groups of
+  blocks: what recursion unroll makes of sibling subtrees).
 
 Tensors are ``TensorRef``s: a shape and an element offset into a ``Buffer``, a flat
 preallocated device array (Cocktailer preallocates everything: inputs, one arena per
@@ -30,7 +32,7 @@ import operator
 import numpy as np
 
 __all__ = ["Buffer", "Offset", "TensorRef", "Scalar", "Const", "Var", "Load", "BinOp", "UOperator",
-           "Block", "NestedUTask", "Loop", "Branch", "FunctionCall", "FunctionDef", "Call",
+           "Block", "NestedUTask", "Loop", "Branch", "FunctionCall", "FunctionDef", "Call", "CallGroup",
            "walk", "as_scalar", "free_vars"]
 
 
@@ -338,6 +340,7 @@ class FunctionDef:
     body: Block | None = None
     frame_size: int = 0
     max_depth: int = 0      # frames the stack buffer has room for (set by the memory plan)
+    unrolled_from: str | None = None   # a copy made by recursion unroll: the original's name
 
     @property
     def root_size(self) -> int:
@@ -346,12 +349,40 @@ class FunctionDef:
 
 @dataclasses.dataclass(eq=False)
 class Call(NestedUTask):
-    """A uTask reference: call ``fn(*args)``, its result lands in ``result`` (in fn's stack)."""
+    """A uTask reference: call ``fn(*args)``, its result lands in ``result`` (in fn's stack).
+
+    ``depth``: the depth of the callee's first frame.  0 for a call written in the
+    program; a call that recursion unroll lifted out of ``d`` levels of the
+    recursion starts at depth ``d``, so a tree overflows ``stack_depth`` exactly
+    where it did before the unroll.
+    """
 
     fn: FunctionDef
     args: tuple
     result: TensorRef
+    depth: int = 0
     kind = "reference"
+
+
+@dataclasses.dataclass(eq=False)
+class CallGroup(NestedUTask):
+    """Independent ``Call``s (``body.items``) run at the same time, each on its own group of blocks.
+
+    Made by recursion unroll (``optimize.unroll_recursion``) from sibling calls
+    that share nothing they write: each calls its own copy of the function, with
+    its own stack.  Call ``k`` runs on block group ``k % groups`` with ``groups =
+    min(len(calls), blocks)``; the host executor simply runs them one after another.
+    """
+
+    body: Block
+    kind = "group"
+
+    @property
+    def calls(self) -> list:
+        return self.body.items
+
+    def blocks(self):
+        return (self.body,)
 
 
 def walk(block: Block):

@@ -24,9 +24,16 @@ keeps it only if the profiler says the program got cheaper.
   paper also splits a branch into several kernels with different occupancies;
   pyflow's cost model has one co-resident limit per kernel, so that half would
   change nothing here and is not implemented.
-* recursion unroll (running sibling subtrees on disjoint groups of blocks) is NOT
-  implemented: it needs barriers among a subset of the grid's blocks and one stack
-  per block group, which the code generator does not have.
+* recursion unroll - an outside call of a recursive function is replaced by the
+  function's body, inlined once for that call (its frame is the call's first
+  frame), and inside it each run of sibling calls that share nothing they write
+  (RAE's ``rae(left)``, ``rae(right)``) becomes a ``CallGroup``: the calls run at
+  the same time, each on its own group of blocks, each calling its own copy of
+  the function (``rae0_g0``, ``rae0_g1``) with its own stack, followed by a copy
+  of each result into its slot.  This is Fig. 8 of the paper: the unrolled tree
+  exposes that nodes 2 and 3 are independent.  One level is unrolled (the
+  root's subtrees); unrolling deeper would split a group again, which the code
+  generator does not do.
 
 The passes share one engine, ``_Cloner``: a deep copy of statements with a
 substitution of loop variables (``Var -> Scalar``) that folds constants as it goes.
@@ -37,16 +44,20 @@ from __future__ import annotations
 import dataclasses
 import heapq
 
-from pyflow.cocktailer.codegen import _CLEAR, _BarrierPlan, _op_accesses
+from pyflow.cocktailer.codegen import _CLEAR, _accesses, _BarrierPlan, _op_accesses, _scalar_accesses
 from pyflow.cocktailer.ir import (
     BinOp,
     Block,
     Branch,
+    Buffer,
     Call,
+    CallGroup,
     Const,
     FunctionCall,
+    FunctionDef,
     Load,
     Loop,
+    NestedUTask,
     Offset,
     Scalar,
     TensorRef,
@@ -56,6 +67,7 @@ from pyflow.cocktailer.ir import (
     py_op,
     walk,
 )
+from pyflow.cocktailer.trace import copy_operator
 
 __all__ = [
     "Optimizations",
@@ -71,6 +83,7 @@ __all__ = [
     "static_value",
     "unroll_loop",
     "unroll_loops",
+    "unroll_recursion",
 ]
 
 
@@ -88,6 +101,7 @@ class Optimizations:
     unroll: bool = True
     unroll_factors: tuple = (2, 4, 0)
     max_unrolled_ops: int = 256
+    unroll_recursion: bool = True
 
 
 @dataclasses.dataclass
@@ -133,10 +147,12 @@ class _Cloner:
     reorder the blocks of branches.  ``counts`` tallies what each did.
     """
 
-    def __init__(self, subst=None, inline=False, unroll=None, recluster=False, max_ops=256, functions=None):
+    def __init__(self, subst=None, inline=False, unroll=None, recluster=False, max_ops=256, functions=None,
+                 buffers=None):
         self.subst = dict(subst or {})
         self.inline, self.unroll, self.recluster, self.max_ops = inline, unroll, recluster, max_ops
         self.functions = functions or {}
+        self.buffers = buffers or {}    # Buffer -> Buffer (a function copy's own stack)
         self.counts = {"inline": 0, "unroll": 0, "recluster": 0}
 
     # scalars and tensors
@@ -160,7 +176,7 @@ class _Cloner:
         return Offset(d, o.const)
 
     def ref(self, r: TensorRef) -> TensorRef:
-        return TensorRef(r.buffer, r.shape, self.offset(r.offset))
+        return TensorRef(self.buffers.get(r.buffer, r.buffer), r.shape, self.offset(r.offset), r.bounds)
 
     def op(self, op: UOperator) -> UOperator:
         args = tuple(self.ref(a) if isinstance(a, TensorRef) else a for a in op.args)
@@ -206,7 +222,10 @@ class _Cloner:
                 return body.items
             return [FunctionCall(s.name, body)]
         if isinstance(s, Call):
-            return [Call(self.functions.get(s.fn, s.fn), tuple(self.scalar(a) for a in s.args), self.ref(s.result))]
+            return [Call(self.functions.get(s.fn, s.fn), tuple(self.scalar(a) for a in s.args), self.ref(s.result),
+                         s.depth)]
+        if isinstance(s, CallGroup):
+            return [CallGroup(self.block(s.body))]
         raise TypeError(f"cannot copy {s!r}")
 
 
@@ -380,3 +399,137 @@ def recluster_branches(program) -> PassResult:
 def optimize(program, inline: bool = False, recluster: bool = False, unroll=None, max_ops: int = 256) -> PassResult:
     """Several passes in one copy: inline, then unroll (``unroll``: a factor, 0 full, None off), recluster."""
     return _rebuild(program, inline=inline, recluster=recluster, unroll=unroll, max_ops=max_ops)
+
+
+# ---- recursion unroll -----------------------------------------------------------------------
+
+
+def _as_offset_scalar(o: Offset) -> Scalar:
+    return Const(o.const) if o.dynamic is None else (o.dynamic + o.const if o.const else o.dynamic)
+
+
+class _RecursionUnroll:
+    """Unrolls every outside call of a recursive function once (see the module docstring)."""
+
+    def __init__(self, program):
+        self.program = program
+        self.copies: dict = {}      # FunctionDef -> [its copies for block groups]
+        self.changed = 0
+
+    def copy_of(self, fdef: FunctionDef, k: int) -> FunctionDef:
+        """Copy ``k`` of ``fdef``: the same body on a stack of its own (so copies share nothing)."""
+        have = self.copies.setdefault(fdef, [])
+        while len(have) <= k:
+            name = f"{fdef.name}_g{len(have)}"
+            params = tuple(Var(f"{name}_{p.name[len(fdef.name) + 1:]}") for p in fdef.params)
+            copy = FunctionDef(name, params, fdef.result_shape, fdef.dtype, frame_size=fdef.frame_size,
+                               max_depth=fdef.max_depth, unrolled_from=fdef.unrolled_from or fdef.name)
+            copy.stack = Buffer(f"stack_{name}", 0, fdef.stack.dtype, "stack")
+            copy.base, copy.ret = Var(f"{name}_base"), Var(f"{name}_ret")
+            subst = {id(p): q for p, q in zip(fdef.params, params)}
+            subst.update({id(fdef.base): copy.base, id(fdef.ret): copy.ret})
+            copy.body = _Cloner(subst, functions={fdef: copy}, buffers={fdef.stack: copy.stack}).block(fdef.body)
+            have.append(copy)
+        return have[k]
+
+    def rewrite(self, block: Block) -> None:
+        """Replace outside calls in ``block`` (and the blocks nested in it) by their unrolled form."""
+        items = []
+        for item in block.items:
+            if isinstance(item, Call):
+                unrolled = self.unroll_call(item)
+                if unrolled is not None:
+                    items.extend(unrolled)
+                    self.changed += 1
+                    continue
+            elif isinstance(item, NestedUTask) and not isinstance(item, CallGroup):
+                for inner in item.blocks():
+                    self.rewrite(inner)
+            items.append(item)
+        block.items = items
+
+    def unroll_call(self, call: Call):
+        """The body of ``call.fn`` inlined for ``call``, its sibling calls grouped; None if none are."""
+        f = call.fn
+        base = f.root_size + call.depth * f.frame_size   # the call's own (first) frame
+        subst = {id(p): a for p, a in zip(f.params, call.args)}
+        subst.update({id(f.base): Const(base), id(f.ret): _as_offset_scalar(call.result.offset)})
+        body = _Cloner(subst).block(f.body)
+        if not self.group_siblings(body, f, call.depth + 1):
+            return None
+        return body.items
+
+    def group_siblings(self, block: Block, f: FunctionDef, depth: int) -> bool:
+        """Turn each run of independent calls of ``f`` in ``block`` (and nested blocks) into a CallGroup.
+
+        Calls left alone start at ``depth`` too: the inlined body is the frame above them.
+        """
+        grouped, items, run = False, [], []
+
+        def flush():
+            nonlocal grouped
+            if len(run) > 1 and self.independent(run):
+                calls, copies = [], []
+                for k, c in enumerate(run):
+                    g = self.copy_of(f, k)
+                    root = TensorRef(g.stack, f.result_shape, Offset(None, 0))
+                    calls.append(Call(g, c.args, root, depth))
+                    copies.append(copy_operator(c.result, root, f"result of {g.name}", self.program.chunk))
+                items.append(CallGroup(Block(calls)))
+                items.extend(copies)
+                grouped = True
+            else:
+                items.extend(Call(c.fn, c.args, c.result, depth) for c in run)
+            run.clear()
+
+        for item in block.items:
+            if isinstance(item, Call) and item.fn is f:
+                run.append(item)
+                continue
+            flush()
+            if isinstance(item, NestedUTask):
+                for inner in item.blocks():
+                    grouped |= self.group_siblings(inner, f, depth)
+            items.append(item)
+        flush()
+        block.items = items
+        return grouped
+
+    def independent(self, run: list) -> bool:
+        """Does no call of ``run`` write what another reads or writes (each copy's own stack aside)?"""
+        f = run[0].fn
+        body = []   # what the function's body touches, whichever call runs it
+        for s in walk(f.body):
+            if isinstance(s, UOperator):
+                body += list(_op_accesses(s))
+            elif isinstance(s, Branch):
+                body += list(_scalar_accesses(s.pred))
+            elif isinstance(s, Loop):
+                body += list(_scalar_accesses(s.trip)) + list(_scalar_accesses(s.cond))
+            elif isinstance(s, Call):
+                body += [a for x in s.args for a in _scalar_accesses(x)]
+        body = [a for a in body if a.buffer is not f.stack]   # each copy gets a stack of its own
+        touched = []
+        for c in run:
+            acc = body + [a for x in c.args for a in _scalar_accesses(x)]
+            acc += list(_accesses(c.result, None, True))   # the slot its result is copied to, afterwards
+            touched.append(acc)
+        return not any(_overlap(a, b) for i in range(len(run)) for j in range(i + 1, len(run))
+                       for a in touched[i] for b in touched[j])
+
+
+def unroll_recursion(program) -> PassResult:
+    """Unroll each outside call of a recursive function once; sibling calls run on disjoint block groups.
+
+    ``changed``: the calls unrolled (a call whose body has no two independent
+    sibling calls is left as it was).  The new program has a copy of the function
+    per group (and its stack buffer); the original stays for its other callers.
+    """
+    copy = _rebuild(program).program
+    unroll = _RecursionUnroll(copy)
+    unroll.rewrite(copy.body)
+    if not unroll.changed:
+        return PassResult(program, 0)
+    copies = [g for gs in unroll.copies.values() for g in gs]
+    return PassResult(dataclasses.replace(copy, functions=copy.functions + copies,
+                                          buffers=copy.buffers + [g.stack for g in copies]), unroll.changed)

@@ -23,8 +23,12 @@ cheaper on the host; many small operators in a loop are cheaper in one kernel.
 Counts the program does not fix are assumptions, printed with every estimate:
 a trip count read from the device or a while loop runs ``assumed_trip`` times, a
 recursive function is called ``assumed_calls`` times per outside call, a branch
-takes ``then`` with probability ``branch_probability``.  For programs without
-them the counts are exact: they equal the executor's ``RunStats``.
+takes ``then`` with probability ``branch_probability``; the ``k`` calls of a
+``CallGroup`` (recursion unroll) share one outside call's ``assumed_calls``
+(and a branch arm holding them is taken), and their groups run at once: a
+``CallGroup`` costs what its slowest group of blocks does.
+For programs without them the counts are exact: they equal the executor's
+``RunStats``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import time
 
 import numpy as np
 
-from pyflow.cocktailer.ir import Block, Branch, Call, FunctionCall, Loop, UOperator, scalar_loads, walk
+from pyflow.cocktailer.ir import Block, Branch, Call, CallGroup, FunctionCall, Loop, UOperator, scalar_loads, walk
 from pyflow.cocktailer.optimize import static_value
 from pyflow.kernels.backend import cuda, is_gpu
 
@@ -121,6 +125,12 @@ class _Tally:
     def __init__(self):
         self.launches = self.host_syncs = self.barriers = self.work_us = 0.0
 
+    def add(self, other: "_Tally") -> None:
+        self.launches += other.launches
+        self.host_syncs += other.host_syncs
+        self.barriers += other.barriers
+        self.work_us += other.work_us
+
     def estimate(self, model: CostModel) -> Estimate:
         total = (self.launches * model.launch_us + self.host_syncs * model.host_sync_us
                  + self.barriers * model.barrier_us + self.work_us)
@@ -153,12 +163,27 @@ def segments_per_frame(block: Block, p: float) -> float:
     return count
 
 
+def _then_probability(branch: Branch, p: float) -> float:
+    """``p``, except that an arm holding a ``CallGroup`` is taken: an unrolled call's tree has
+    ``assumed_calls`` frames, so its root has children (else unrolling would look cheaper by chance)."""
+    if any(isinstance(s, CallGroup) for s in walk(branch.then)):
+        return 1.0
+    if any(isinstance(s, CallGroup) for s in walk(branch.orelse)):
+        return 0.0
+    return p
+
+
 class _ModelWalk:
     """Counts one candidate: control on the host (``host``) or inside a kernel (``kernel``)."""
 
     def __init__(self, model: CostModel, program, options):
         self.model, self.program, self.options = model, program, options
         self.inside: set = set()   # recursive functions whose body is being counted
+        self.share = 1.0           # the part of an outside call's tree one call covers (CallGroup)
+
+    def calls(self, item: Call, mult: float) -> float:
+        """How many frames an outside call of ``item.fn`` runs (``mult`` times)."""
+        return mult * self.model.assumed_calls * self.share
 
     def trip(self, loop: Loop) -> float:
         value = static_value(loop.trip)
@@ -188,15 +213,20 @@ class _ModelWalk:
                 self.host(item.body, mult * n, tally, units)
             elif isinstance(item, Branch):
                 tally.host_syncs += mult * _loads(item.pred)
-                self.host(item.then, mult * p, tally, units)
-                self.host(item.orelse, mult * (1 - p), tally, units)
+                then_p = _then_probability(item, p)
+                self.host(item.then, mult * then_p, tally, units)
+                self.host(item.orelse, mult * (1 - then_p), tally, units)
             elif isinstance(item, FunctionCall):
                 self.host(item.body, mult, tally, units)
+            elif isinstance(item, CallGroup):   # the host runs the calls one after another
+                saved, self.share = self.share, 1.0 / len(item.calls)
+                self.host(item.body, mult, tally, units)
+                self.share = saved
             elif isinstance(item, Call):
                 tally.host_syncs += mult * (sum(_loads(a) for a in item.args) + _ref_loads(item.result))
                 if item.fn not in self.inside:   # an outside call: count the whole call tree
                     self.inside.add(item.fn)
-                    self.host(item.fn.body, mult * self.model.assumed_calls, tally, units)
+                    self.host(item.fn.body, self.calls(item, mult), tally, units)
                     self.inside.discard(item.fn)
 
     # inside one persistent kernel of grid ``resource.grid``
@@ -216,20 +246,36 @@ class _ModelWalk:
                 self.kernel(item.body, mult * n, tally, resource)
             elif isinstance(item, Branch):
                 tally.barriers += mult * (("pred", id(item)) in sites)
-                self.kernel(item.then, mult * p, tally, resource)
-                self.kernel(item.orelse, mult * (1 - p), tally, resource)
+                then_p = _then_probability(item, p)
+                self.kernel(item.then, mult * then_p, tally, resource)
+                self.kernel(item.orelse, mult * (1 - then_p), tally, resource)
             elif isinstance(item, FunctionCall):
                 # not inlined, its body is a device function the barrier plan cannot see into:
                 # the extra barriers (at its first access, and the caller's next) are in ``sites``
                 self.kernel(item.body, mult, tally, resource)
+            elif isinstance(item, CallGroup):
+                self.group(item, mult, tally, resource)
             elif isinstance(item, Call):
                 tally.barriers += mult * (("call", id(item)) in sites)
                 if item.fn not in self.inside:
-                    frames = mult * self.model.assumed_calls
+                    frames = self.calls(item, mult)
                     tally.barriers += frames * (1 + segments_per_frame(item.fn.body, p))
                     self.inside.add(item.fn)
                     self.kernel(item.fn.body, frames, tally, resource)
                     self.inside.discard(item.fn)
+
+    def group(self, item: CallGroup, mult: float, tally: _Tally, resource) -> None:
+        """Call ``k`` on block group ``k % groups``, each group a share of the grid; the slowest one counts."""
+        sites = resource.barrier_sites
+        tally.barriers += mult * ((("group", id(item)) in sites) + (("join", id(item)) in sites))
+        groups = min(len(item.calls), resource.grid)
+        part = dataclasses.replace(resource, grid=max(1, resource.grid // groups))
+        saved, self.share = self.share, 1.0 / len(item.calls)
+        per_group = [_Tally() for _ in range(groups)]
+        for k, call in enumerate(item.calls):
+            self.kernel(Block([call]), mult, per_group[k % groups], part)
+        self.share = saved
+        tally.add(max(per_group, key=lambda t: t.estimate(self.model).total_us))
 
 
 def nested_in(node, other) -> bool:

@@ -35,8 +35,9 @@ import dataclasses
 import enum
 
 from pyflow.cocktailer.executor import CompiledKernel, Options
-from pyflow.cocktailer.ir import Block, Branch, Call, FunctionCall, Loop, UOperator, walk
-from pyflow.cocktailer.optimize import Optimizations, inline_functions, optimize, recluster_branches
+from pyflow.cocktailer.ir import Block, Branch, Call, CallGroup, FunctionCall, Loop, UOperator, walk
+from pyflow.cocktailer.optimize import (Optimizations, inline_functions, optimize, recluster_branches,
+                                        unroll_recursion)
 from pyflow.cocktailer.profiler import CostModel, Estimate, Profiler, nested_in
 from pyflow.kernels.backend import cuda, is_gpu
 from pyflow.kernels.utask.generated import cooperative_grid_limit
@@ -152,9 +153,9 @@ class OptimizationNote:
 
     def __str__(self) -> str:
         if self.after is None:
-            return f"  {self.name:<12} {self.detail}"
+            return f"  {self.name:<16} {self.detail}"
         verdict = "kept" if self.kept else "not kept"
-        return (f"  {self.name:<12} {self.detail}: {self.before.total_us:.1f} -> {self.after.total_us:.1f} us, "
+        return (f"  {self.name:<16} {self.detail}: {self.before.total_us:.1f} -> {self.after.total_us:.1f} us, "
                 f"barriers {self.before.barriers:g} -> {self.after.barriers:g}; {verdict}")
 
 
@@ -224,6 +225,8 @@ def describe(node, program=None) -> str:
             text = f"if {node.pred!r}"
         elif isinstance(node, FunctionCall):
             text = f"function {node.name}"
+        elif isinstance(node, CallGroup):
+            text = f"{len(node.calls)} calls at once ({', '.join(c.fn.name for c in node.calls)})"
         else:
             return repr(node)
         ops = sum(isinstance(s, UOperator) for b in node.blocks() for s in walk(b))
@@ -450,6 +453,18 @@ def schedule(program, options: Options | None = None, cost_model: CostModel | No
             trial = algorithm1(cand.program, base.options)
             keep = cheaper(trial.estimate, best.estimate)
             notes.append(OptimizationNote(name, f"{cand.changed} loop(s)", best.estimate, trial.estimate, keep))
+            best = trial if keep else best
+
+    if opts.unroll_recursion:
+        cand = unroll_recursion(best.program)
+        if not cand.changed:
+            notes.append(OptimizationNote("recursion unroll", "no outside call with independent sibling calls",
+                                          None, None, False))
+        else:
+            trial = algorithm1(cand.program, best.options)
+            keep = cheaper(trial.estimate, best.estimate)
+            notes.append(OptimizationNote("recursion unroll", f"{cand.changed} call(s): sibling subtrees on "
+                                          "disjoint block groups", best.estimate, trial.estimate, keep))
             best = trial if keep else best
 
     best.optimizations = notes

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyflow.cocktailer.ir import Branch, Call, FunctionCall, Loop, UOperator
+from pyflow.cocktailer.ir import Branch, Call, CallGroup, FunctionCall, Loop, UOperator
 
 __all__ = ["listing"]
 
@@ -29,7 +29,12 @@ def _lines(block, indent: str):
             yield f"{indent}function {item.name}:"
             yield from _lines(item.body, indent + "    ")
         elif isinstance(item, Call):
-            yield f"{indent}{item.result!r} = {item.fn.name}({', '.join(map(repr, item.args))})  # uTask reference"
+            depth = f", first frame at depth {item.depth}" if item.depth else ""
+            yield (f"{indent}{item.result!r} = {item.fn.name}({', '.join(map(repr, item.args))})"
+                   f"  # uTask reference{depth}")
+        elif isinstance(item, CallGroup):
+            yield f"{indent}at once, call k on block group k % groups:  # recursion unroll"
+            yield from _lines(item.body, indent + "    ")
         else:
             yield f"{indent}{item!r}"
 

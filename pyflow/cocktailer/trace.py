@@ -302,12 +302,16 @@ def _emit_op(name, fn, fn_name, count, args, reads, writes, note="") -> None:
 # ---- the CopyUOperator (memory management) ---------------------------------------
 
 
+def copy_operator(dst: TensorRef, src: TensorRef, why: str, chunk: int) -> UOperator:
+    """A CopyUOperator ``dst = src`` (same size), ``chunk`` elements per uTask."""
+    ew = ("elementwise", chunk)
+    return UOperator("copy", copy_utask, "copy_utask", ceil_div(src.size, chunk), (dst, src, src.size, 0, 0, chunk),
+                     ((src, ew),), ((dst, ew),), f"{dst!r} = {src!r}  # {why}")
+
+
 def _copy_into(dst: TensorRef, src: TensorRef, why: str) -> None:
-    """A CopyUOperator ``dst = src`` (same size)."""
     t = _current()
-    ew = ("elementwise", t.chunk)
-    _emit_op("copy", copy_utask, "copy_utask", ceil_div(src.size, t.chunk),
-             (dst, src, src.size, 0, 0, t.chunk), [(src, ew)], [(dst, ew)], f"{dst!r} = {src!r}  # {why}")
+    t.emit(copy_operator(dst, src, why, t.chunk))
 
 
 # ---- control flow ------------------------------------------------------------------

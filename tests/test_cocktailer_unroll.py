@@ -1,0 +1,241 @@
+"""Recursion unroll (seed 001, Fig. 8): sibling subtrees at once, on disjoint groups of blocks.
+
+``optimize.unroll_recursion`` inlines the body of an outside call once and turns
+its independent sibling calls into a ``CallGroup``; the code generator runs call
+``k`` on block group ``k % groups`` with ``group_barrier``s inside each group and
+a grid barrier where the groups join.  The properties:
+
+* the group barrier (``kernels/utask/groups.py``) orders the blocks of a group and
+  leaves its counters as it found them;
+* an unrolled program gives bitwise the values of the original, on both executors,
+  for any grid (1 block: the groups collapse into one) and any tree;
+* the stack overflows exactly where it did (the unrolled levels keep their frames),
+  also when only one group overflows, and nothing hangs;
+* calls that share what they write are not grouped; a recursion with one call per
+  frame is left alone;
+* the critical path (block 0's barriers) shrinks on a balanced tree, and the
+  scheduler keeps the pass for the RAE and prints why.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pyflow.cocktailer as ck
+from pyflow.cocktailer.api import Compiled
+from pyflow.cocktailer.executor import Options
+from pyflow.cocktailer.ir import CallGroup, walk
+from pyflow.cocktailer.optimize import Optimizations, unroll_recursion
+from pyflow.errors import StackOverflowError
+from pyflow.kernels import sim
+from pyflow.kernels.backend import cuda
+from pyflow.kernels.jit import jit
+from pyflow.kernels.utask.groups import group_barrier
+from pyflow.models import RAE
+from tests.test_cocktailer import chain, random_tree, tree_program, tree_reference
+
+# ---- the group barrier itself ----------------------------------------------------------------
+
+
+@jit
+def _rounds_kernel(values, seen, state, groups, rounds):
+    """Each block writes a value per round; after a group barrier it sums its group's values."""
+    block, blocks = cuda.blockIdx.x, cuda.gridDim.x
+    group = block * groups // blocks
+    first = (group * blocks + groups - 1) // groups
+    members = ((group + 1) * blocks + groups - 1) // groups - first
+    for r in range(rounds):
+        if cuda.threadIdx.x == 0:
+            values[block] = (r + 1) * 100 + block
+        group_barrier(state, 2 * group, members)     # every member's value is written
+        if cuda.threadIdx.x == 0:
+            total = 0
+            for b in range(first, first + members):
+                total += values[b]
+            seen[r * blocks + block] = total
+        group_barrier(state, 2 * group, members)     # every member has read before the next round writes
+
+
+@pytest.mark.parametrize("blocks, groups", [(2, 1), (4, 2), (5, 2), (6, 3)])
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_group_barrier_orders_the_blocks_of_each_group(blocks, groups, order):
+    rounds = 3
+    values = cuda.to_device(np.zeros(blocks, np.int64))
+    seen = cuda.to_device(np.zeros(rounds * blocks, np.int64))
+    state = cuda.to_device(np.zeros(2 * groups, np.int64))
+    with sim.configure(start_order=order):
+        _rounds_kernel[blocks, 3](values, seen, state, groups, rounds)
+    expected = np.zeros((rounds, blocks), np.int64)
+    for g in range(groups):
+        members = [b for b in range(blocks) if b * groups // blocks == g]
+        for r in range(rounds):
+            expected[r, members] = sum((r + 1) * 100 + b for b in members)
+    np.testing.assert_array_equal(seen.copy_to_host().reshape(rounds, blocks), expected)
+    counters = state.copy_to_host().reshape(groups, 2)
+    assert (counters[:, 0] == 0).all()              # the count is back to 0 for the next use
+    assert (counters[:, 1] == 2 * rounds).all()     # the generation: how often it opened
+
+
+# ---- the pass and its programs ---------------------------------------------------------------
+
+
+def tree_args(left, right, is_leaf, dim, rng):
+    n = len(left)
+    return (left, right, is_leaf, rng.standard_normal((n, dim)).astype(np.float32),
+            (rng.standard_normal((dim, 2 * dim)) * 0.5).astype(np.float32), rng.standard_normal(dim).astype(np.float32))
+
+
+def balanced(leaves: int):
+    """A complete binary tree over ``leaves`` leaves (a power of 2), nodes numbered breadth first."""
+    inner = leaves - 1
+    n = inner + leaves
+    left = np.array([2 * i + 1 if i < inner else 0 for i in range(n)], np.int64)
+    right = np.array([2 * i + 2 if i < inner else 0 for i in range(n)], np.int64)
+    return left, right, (np.arange(n) >= inner).astype(np.int64)
+
+
+def test_the_pass_groups_sibling_calls_and_keeps_the_original_function():
+    rng = np.random.default_rng(0)
+    args = tree_args(*balanced(4), 3, rng)
+    program = ck.trace(tree_program(3), *args, chunk=4, tile=4)
+    result = unroll_recursion(program)
+    assert result.changed == 1
+    unrolled = result.program
+    groups = [s for s in walk(unrolled.body) if isinstance(s, CallGroup)]
+    assert len(groups) == 1 and [c.fn.name for c in groups[0].calls] == ["walk0_g0", "walk0_g1"]
+    assert all(c.depth == 1 for c in groups[0].calls)
+    assert [f.name for f in unrolled.functions] == ["walk0", "walk0_g0", "walk0_g1"]
+    assert {f.unrolled_from for f in unrolled.functions[1:]} == {"walk0"}
+    assert len({f.stack.name for f in unrolled.functions}) == 3            # a stack each
+    assert program.functions == [program.functions[0]] and "CallGroup" not in repr(program.body)  # unchanged
+    assert "at once, call k on block group k % groups:" in unrolled.listing()
+
+
+@settings(max_examples=8, deadline=None)
+@given(leaves=st.integers(1, 7), dim=st.integers(1, 5), blocks=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_unrolled_trees_give_the_same_values_on_both_executors(leaves, dim, blocks, seed):
+    rng = np.random.default_rng(seed)
+    args = tree_args(*random_tree(leaves, rng), dim, rng)
+    program = ck.trace(tree_program(dim), *args, chunk=2, tile=4)
+    unrolled = unroll_recursion(program).program
+    want = ck.compile(program, mode="host", threads=4)(*args)
+    for prog in (program, unrolled):
+        compiled = ck.compile(prog, mode="compiled", threads=4, blocks=blocks)
+        np.testing.assert_array_equal(compiled(*args), want)
+        assert compiled.last_stats.launches == 1 and compiled.last_stats.host_syncs == 0
+    np.testing.assert_array_equal(ck.compile(unrolled, mode="host", threads=4)(*args), want)
+    np.testing.assert_allclose(want, tree_reference(*args), rtol=1e-5, atol=1e-6)
+
+
+def test_the_critical_path_shrinks_on_a_balanced_tree():
+    rng = np.random.default_rng(1)
+    args = tree_args(*balanced(8), 4, rng)
+    program = ck.trace(tree_program(4), *args, chunk=2, tile=2)
+    unrolled = unroll_recursion(program).program
+    barriers = {}
+    for name, prog in (("original", program), ("unrolled", unrolled)):
+        compiled = ck.compile(prog, mode="compiled", threads=2, blocks=4)
+        compiled(*args)
+        barriers[name] = compiled.last_stats.barriers
+    # block 0 walks only the left subtree (3 of the 7 inner nodes' frames, 4 of 8 leaves)
+    assert barriers["unrolled"] < 0.6 * barriers["original"], barriers
+    grid = ck.compile(unrolled, mode="compiled", threads=2).kernels[0]
+    assert grid.max_utasks == 2 * grid.max_utasks // 2 >= 4   # blocks=None: room for both groups' uTasks
+
+
+def test_removing_a_group_barrier_breaks_the_result():
+    rng = np.random.default_rng(2)
+    args = tree_args(*balanced(4), 4, rng)
+    program = unroll_recursion(ck.trace(tree_program(4), *args, chunk=1, tile=2)).program
+    good = ck.compile(program, mode="host", threads=2)(*args)
+    kernel = ck.compile(program, mode="compiled", threads=2, blocks=4).kernels[0]
+    inside = {id(s) for f in program.functions[1:] for s in walk(f.body)}
+    sites = [k for k in kernel.writer.barrier_sites if isinstance(k, int) and k in inside]
+    assert sites and "group_barrier(status, gslot, gblocks)  # before" in kernel.source
+    wrong = 0
+    for seed in range(4):
+        with sim.configure(seed=seed, start_order="shuffle"):
+            broken = Compiled(program, "compiled", Options(threads=2, blocks=4), drop_barriers=frozenset(sites))
+            wrong += not np.array_equal(broken(*args), good)
+    assert wrong, "dropping the group barriers inside the subtrees went unnoticed"
+
+
+# ---- the stack, errors, what is not unrolled -------------------------------------------------
+
+
+def test_the_stack_overflows_where_it_did_before_the_unroll():
+    L, R, F = chain(6)
+    rng = np.random.default_rng(3)
+    args = tree_args(L, R, F, 2, rng)
+    program = ck.trace(tree_program(2), *args, chunk=4, tile=4)
+    unrolled = unroll_recursion(program).program
+    need = next(d for d in range(1, 12) if _runs(program, "host", d, args))
+    for prog in (program, unrolled):
+        for mode, blocks in (("host", 1), ("compiled", 1), ("compiled", 2), ("compiled", 3)):
+            assert _runs(prog, mode, need, args, blocks)
+            with pytest.raises(StackOverflowError, match=f"'walk0' went deeper than stack_depth={need - 1}"):
+                ck.compile(prog, mode=mode, threads=2, blocks=blocks, stack_depth=need - 1)(*args)
+
+
+def _runs(program, mode, depth, args, blocks=1) -> bool:
+    try:
+        ck.compile(program, mode=mode, threads=2, blocks=blocks, stack_depth=depth)(*args)
+    except StackOverflowError:
+        return False
+    return True
+
+
+def test_calls_that_write_what_the_other_reads_are_not_grouped():
+    def prog(left, right, is_leaf, values, w, b):
+        log = {"t": ck.zeros(1, 3)}
+
+        @ck.function(returns=ck.spec(3))
+        def walk(node):
+            log["t"] = ck.update(log["t"], 0, values[node])   # every call writes the same row: siblings depend
+            return ck.cond(is_leaf[node].item(), lambda: ck.tanh(values[node]),
+                           lambda: ck.add(walk(left[node].item()), walk(right[node].item())))
+
+        return ck.add(walk(0), log["t"][0])
+
+    rng = np.random.default_rng(4)
+    args = tree_args(*balanced(2), 3, rng)
+    program = ck.trace(prog, *args, chunk=4, tile=4)
+    assert unroll_recursion(program).changed == 0
+
+
+def test_a_recursion_with_one_call_per_frame_is_left_alone():
+    def prog(nxt, is_last, values):
+        @ck.function(returns=ck.spec(2))
+        def down(node):
+            return ck.cond(is_last[node].item(), lambda: ck.tanh(values[node]),
+                           lambda: ck.tanh(down(nxt[node].item())))
+
+        return down(0)
+
+    args = (np.array([1, 2, 0], np.int64), np.array([0, 0, 1], np.int64), np.ones((3, 2), np.float32))
+    program = ck.trace(prog, *args, chunk=4, tile=4)
+    result = unroll_recursion(program)
+    assert result.changed == 0 and result.program is program
+
+
+# ---- the scheduler ----------------------------------------------------------------------------
+
+
+def test_the_scheduler_keeps_recursion_unroll_for_the_rae_and_says_why():
+    model = RAE(4, threads=2, chunk=4, tile=2)
+    rng = np.random.default_rng(5)
+    left, right, is_leaf = balanced(4)
+    inputs = model.check_tree(left, right, is_leaf, rng.standard_normal((7, 4)).astype(np.float32), 0)
+    args = (*inputs[:4], model.weight, model.bias, inputs[4])
+    program = model.program(7)
+    auto = ck.compile(program, mode="auto", threads=2)
+    note = next(n for n in auto.schedule.optimizations if n.name == "recursion unroll")
+    assert note.kept and note.after.total_us < note.before.total_us
+    assert "recursion unroll" in str(auto.schedule)
+    assert any(isinstance(s, CallGroup) for s in walk(auto.schedule.program.body))
+    np.testing.assert_array_equal(auto(*args), ck.compile(program, mode="host", threads=2)(*args))
+    off = ck.compile(program, mode="auto", threads=2, optimizations=Optimizations(unroll_recursion=False))
+    assert not any(isinstance(s, CallGroup) for s in walk(off.schedule.program.body))
