@@ -5,7 +5,10 @@
 
 Per call, for each model and executor it prints ``launches``, ``host_syncs`` and
 ``barriers`` (what the executors count; the ratio host/compiled is the point of
-seed 001).  In the simulator that is all: simulated time means nothing.
+seed 001).  The RAE also runs with recursion unroll (``optimize.unroll_recursion``:
+the root's two subtrees at once on two block groups), where ``barriers`` is what
+block 0 waited at, the critical path.  In the simulator that is all: simulated
+time means nothing.
 
 On a real GPU it also times, at batch 1 and 64, the artifact's sizes (LSTM 10
 layers, hidden 256, seq 64; RAE Linear(1024 -> 512) + tanh over a 127-node tree),
@@ -28,6 +31,7 @@ import time
 import numpy as np
 
 import pyflow.cocktailer as ck
+from pyflow.cocktailer.optimize import unroll_recursion
 from pyflow.cocktailer.random_programs import build, inputs, random_description
 from pyflow.kernels import backend
 from pyflow.kernels.backend import cuda
@@ -50,6 +54,11 @@ def balanced_tree(leaves: int):
 
     grow(leaves)
     return (np.array(left, np.int64), np.array(right, np.int64), np.array(is_leaf, np.int64))
+
+
+def rae_unrolled(rae: RAE, nodes: int) -> ck.Compiled:
+    """The RAE with recursion unroll: the root's two subtrees at once, on two block groups."""
+    return ck.compile(unroll_recursion(rae.program(nodes)).program, mode="compiled", **rae.options)
 
 
 def counts_row(name: str, host, compiled) -> str:
@@ -80,6 +89,11 @@ def counts(sizes: dict) -> None:
     b = rae(left, right, is_leaf, inp, mode="compiled")
     assert np.array_equal(a, b)
     print(counts_row(f"RAE dim{sizes['dim']} {len(left)} nodes", host, rae.last_compiled))
+    unrolled = rae_unrolled(rae, len(left))
+    tables = rae.check_tree(left, right, is_leaf, inp, 0)
+    assert np.array_equal(a, unrolled(*tables[:4], rae.weight, rae.bias, tables[4]))
+    print(counts_row(f"RAE dim{sizes['dim']} {len(left)} nodes, rec. unroll", host, unrolled)
+          + "  (block 0's barriers: its group walks the left subtree)")
 
     r = random.Random(0)
     totals = {"host": [0, 0], "compiled": [0, 0, 0]}
@@ -167,9 +181,10 @@ def gpu_latency(warmup: int, repeats: int) -> None:
     tables = rae.check_tree(left, right, is_leaf, inp, 0)
     dev_args = [cuda.to_device(a) for a in (*tables[:4], rae.weight, rae.bias, tables[4])]
     results = {}
-    for mode in ("compiled", "host"):
-        c = rae.compiled_for(len(left), mode)
-        results[mode] = timed(lambda c=c: (c(*dev_args, to_host=False), cuda.synchronize()), warmup, repeats)
+    runs = {mode: rae.compiled_for(len(left), mode) for mode in ("compiled", "host")}
+    runs["compiled + recursion unroll"] = rae_unrolled(rae, len(left))
+    for name, c in runs.items():
+        results[name] = timed(lambda c=c: (c(*dev_args, to_host=False), cuda.synchronize()), warmup, repeats)
     w, b, xt = (torch.tensor(a, device=dev) for a in (rae.weight, rae.bias, inp))
 
     def torch_rae():

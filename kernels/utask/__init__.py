@@ -18,6 +18,9 @@ This package holds the device functions such a kernel calls, one family per modu
   ``tile x tile`` output tile per uTask, batched, ``x @ W.T + b`` like nn.Linear.
 * ``reduce``      - ``make_reduce_row_utask(combine, dtype)`` (sum, max: one row
   per uTask, shared-memory tree) and ``make_softmax_row_utask(dtype)`` (stable).
+* ``cell``        - the fused LSTM cell and a fill.
+* ``groups``      - ``group_barrier``: a barrier among a group of blocks (recursion
+  unroll runs sibling subtrees on disjoint groups; ``grid.sync`` would wait for all).
 * ``program``     - a small persistent kernel (an RNN loop, Cocktailer's Fig. 10)
   built only from these uTasks and grid barriers: how the generated code looks.
 

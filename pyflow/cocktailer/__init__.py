@@ -13,7 +13,7 @@ Modules: ``ir`` (uOperator, nested uTasks, uProgram pieces), ``trace`` (front en
 control flow, memory management), ``ops`` (the ops),
 ``codegen`` (kernel source, barrier placement, recursion stack), ``executor``
 (host and compiled executors), ``schedule``/``profiler`` (Algorithm 1 and its cost
-model), ``optimize`` (inline, loop unroll, branch reclustering; recursion unroll is not built).
+model), ``optimize`` (inline, loop unroll, branch reclustering, recursion unroll).
 """
 
 from pyflow.cocktailer.api import Compiled, compile

@@ -27,11 +27,17 @@ Differences from the artifact, on purpose:
   memory (one copy per block, identical in all blocks), thread 0 writes it, and a
   ``while top > 0`` loop dispatches on the label (numba has no goto).  The depth is
   an option; a push past it stops every block and reports ``StackOverflowError``.
+* recursion unroll (``CallGroup``): the grid splits into groups of consecutive
+  blocks, call ``k`` runs on group ``k % groups``; inside a group uTasks spread
+  over its blocks (``gblock`` of ``gblocks``) and barriers are
+  ``group_barrier``s (``kernels/utask/groups.py``) instead of ``grid.sync()``,
+  which would wait for the other groups.  A grid barrier joins the groups; an
+  overflow in one group is reported there, and every block stops after the join.
 
 The source is plain Python; ``pyflow.kernels.utask.generated.build_kernel`` turns it
-into a kernel.  ``status`` (int64[3]) returns ``[error, detail, barriers]``: error 1
+into a kernel.  ``status`` (int64) returns ``[error, detail, barriers]``: error 1
 is a stack overflow (detail: function index), 2 a while loop over its cap (detail:
-loop index).
+loop index); two counters per block group follow (``gslot = 3 + 2 * group``).
 """
 
 from __future__ import annotations

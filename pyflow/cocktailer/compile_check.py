@@ -4,7 +4,8 @@ The simulator runs generated source as Python, so it would accept code numba.cud
 cannot compile (a Python object in device code, an untyped global).  This traces
 example programs covering every construct the code generator emits - a for loop
 over a device trip count, a while loop, branches, a non-inlined function uTask,
-recursion through the shared-memory frame stack - and compiles each generated
+recursion through the shared-memory frame stack, recursion unroll's block groups
+with their group barriers - and compiles each generated
 kernel to PTX with the argument types it is launched with:
 
     pip install -e ".[ptx]"

@@ -74,7 +74,8 @@ class RAE:
     vector (dim,).  ``left``/``right``/``is_leaf`` are int arrays over the nodes (a
     leaf's children are ignored), ``inp`` is (nodes, dim).  ``mode``: ``"compiled"``
     (one persistent kernel), ``"host"`` (one launch per operator, the recursion in
-    Python) or ``"auto"``.  ``chunk``/``tile`` are the trace's uTask sizes; other
+    Python) or ``"auto"`` (Algorithm 1 decides; it also tries recursion unroll,
+    which walks the root's two subtrees at once on two groups of blocks).  ``chunk``/``tile`` are the trace's uTask sizes; other
     keywords (``threads``, ``blocks``, ``stack_depth``, ``inline``, ...) are
     ``cocktailer.Options``.
     """
