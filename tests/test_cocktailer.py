@@ -361,13 +361,31 @@ def test_a_row_written_at_a_runtime_index_only_conflicts_with_its_own_tensor():
     assert compiled.last_stats.barriers == 3 + 1
 
 
-def test_a_runtime_index_out_of_range_is_reported_by_the_host_executor():
+@pytest.mark.parametrize("mode", ["host", "compiled"])
+def test_a_runtime_index_out_of_range_is_reported_by_both_executors(mode):
     def prog(xs, n):
         return ck.for_loop(n[0].item(), lambda t, h: ck.add(h, xs[t]), ck.zeros(xs.shape[1:]))
 
     xs = np.ones((2, 3), np.float32)
     program = ck.trace(prog, xs, np.array([3], np.int64), chunk=4, tile=4)
-    with pytest.raises(IndexOutOfRangeError, match="outside"):
-        ck.compile(program, mode="host", threads=2)(xs, np.array([3], np.int64))
-    np.testing.assert_array_equal(ck.compile(program, mode="host", threads=2)(xs, np.array([2], np.int64)),
+    with pytest.raises(IndexOutOfRangeError, match=r"puts in_xs\[\(i0 \* 3\):\+3\]\[3\] at element 6, outside \[0, 6\)"):
+        ck.compile(program, mode=mode, threads=2, blocks=2)(xs, np.array([3], np.int64))
+    np.testing.assert_array_equal(ck.compile(program, mode=mode, threads=2, blocks=2)(xs, np.array([2], np.int64)),
                                   [2, 2, 2])
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_a_bad_node_id_inside_a_recursion_stops_the_kernel_with_an_index_error(blocks):
+    from pyflow.cocktailer.optimize import unroll_recursion
+
+    left, right, is_leaf = random_tree(4, np.random.default_rng(0))
+    inner = int(np.flatnonzero(is_leaf == 0)[-1])
+    right[inner] = 99                       # a child that is not a node
+    rng = np.random.default_rng(1)
+    args = (left, right, is_leaf, rng.standard_normal((len(left), 2)).astype(np.float32),
+            rng.standard_normal((2, 4)).astype(np.float32), rng.standard_normal(2).astype(np.float32))
+    program = ck.trace(tree_program(2), *args, chunk=4, tile=4)
+    for prog in (program, unroll_recursion(program).program):   # the whole grid, or one block group
+        for mode in ("host", "compiled"):
+            with pytest.raises(IndexOutOfRangeError, match=f"at element 99, outside \\[0, {len(left)}\\)"):
+                ck.compile(prog, mode=mode, threads=2, blocks=blocks)(*args)

@@ -35,9 +35,13 @@ Differences from the artifact, on purpose:
   overflow in one group is reported there, and every block stops after the join.
 
 The source is plain Python; ``pyflow.kernels.utask.generated.build_kernel`` turns it
-into a kernel.  ``status`` (int64) returns ``[error, detail, barriers]``: error 1
-is a stack overflow (detail: function index), 2 a while loop over its cap (detail:
-loop index); two counters per block group follow (``gslot = 3 + 2 * group``).
+into a kernel.  ``status`` (int64) returns ``[error, detail, barriers, value]``:
+error 1 is a stack overflow (detail: function index), 2 a while loop over its cap
+(detail: loop index), 3 a run-time index out of its tensor (detail: the check's
+site, value: the offset it had).  Every view or load at a run-time offset is
+checked before it is used, so a bad index stops the kernel instead of reading or
+writing another tensor's memory.  Two counters per block group follow
+(``gslot = 4 + 2 * group``).
 """
 
 from __future__ import annotations
@@ -47,10 +51,13 @@ import dataclasses
 from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, CallGroup, Const, FunctionCall, FunctionDef, Load,
                                   Loop, Offset, Scalar, TensorRef, UOperator, Var, free_vars, scalar_loads)
 
-__all__ = ["KernelSource", "generate", "ERR_STACK_OVERFLOW", "ERR_ITERATIONS", "render_scalar"]
+__all__ = ["KernelSource", "generate", "ERR_STACK_OVERFLOW", "ERR_ITERATIONS", "ERR_INDEX", "render_scalar",
+           "STATUS_HEAD"]
 
 ERR_STACK_OVERFLOW = 1
 ERR_ITERATIONS = 2
+ERR_INDEX = 3
+STATUS_HEAD = 4   # status[:4] = error, detail, barriers, value; then two counters per block group
 
 
 # ---- scalars and views as source text ---------------------------------------------
@@ -229,11 +236,35 @@ _GRID = _Blocks("block", "blocks", "grid.sync()")
 _GROUP = _Blocks("gblock", "gblocks", "group_barrier(status, gslot, gblocks)")
 
 
+def _checked_refs(refs=(), scalars=()) -> list:
+    """The views at a run-time offset with known bounds in ``refs``/``scalars``, inner loads first."""
+    out = []
+
+    def ref(r):
+        if r.offset.dynamic is not None:
+            scalar(r.offset.dynamic)
+            if r.bounds is not None and all(r is not x for x in out):
+                out.append(r)
+
+    def scalar(x):
+        if isinstance(x, Load):
+            ref(x.ref)
+        elif isinstance(x, BinOp):
+            scalar(x.a)
+            scalar(x.b)
+
+    for r in refs:
+        ref(r)
+    for x in scalars:
+        scalar(x)
+    return out
+
+
 class KernelSource:
     """Generate the kernel ``name`` for ``block`` (a program body or a part of it)."""
 
     def __init__(self, name: str, block: Block, functions, free_vars=(), stack_depth: int = 64,
-                 inline_functions: bool = True, drop_barriers: frozenset = frozenset()):
+                 inline_functions: bool = True, drop_barriers: frozenset = frozenset(), first_site: int = 0):
         self.name, self.block = name, block
         self.stack_depth = stack_depth
         self.inline = inline_functions
@@ -255,6 +286,9 @@ class KernelSource:
             self.plan.in_recursion = False
         self.barrier_sites: list = []      # the plan keys of every emitted grid.sync
         self.ctx = _GRID                   # the whole grid, or one block group of a CallGroup
+        self.index_sites: list = []        # the TensorRef of each run-time index check, numbered from first_site
+        self.first_site = first_site
+        self.group_frames = None           # inside a group's recursion: the frame its outside call started at
 
     # -- bookkeeping ----------------------------------------------------------------
     def _called_functions(self, block):
@@ -307,6 +341,7 @@ class KernelSource:
 
     def op(self, op: UOperator, names: dict, indent: int) -> None:
         self.barrier(id(op), indent)
+        self.check_indices(names, indent, refs=[a for a in op.args if isinstance(a, TensorRef)])
         fn = self._fn(op)
         args = []
         for a in op.args:
@@ -333,6 +368,7 @@ class KernelSource:
         elif isinstance(item, Branch):
             self.barrier(("pred", id(item)), indent)
             self._use_scalar(item.pred)
+            self.check_indices(names, indent, scalars=[item.pred])
             self.emit(f"if {render_scalar(item.pred, names)}:", indent)
             self.block_items(item.then, names, indent + 1)
             self.emit("else:", indent)
@@ -357,6 +393,7 @@ class KernelSource:
         if loop.kind == "for":
             self.barrier(("trip", id(loop)), indent)
             self._use_scalar(loop.trip)
+            self.check_indices(names, indent, scalars=[loop.trip])
             self.emit(f"for {var} in range({render_scalar(loop.trip, names)}):", indent)
             self.block_items(loop.body, names, indent + 1)
             return
@@ -366,6 +403,7 @@ class KernelSource:
         self.block_items(loop.head, names, indent + 1) if loop.head.items else None
         self.barrier(("cond", id(loop)), indent + 1)
         self._use_scalar(loop.cond)
+        self.check_indices(names, indent + 1, scalars=[loop.cond])
         self.emit(f"if not {render_scalar(loop.cond, names)}:", indent + 1)
         self.emit("break", indent + 2)
         self.emit(f"if {var} == {loop.max_iters}:  # over the cap: stop every block, report", indent + 1)
@@ -402,6 +440,40 @@ class KernelSource:
         self.stop(indent + 1)
         self.emit("barriers += done", indent)
 
+    def check_indices(self, names: dict, indent: int, refs=(), scalars=()) -> None:
+        """Before a statement: every run-time offset it uses must keep its view inside its tensor."""
+        for ref in _checked_refs(refs, scalars):
+            site = self.first_site + len(self.index_sites)
+            self.index_sites.append(ref)
+            lo, hi = ref.bounds
+            start = render_offset(ref.offset, names)
+            self.emit(f"if not {lo} <= {start} <= {hi - ref.size}:  # a run-time index: {ref!r} "
+                      f"must stay in [{lo}, {hi})", indent)
+            self.fail(ERR_INDEX, str(site), indent + 1, value=start)
+
+    def fail(self, code: int, detail: str, indent: int, value: str | None = None) -> None:
+        """Report error ``code`` and leave: the kernel, or (in a block group) the group's recursion."""
+        if self.ctx is _GRID:
+            self.emit("if leader:", indent)
+            self.emit(f"status[0] = {code}", indent + 1)
+            self.emit(f"status[1] = {detail}", indent + 1)
+            if value is not None:
+                self.emit(f"status[3] = {value}", indent + 1)
+            self.stop(indent)
+            return
+        # a block group: the first error of either group wins; this group's blocks leave the
+        # dispatch loop together, and every block stops after the groups join
+        if self.group_frames is None:
+            raise AssertionError("an error exit in a block group outside its recursion")
+        self.emit(f"if {self.ctx.block} == 0 and cuda.threadIdx.x == 0 and cuda.atomic.cas(status, 0, 0, {code}) == 0:",
+                  indent)
+        self.emit(f"status[1] = {detail}", indent + 1)
+        if value is not None:
+            self.emit(f"status[3] = {value}", indent + 1)
+        self.emit("group_failed = True", indent)
+        self.emit(f"top = {self.group_frames}", indent)
+        self.emit("continue  # top is back at the outside call: the dispatch loop ends", indent)
+
     def stop(self, indent: int) -> None:
         """Leave the kernel (or the function uTask) after an error; every block does the same."""
         if self.in_function:
@@ -435,19 +507,18 @@ class KernelSource:
             self.recursion_loop(call, names, indent, stack, first)
         self.emit("if overflow:", indent)
         if self.ctx is _GRID:
-            self.emit("if leader:", indent + 1)
-            self.emit(f"status[0] = {ERR_STACK_OVERFLOW}", indent + 2)
-            self.emit(f"status[1] = {findex}", indent + 2)
-            self.stop(indent + 1)
-        else:   # only this group knows: it reports, and every block stops after the groups join
-            self.emit(f"if {self.ctx.block} == 0 and cuda.threadIdx.x == 0:", indent + 1)
-            self.emit(f"status[0] = {ERR_STACK_OVERFLOW}", indent + 2)
+            self.fail(ERR_STACK_OVERFLOW, str(findex), indent + 1)
+        else:   # only this group knows: it reports (unless the other was first), every block stops after the join
+            self.emit(f"if {self.ctx.block} == 0 and cuda.threadIdx.x == 0 and "
+                      f"cuda.atomic.cas(status, 0, 0, {ERR_STACK_OVERFLOW}) == 0:", indent + 1)
             self.emit(f"status[1] = {findex}", indent + 2)
             self.emit("group_failed = True", indent + 1)
 
     def recursion_loop(self, call: Call, names: dict, indent: int, stack: str, first: int) -> None:
         """Push the outside call's frame, then dispatch frames until it has returned."""
         fdef = call.fn
+        if self.ctx is _GRID:   # (a group's calls had their arguments checked before the grid split)
+            self.check_indices(names, indent, scalars=call.args)
         self.emit("if cuda.threadIdx.x == 0:", indent)
         self.emit(f"{stack}[{first}, 0] = 0", indent + 1)
         self.emit(f"{stack}[{first}, 1] = {render_offset(call.result.offset, names)}", indent + 1)
@@ -457,6 +528,7 @@ class KernelSource:
         self.emit(f"top = {first + 1}", indent)
         self.emit("overflow = False", indent)
         self.emit(f"while top > {first}:", indent)
+        self.group_frames = first if self.ctx is not _GRID else None
         inner = indent + 1
         fnames = dict(names)
         fnames[fdef.ret] = fdef.ret.name
@@ -471,6 +543,7 @@ class KernelSource:
         segments.build()
         self.lines.extend("    " * inner + line for line in segments.render())
         self.emit("cuda.syncthreads()  # thread 0's frame writes are visible before the next dispatch", inner)
+        self.group_frames = None
 
     def call_group(self, group: CallGroup, names: dict, indent: int) -> None:
         """Recursion unroll: call ``k`` of ``group`` on block group ``k % groups``, all at once.
@@ -486,13 +559,14 @@ class KernelSource:
                 self._use_scalar(a)
         self.namespace["group_barrier"] = _group_barrier()
         self.barrier(("group", id(group)), indent)
+        self.check_indices(names, indent, scalars=[a for call in group.calls for a in call.args])
         self.emit(f"# recursion unroll: {n} independent calls at once, call k on block group k % groups", indent)
         self.emit(f"groups = min({n}, blocks)", indent)
         self.emit("group = block * groups // blocks", indent)
         self.emit("gfirst = (group * blocks + groups - 1) // groups", indent)
         self.emit("gblocks = ((group + 1) * blocks + groups - 1) // groups - gfirst", indent)
         self.emit("gblock = block - gfirst", indent)
-        self.emit("gslot = 3 + 2 * group  # this group's barrier counters in status", indent)
+        self.emit(f"gslot = {STATUS_HEAD} + 2 * group  # this group's barrier counters in status", indent)
         self.emit("group_failed = False", indent)
         saved, self.ctx = self.ctx, _GROUP
         try:
@@ -559,6 +633,16 @@ class _Segments:
         for line in produced:
             self.emit(label, indent, line.strip())
 
+    def checks(self, label: int, indent: int, scalars) -> None:
+        """The writer's index checks for ``scalars``, emitted into segment ``label``."""
+        saved = self.w.lines
+        self.w.lines = []
+        self.w.check_indices(self.names, indent, scalars=scalars)
+        produced, self.w.lines = self.w.lines, saved
+        for line in produced:
+            stripped = line.lstrip(" ")
+            self.emit(label, (len(line) - len(stripped)) // 4, stripped)
+
     def goto(self, label: int, indent: int, target: int) -> None:
         self.emit(label, indent, "if cuda.threadIdx.x == 0:")
         self.emit(label, indent + 1, f"{self.stack}[frame, 0] = {target}")
@@ -594,6 +678,7 @@ class _Segments:
         self.barrier(label, indent, ("call", id(call)))
         for a in call.args:
             self.w._use_scalar(a)
+        self.checks(label, indent, scalars=call.args)
         self.emit(label, indent, f"if top == {depth}:  # no frame left: stop every block")
         self.emit(label, indent + 1, "overflow = True")
         self.emit(label, indent + 1, "top = 0")
@@ -610,6 +695,7 @@ class _Segments:
     def branch(self, item: Branch, label: int, indent: int) -> int:
         self.barrier(label, indent, ("pred", id(item)))
         self.w._use_scalar(item.pred)
+        self.checks(label, indent, scalars=[item.pred])
         join = self.new()
         self.emit(label, indent, f"if {render_scalar(item.pred, self.names)}:")
         for k, arm in enumerate((item.then, item.orelse)):

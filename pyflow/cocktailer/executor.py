@@ -77,12 +77,14 @@ class RunStats:
 class CompiledKernel:
     """One uProgram: the generated source, the kernel, and how to call it."""
 
-    def __init__(self, name: str, block: Block, program, options: Options, drop_barriers=frozenset()):
+    def __init__(self, name: str, block: Block, program, options: Options, drop_barriers=frozenset(),
+                 first_site: int = 0):
         self.name = name
         self.free_vars = free_vars(block)
         self.writer = codegen.generate(name, block, program.functions, self.free_vars,
                                        stack_depth=options.stack_depth, inline_functions=options.inline,
-                                       drop_barriers=drop_barriers)
+                                       drop_barriers=drop_barriers, first_site=first_site)
+        self.index_sites = self.writer.index_sites   # site first_site + k checks index_sites[k]
         self.source = self.writer.text
         self.buffer_names = list(self.writer.buffers)
         self.kernel = build_kernel(self.source, name, self.writer.namespace)
@@ -119,12 +121,15 @@ class Executor:
                  drop_barriers=frozenset()):
         self.program, self.options = program, options
         self.kernels: dict = {}
+        self.index_sites: list = []   # every kernel's run-time index checks, numbered across kernels
         if whole_program:
             self.kernels["body"] = CompiledKernel(f"{program.name}_uprogram", program.body, program, options,
                                                   drop_barriers)
+            self.index_sites += self.kernels["body"].index_sites
         for k, stmt in enumerate(device_units):
             self.kernels[id(stmt)] = CompiledKernel(f"{program.name}_uprogram{k}", Block([stmt]), program,
-                                                    options, drop_barriers)
+                                                    options, drop_barriers, first_site=len(self.index_sites))
+            self.index_sites += self.kernels[id(stmt)].index_sites
         self.last_stats = RunStats()
         self._memory = None
 
@@ -145,10 +150,10 @@ class Executor:
         return self._memory
 
     def _status_size(self) -> int:
-        """``[error, detail, barriers]``, then two counters per block group (``group_barrier``)."""
+        """``[error, detail, barriers, value]``, then two counters per block group (``group_barrier``)."""
         bodies = [self.program.body] + [f.body for f in self.program.functions]
         groups = [len(s.calls) for b in bodies for s in walk(b) if isinstance(s, CallGroup)]
-        return 3 + 2 * max(groups, default=0)
+        return codegen.STATUS_HEAD + 2 * max(groups, default=0)
 
     def _bind_inputs(self, arrays, memory):
         spec = self.program.inputs
@@ -196,6 +201,8 @@ class Executor:
             name = fdef.unrolled_from or fdef.name
             raise StackOverflowError(f"{self.program.name}: recursive function {name!r} went deeper than "
                                      f"stack_depth={self.options.stack_depth} frames")
+        if code == codegen.ERR_INDEX:
+            self._index_error(self.index_sites[detail], int(status[3]))
         if code == codegen.ERR_ITERATIONS:
             loops = [s for s in walk(self.program.body) if isinstance(s, Loop) and s.kind == "while"]
             cap = loops[detail].max_iters if detail < len(loops) else "?"
@@ -228,10 +235,13 @@ class Executor:
                                     if ref.offset.dynamic is not None else 0)
         n = ref.size if size is None else size
         if ref.bounds is not None and not ref.bounds[0] <= start <= start + n <= ref.bounds[1]:
-            raise IndexOutOfRangeError(
-                f"{self.program.name}: a run-time index puts {ref!r} at element {start}, outside "
-                f"[{ref.bounds[0]}, {ref.bounds[1]}) of the tensor it indexes")
+            self._index_error(ref, start)
         return self.memory[ref.buffer.name][start:start + (ref.size if size is None else size)]
+
+    def _index_error(self, ref: TensorRef, start: int):
+        raise IndexOutOfRangeError(
+            f"{self.program.name}: a run-time index puts {ref!r} at element {start}, outside "
+            f"[{ref.bounds[0]}, {ref.bounds[1]}) of the tensor it indexes")
 
     def _block(self, block: Block, env: dict, frame: int) -> None:
         for item in block.items:
