@@ -130,6 +130,39 @@ def test_unrolled_trees_give_the_same_values_on_both_executors(leaves, dim, bloc
     np.testing.assert_allclose(want, tree_reference(*args), rtol=1e-5, atol=1e-6)
 
 
+def ternary_program(dim):
+    def prog(kids, is_leaf, values, w, b):
+        @ck.function(returns=ck.spec(dim))
+        def walk(node):
+            def inner():
+                three = ck.cat([walk(kids[node * 3 + k].item()) for k in range(3)])
+                return ck.tanh(ck.linear(three, w, b))
+
+            return ck.cond(is_leaf[node].item(), lambda: ck.copy(values[node]), inner)
+
+        return walk(0)
+
+    return prog
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3, 5])
+def test_three_siblings_share_fewer_groups_when_the_grid_is_small(blocks):
+    # node 0 has children 1, 2, 3; node 2 has children 4, 5, 6; the rest are leaves
+    kids = np.zeros(21, np.int64)
+    kids[0:3], kids[6:9] = [1, 2, 3], [4, 5, 6]
+    is_leaf = np.array([0, 1, 0, 1, 1, 1, 1], np.int64)
+    rng = np.random.default_rng(6)
+    dim = 2
+    args = (kids, is_leaf, rng.standard_normal((7, dim)).astype(np.float32),
+            (rng.standard_normal((dim, 3 * dim)) * 0.5).astype(np.float32), rng.standard_normal(dim).astype(np.float32))
+    program = ck.trace(ternary_program(dim), *args, chunk=2, tile=2)
+    unrolled = unroll_recursion(program).program
+    assert [len(s.calls) for s in walk(unrolled.body) if isinstance(s, CallGroup)] == [3]
+    want = ck.compile(program, mode="host", threads=2)(*args)
+    compiled = ck.compile(unrolled, mode="compiled", threads=2, blocks=blocks)
+    np.testing.assert_array_equal(compiled(*args), want)     # with 2 blocks, group 0 runs calls 0 and 2
+
+
 def test_the_critical_path_shrinks_on_a_balanced_tree():
     rng = np.random.default_rng(1)
     args = tree_args(*balanced(8), 4, rng)

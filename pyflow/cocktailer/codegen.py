@@ -571,7 +571,8 @@ class KernelSource:
         saved, self.ctx = self.ctx, _GROUP
         try:
             for k, call in enumerate(group.calls):
-                self.emit(f"if group == {k} % groups and not group_failed:", indent)
+                which = "0" if k == 0 else f"{k} % groups"
+                self.emit(f"if group == {which} and not group_failed:", indent)
                 self.recursion(call, names, indent + 1)
         finally:
             self.ctx = saved
