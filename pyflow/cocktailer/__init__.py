@@ -11,7 +11,8 @@
 
 Modules: ``ir`` (uOperator, nested uTasks, uProgram pieces), ``trace`` (front end: tracing,
 control flow, memory management), ``ops`` (the ops),
-``codegen`` (kernel source, barrier placement, recursion stack), ``executor``
+``codegen`` (kernel source, recursion stack, block groups), ``barriers`` (where grid
+barriers go), ``executor``
 (host and compiled executors), ``schedule``/``profiler`` (Algorithm 1 and its cost
 model), ``optimize`` (inline, loop unroll, branch reclustering, recursion unroll).
 """

@@ -12,14 +12,9 @@ blocks by the virtual-block loop::
 
 Differences from the artifact, on purpose:
 
-* barriers: the artifact syncs the grid after every operator; here ``_Pending``
-  tracks what was read and written since the last barrier and a barrier is emitted
-  only before an access that conflicts (read-after-write, write-after-read,
-  write-after-write on overlapping elements) with one that another block may have
-  made.  Two elementwise uTask families over the same elements with the same chunk
-  put each element on the same thread of the same block, so they never need one.
-  Loops are analysed to a fixpoint (what the end of an iteration left pending
-  meets the start of the next).
+* barriers: the artifact syncs the grid after every operator; here the barrier
+  plan (``barriers.py``) puts one only before an access that conflicts with one
+  another block may have made since the last barrier.
 * while loops: each block evaluates the condition itself; the analysis guarantees
   a barrier between the op that produced the condition's input and the read, and
   between the read and any later overwrite, so every block sees the same value.
@@ -48,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from pyflow.cocktailer.barriers import CLEAR, BarrierPlan, block_has_call, has_call
 from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, CallGroup, Const, FunctionCall, FunctionDef, Load,
                                   Loop, Offset, Scalar, TensorRef, UOperator, Var, free_vars, scalar_loads)
 
@@ -88,136 +84,6 @@ def render_view(ref: TensorRef, names: dict) -> str:
         return f"{ref.buffer.name}[{ref.offset.const}:{ref.offset.const + ref.size}]"
     start = render_offset(ref.offset, names)
     return f"{ref.buffer.name}[{start}:{start} + {ref.size}]"
-
-
-# ---- which accesses need a barrier ---------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Access:
-    buffer: object
-    lo: int
-    hi: int
-    pattern: tuple | None   # ("elementwise", chunk, absolute offset) or None (any block)
-    write: bool
-
-    def conflicts(self, other: "_Access") -> bool:
-        if self.buffer is not other.buffer or not (self.write or other.write):
-            return False
-        if self.hi <= self.lo or other.hi <= other.lo or self.hi <= other.lo or other.hi <= self.lo:
-            return False
-        return self.pattern is None or self.pattern != other.pattern
-
-
-def _accesses(ref: TensorRef, pattern, write: bool):
-    if ref.offset.dynamic is None:
-        lo = ref.offset.const
-        pattern = (pattern[0], pattern[1], lo) if pattern is not None else None
-        yield _Access(ref.buffer, lo, lo + ref.size, pattern, write)
-    else:  # a position known only at run time: anywhere in its bounds, any block
-        lo, hi = ref.bounds if ref.bounds is not None else (0, 1 << 62)
-        yield _Access(ref.buffer, lo, hi, None, write)
-    for load in scalar_loads(ref.offset.dynamic) if ref.offset.dynamic is not None else ():
-        yield from _accesses(load.ref, None, False)
-
-
-def _op_accesses(op: UOperator):
-    for ref, pattern in op.reads:
-        yield from _accesses(ref, pattern, False)
-    for ref, pattern in op.writes:
-        yield from _accesses(ref, pattern, True)
-
-
-def _scalar_accesses(s: Scalar | None):
-    for load in scalar_loads(s) if s is not None else ():
-        yield from _accesses(load.ref, None, False)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Pending:
-    """Accesses made since the last grid barrier; ``unknown``: anything may have been."""
-
-    accesses: frozenset = frozenset()
-    unknown: bool = False
-
-    def needs_barrier(self, new) -> bool:
-        new = list(new)
-        if not new:
-            return False
-        return self.unknown or any(a.conflicts(b) for a in self.accesses for b in new)
-
-    def add(self, new) -> "_Pending":
-        return _Pending(self.accesses | frozenset(new), self.unknown)
-
-    def __or__(self, other: "_Pending") -> "_Pending":
-        return _Pending(self.accesses | other.accesses, self.unknown or other.unknown)
-
-
-_CLEAR = _Pending()
-_UNKNOWN = _Pending(unknown=True)
-
-
-class _BarrierPlan:
-    """Decides, statement by statement, where grid barriers go (``before`` holds statement ids)."""
-
-    def __init__(self, inline_functions: bool, drop: frozenset = frozenset()):
-        self.before: dict = {}     # id(stmt) -> reason
-        self.inline = inline_functions
-        self.in_recursion = False  # planning a recursive body: a call's resume starts with a barrier
-
-    def _check(self, key, pending: _Pending, new, reason: str) -> _Pending:
-        new = list(new)
-        if key in self.before or pending.needs_barrier(new):
-            self.before.setdefault(key, reason)
-            pending = _CLEAR
-        return pending.add(new)
-
-    def block(self, block: Block, pending: _Pending) -> _Pending:
-        for item in block.items:
-            pending = self.item(item, pending)
-        return pending
-
-    def item(self, item, pending: _Pending) -> _Pending:
-        if isinstance(item, UOperator):
-            return self._check(id(item), pending, _op_accesses(item), f"before {item.name}")
-        if isinstance(item, Loop):
-            entry = pending
-            if item.trip is not None:
-                entry = self._check(("trip", id(item)), entry, _scalar_accesses(item.trip), "trip count")
-            state = entry
-            while True:
-                head = state
-                if item.head is not None:
-                    head = self.block(item.head, head)
-                    head = self._check(("cond", id(item)), head, _scalar_accesses(item.cond), "loop condition")
-                end = self.block(item.body, head)
-                merged = state | end
-                if merged == state:
-                    return head if item.head is not None else state
-                state = merged
-        if isinstance(item, Branch):
-            state = self._check(("pred", id(item)), pending, _scalar_accesses(item.pred), "branch predicate")
-            if self.in_recursion and _has_call(item):
-                # an arm with a call starts a new segment (a barrier); an arm without one
-                # stays in the current segment; the join starts a new segment
-                for arm in (item.then, item.orelse):
-                    self.block(arm, _CLEAR if _block_has_call(arm) else state)
-                return _CLEAR
-            return self.block(item.then, state) | self.block(item.orelse, state)
-        if isinstance(item, FunctionCall):
-            if self.inline:
-                return self.block(item.body, pending)
-            self.block(item.body, _UNKNOWN)     # a separate device function knows nothing of its caller
-            return _UNKNOWN
-        if isinstance(item, Call):
-            args = [a for s in item.args for a in _scalar_accesses(s)]
-            self._check(("call", id(item)), pending, args, "recursion arguments")
-            return _CLEAR if self.in_recursion else _UNKNOWN
-        if isinstance(item, CallGroup):   # its calls' arguments are read first; it ends with a grid barrier
-            args = [a for call in item.calls for s in call.args for a in _scalar_accesses(s)]
-            self._check(("group", id(item)), pending, args, "recursion arguments")
-            return _CLEAR
-        raise TypeError(f"cannot plan barriers for {item!r}")
 
 
 # ---- the source writer -------------------------------------------------------------
@@ -276,13 +142,13 @@ class KernelSource:
         self.loop_ids: dict = {}
         self.functions = list(functions)
         self.free_vars = list(free_vars)
-        self.plan = _BarrierPlan(inline_functions)
+        self.plan = BarrierPlan(inline_functions)
         self.drop_barriers = drop_barriers
-        self.plan.block(block, _CLEAR)
+        self.plan.block(block, CLEAR)
         for fdef in self._called_functions(block):
             # every segment of a recursive body starts with a grid barrier (see _Segments)
             self.plan.in_recursion = True
-            self.plan.block(fdef.body, _CLEAR)
+            self.plan.block(fdef.body, CLEAR)
             self.plan.in_recursion = False
         self.barrier_sites: list = []      # the plan keys of every emitted grid.sync
         self.ctx = _GRID                   # the whole grid, or one block group of a CallGroup
@@ -375,7 +241,7 @@ class KernelSource:
             self.block_items(item.orelse, names, indent + 1)
         elif isinstance(item, FunctionCall):
             # a function holding a recursion, or inside a block group, is always inlined
-            if self.inline or _has_call(item) or self.ctx is not _GRID:
+            if self.inline or has_call(item) or self.ctx is not _GRID:
                 self.emit(f"# function uTask {item.name} (inlined)", indent)
                 self.block_items(item.body, names, indent)
             else:
@@ -662,9 +528,9 @@ class _Segments:
         for item in items:
             if isinstance(item, Call):
                 label = self.call(item, label, indent)
-            elif isinstance(item, Branch) and _has_call(item):
+            elif isinstance(item, Branch) and has_call(item):
                 label = self.branch(item, label, indent)
-            elif isinstance(item, FunctionCall) and _has_call(item):
+            elif isinstance(item, FunctionCall) and has_call(item):
                 label = self.sequence(item.body.items, label, indent)
             else:
                 self.straight(label, indent, item)
@@ -702,7 +568,7 @@ class _Segments:
         for k, arm in enumerate((item.then, item.orelse)):
             if k == 1:
                 self.emit(label, indent, "else:")
-            if _block_has_call(arm):  # its own segments, entered through the dispatch
+            if block_has_call(arm):  # its own segments, entered through the dispatch
                 start = self.new()
                 self.goto(label, indent + 1, start)
                 end = self.sequence(arm.items, start, 1)
@@ -721,19 +587,6 @@ class _Segments:
             yield "    barriers += 1"
             for indent, text in lines or [(1, "pass")]:
                 yield "    " * indent + text
-
-
-def _block_has_call(block: Block) -> bool:
-    from pyflow.cocktailer.ir import walk
-
-    return any(isinstance(s, Call) for s in walk(block))
-
-
-def _has_call(item) -> bool:
-    from pyflow.cocktailer.ir import walk
-
-    return any(isinstance(s, Call) for block in item.blocks() for s in walk(block)) or any(
-        isinstance(s, Call) for block in item.blocks() for s in block.items)
 
 
 def _int64():

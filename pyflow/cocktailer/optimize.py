@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 
-from pyflow.cocktailer.codegen import _CLEAR, _accesses, _BarrierPlan, _op_accesses, _scalar_accesses
+from pyflow.cocktailer.barriers import CLEAR, BarrierPlan, accesses, op_accesses, scalar_accesses
 from pyflow.cocktailer.ir import (
     BinOp,
     Block,
@@ -317,11 +317,11 @@ def dependences(ops) -> dict:
     barrier must separate them); weight 0: only through the same elementwise
     pattern (same element, same block and thread: program order is enough).
     """
-    accesses = [list(_op_accesses(op)) for op in ops]
+    touched = [list(op_accesses(op)) for op in ops]
     deps = {}
     for j in range(len(ops)):
         for i in range(j):
-            pairs = [(x, y) for x in accesses[i] for y in accesses[j] if _overlap(x, y)]
+            pairs = [(x, y) for x in touched[i] for y in touched[j] if _overlap(x, y)]
             if pairs:
                 deps[(i, j)] = 1 if any(x.conflicts(y) for x, y in pairs) else 0
     return deps
@@ -356,8 +356,8 @@ def _recluster_run(ops: list) -> list:
 
 def barrier_sites(block: Block, inline: bool = True) -> int:
     """How many grid barriers the code generator would put in ``block`` (entered with nothing pending)."""
-    plan = _BarrierPlan(inline)
-    plan.block(block, _CLEAR)
+    plan = BarrierPlan(inline)
+    plan.block(block, CLEAR)
     return len(plan.before)
 
 
@@ -501,18 +501,18 @@ class _RecursionUnroll:
         body = []   # what the function's body touches, whichever call runs it
         for s in walk(f.body):
             if isinstance(s, UOperator):
-                body += list(_op_accesses(s))
+                body += list(op_accesses(s))
             elif isinstance(s, Branch):
-                body += list(_scalar_accesses(s.pred))
+                body += list(scalar_accesses(s.pred))
             elif isinstance(s, Loop):
-                body += list(_scalar_accesses(s.trip)) + list(_scalar_accesses(s.cond))
+                body += list(scalar_accesses(s.trip)) + list(scalar_accesses(s.cond))
             elif isinstance(s, Call):
-                body += [a for x in s.args for a in _scalar_accesses(x)]
+                body += [a for x in s.args for a in scalar_accesses(x)]
         body = [a for a in body if a.buffer is not f.stack]   # each copy gets a stack of its own
         touched = []
         for c in run:
-            acc = body + [a for x in c.args for a in _scalar_accesses(x)]
-            acc += list(_accesses(c.result, None, True))   # the slot its result is copied to, afterwards
+            acc = body + [a for x in c.args for a in scalar_accesses(x)]
+            acc += list(accesses(c.result, None, True))   # the slot its result is copied to, afterwards
             touched.append(acc)
         return not any(_overlap(a, b) for i in range(len(run)) for j in range(i + 1, len(run))
                        for a in touched[i] for b in touched[j])

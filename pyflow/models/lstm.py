@@ -21,7 +21,7 @@ Per time step that is ``5 * num_layers + 1`` uOperators.  Their uTasks: each
 ``linear`` has ``ceil(B / tile) * ceil(4H / tile)`` (one output tile each), the
 cell and each copy ``ceil(B * H / chunk)`` (a chunk of cell elements each).
 
-Barriers (what ``_BarrierPlan`` in ``codegen.py`` leaves): ``2 * num_layers + 1``
+Barriers (what ``BarrierPlan`` in ``barriers.py`` leaves): ``2 * num_layers + 1``
 grid barriers per step (plus one after the loop), against the artifact's one after
 every operator (``5 * num_layers + 1``); ``compiled.last_stats.barriers`` counts them.
 
