@@ -445,7 +445,7 @@ class KernelSource:
         self.emit("grid.sync()  # the groups join: every call has returned", indent)
         self.emit("barriers += 1", indent)
         self.barrier_sites.append(("join", id(group)))
-        self.emit("if status[0] != 0:  # a group stopped (stack overflow): every block stops", indent)
+        self.emit("if status[0] != 0:  # a group stopped with an error: every block stops", indent)
         self.stop(indent + 1)
 
     # -- the whole kernel ----------------------------------------------------------------
@@ -491,24 +491,24 @@ class _Segments:
     def emit(self, label: int, indent: int, text: str) -> None:
         self.segments[label].append((indent, text))
 
-    def barrier(self, label: int, indent: int, key) -> None:
-        """The writer's barrier decision for ``key``, emitted into segment ``label``."""
-        saved = self.w.lines
-        self.w.lines = []
-        self.w.barrier(key, indent)
-        produced, self.w.lines = self.w.lines, saved
-        for line in produced:
-            self.emit(label, indent, line.strip())
-
-    def checks(self, label: int, indent: int, scalars) -> None:
-        """The writer's index checks for ``scalars``, emitted into segment ``label``."""
-        saved = self.w.lines
-        self.w.lines = []
-        self.w.check_indices(self.names, indent, scalars=scalars)
-        produced, self.w.lines = self.w.lines, saved
+    def capture(self, label: int, write) -> None:
+        """Run ``write()`` (which emits through the writer) and move its lines into segment ``label``."""
+        saved, self.w.lines = self.w.lines, []
+        try:
+            write()
+        finally:
+            produced, self.w.lines = self.w.lines, saved
         for line in produced:
             stripped = line.lstrip(" ")
             self.emit(label, (len(line) - len(stripped)) // 4, stripped)
+
+    def barrier(self, label: int, indent: int, key) -> None:
+        """The writer's barrier decision for ``key``, emitted into segment ``label``."""
+        self.capture(label, lambda: self.w.barrier(key, indent))
+
+    def checks(self, label: int, indent: int, scalars) -> None:
+        """The writer's index checks for ``scalars``, emitted into segment ``label``."""
+        self.capture(label, lambda: self.w.check_indices(self.names, indent, scalars=scalars))
 
     def goto(self, label: int, indent: int, target: int) -> None:
         self.emit(label, indent, "if cuda.threadIdx.x == 0:")
@@ -516,13 +516,7 @@ class _Segments:
 
     def straight(self, label: int, indent: int, item) -> None:
         """Emit ``item`` (no calls inside) into segment ``label`` via the writer."""
-        saved = self.w.lines
-        self.w.lines = []
-        self.w.item(item, self.names, indent)
-        produced, self.w.lines = self.w.lines, saved
-        for line in produced:
-            stripped = line.lstrip(" ")
-            self.emit(label, (len(line) - len(stripped)) // 4, stripped)
+        self.capture(label, lambda: self.w.item(item, self.names, indent))
 
     def sequence(self, items, label: int, indent: int) -> int:
         for item in items:
