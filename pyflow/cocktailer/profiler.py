@@ -181,8 +181,8 @@ class _ModelWalk:
         self.inside: set = set()   # recursive functions whose body is being counted
         self.share = 1.0           # the part of an outside call's tree one call covers (CallGroup)
 
-    def calls(self, item: Call, mult: float) -> float:
-        """How many frames an outside call of ``item.fn`` runs (``mult`` times)."""
+    def frames(self, mult: float) -> float:
+        """How many frames an outside call runs (``mult`` times); a call of a group runs its share."""
         return mult * self.model.assumed_calls * self.share
 
     def trip(self, loop: Loop) -> float:
@@ -226,7 +226,7 @@ class _ModelWalk:
                 tally.host_syncs += mult * (sum(_loads(a) for a in item.args) + _ref_loads(item.result))
                 if item.fn not in self.inside:   # an outside call: count the whole call tree
                     self.inside.add(item.fn)
-                    self.host(item.fn.body, self.calls(item, mult), tally, units)
+                    self.host(item.fn.body, self.frames(mult), tally, units)
                     self.inside.discard(item.fn)
 
     # inside one persistent kernel of grid ``resource.grid``
@@ -258,7 +258,7 @@ class _ModelWalk:
             elif isinstance(item, Call):
                 tally.barriers += mult * (("call", id(item)) in sites)
                 if item.fn not in self.inside:
-                    frames = self.calls(item, mult)
+                    frames = self.frames(mult)
                     tally.barriers += frames * (1 + segments_per_frame(item.fn.body, p))
                     self.inside.add(item.fn)
                     self.kernel(item.fn.body, frames, tally, resource)
