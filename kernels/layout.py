@@ -19,7 +19,7 @@ pyflow's ``ShapeError`` / ``AxisError`` naming the op.
 >>> import numpy as np
 >>> x = np.arange(12, dtype=np.float32).reshape(3, 4).T    # a transposed view
 >>> storage, strides = flat(x)
->>> strides, storage[1 * strides[0] + 2 * strides[1]] == x[1, 2]
+>>> strides, bool(storage[1 * strides[0] + 2 * strides[1]] == x[1, 2])
 ((1, 4), True)
 >>> broadcast_shapes((3, 1), (4,), op="add")
 (3, 4)

@@ -1,7 +1,15 @@
 """The package layout a fresh install depends on."""
 
+import ast
 import pathlib
-import tomllib
+import re
+import subprocess
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the test extra installs tomli, the same parser
+    import tomli as tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -39,3 +47,43 @@ def test_only_the_backend_module_imports_numba_cuda():
             if line.strip().startswith("from numba import cuda") or line.strip() == "import numba.cuda":
                 offenders.append(f"{path.relative_to(ROOT)}: {line.strip()}")
     assert not offenders, offenders
+
+
+def test_license_is_apache_2_and_shipped():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+
+
+def test_default_test_command_collects_every_doctest_under_its_installed_name():
+    """`python -m pytest` (the README's command) also runs the >>> examples of pyflow/ and kernels/.
+
+    Every module with an example is collected, except those conftest.py's DOCTEST_EXCLUDED lists,
+    and each is imported by the name it is installed as: kernels/layout.py as pyflow.kernels.layout.
+    """
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    collected = {}
+    for line in run.stdout.splitlines():
+        path, sep, name = line.partition("::")
+        if sep and path.startswith(("pyflow/", "kernels/")):
+            collected.setdefault(path, []).append(name)
+    assert collected, "no doctest collected:\n" + run.stdout[-4000:]
+
+    conftest = ast.parse((ROOT / "conftest.py").read_text())
+    excluded = next(ast.literal_eval(node.value) for node in conftest.body if isinstance(node, ast.Assign)
+                    and any(getattr(t, "id", None) == "DOCTEST_EXCLUDED" for t in node.targets))
+    with_examples = {p.relative_to(ROOT).as_posix()
+                     for p in list((ROOT / "pyflow").rglob("*.py")) + list((ROOT / "kernels").rglob("*.py"))
+                     if re.search(r"^\s*>>> ", p.read_text(), re.MULTILINE)}
+    missing = with_examples - set(collected) - set(excluded)
+    assert not missing, f"modules with >>> examples that the test command does not collect: {sorted(missing)}"
+
+    for path, names in collected.items():
+        parts = pathlib.PurePosixPath(path).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        module = ".".join(("pyflow",) + parts if parts[0] == "kernels" else parts)
+        wrong = [n for n in names if n != module and not n.startswith(module + ".")]
+        assert not wrong, f"{path} collected under another name than {module}: {wrong}"
