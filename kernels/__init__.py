@@ -5,6 +5,9 @@
 * ``launch_config`` - launch-configuration validation shared by both backends.
 * ``sim``           - the concurrent-grid simulator (all blocks at once, real grid sync).
 * ``examples``      - small kernels used by the demo, the tests and the tutorials.
+* ``dtypes``        - the one list of dtypes the kernels know, and the groups each family accepts.
+* ``registry``      - (op name, target) -> kernel; the families (elementwise and its op table
+  ``ufuncs``, reduce, arg_reduce, scan, sort, softmax, matmul, movement, indexing, conv) register there.
 
 Nothing in here imports the rest of pyflow except ``pyflow.errors``.
 """

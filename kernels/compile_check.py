@@ -9,7 +9,9 @@ global).  This check compiles everything for a real GPU:
 
 Each kernel family lists its kernels with representative argument types in a
 ``ptx_cases()`` function.  The check prints one line per case and exits 1 if any
-fails.  Without a GPU, numba still asks "the current device" for its compute
+fails.  It first compiles one trivial kernel: if even that fails, the toolkit
+wheels are missing, and it prints that once, with the fix, and exits 2 (instead
+of one identical failure per case).  Without a GPU, numba still asks "the current device" for its compute
 capability when compiling a call to a device function.  For this check only, that
 question is answered with sm_90.
 """
@@ -25,11 +27,13 @@ from numba import types
 
 from pyflow.kernels import backend
 
-__all__ = ["FAMILIES", "array", "tuple_of", "run", "pretend_sm90", "report"]
+__all__ = ["FAMILIES", "array", "tuple_of", "run", "pretend_sm90", "report", "toolkit_problem", "INSTALL_HINT"]
 
 CC = (9, 0)
+INSTALL_HINT = 'pip install -e ".[ptx]"'
 FAMILIES = ["pyflow.kernels.examples", "pyflow.kernels.elementwise", "pyflow.kernels.reduce",
-            "pyflow.kernels.softmax", "pyflow.kernels.matmul", "pyflow.kernels.movement",
+            "pyflow.kernels.arg_reduce", "pyflow.kernels.softmax", "pyflow.kernels.matmul",
+            "pyflow.kernels.movement", "pyflow.kernels.indexing", "pyflow.kernels.scan", "pyflow.kernels.sort",
             "pyflow.kernels.conv", "pyflow.kernels.utask.elementwise", "pyflow.kernels.utask.matmul",
             "pyflow.kernels.utask.reduce", "pyflow.kernels.utask.program",
             "pyflow.kernels.utask.cell", "pyflow.kernels.utask.groups"]
@@ -60,11 +64,30 @@ def pretend_sm90() -> None:
         dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=CC)
 
 
+def _trivial_kernel(x):
+    x[0] = 1
+
+
+def toolkit_problem() -> str | None:
+    """None if a trivial kernel compiles to PTX here, else the error, in one line."""
+    try:
+        backend.cuda.compile_ptx(_trivial_kernel, (array("float32"),), cc=CC)
+    except Exception as error:  # noqa: BLE001 - whatever it is, nothing else will compile either
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"{type(error).__name__}: {first}"
+    return None
+
+
 def run() -> int:
     if not backend.is_gpu():
         print("the PTX check needs the real CUDA target: run with PYFLOW_CUDA=gpu", file=sys.stderr)
         return 2
     pretend_sm90()
+    problem = toolkit_problem()
+    if problem is not None:
+        print(f"the PTX check cannot compile even a trivial kernel, so the CUDA toolkit wheels (NVVM, NVRTC, "
+              f"libdevice) are missing or broken; install them with: {INSTALL_HINT}  ({problem})", file=sys.stderr)
+        return 2
 
     def compile_case(py_func, argtypes, is_device):
         backend.cuda.compile_ptx(py_func, argtypes, device=is_device, cc=CC)

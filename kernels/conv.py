@@ -37,6 +37,7 @@ import numpy as np
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels import scalar_ops
 from pyflow.kernels.backend import cuda
+from pyflow.kernels.dtypes import FLOAT_DTYPES as _FLOATS
 from pyflow.kernels.jit import jit
 from pyflow.kernels.launch import elementwise_config, launcher, require_device_arrays
 from pyflow.kernels.layout import flat
@@ -45,7 +46,7 @@ from pyflow.kernels.registry import register
 __all__ = ["conv2d_output_shape", "pool2d_output_shape", "conv2d_direct", "make_pool2d",
            "FLOAT_DTYPES"]
 
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+FLOAT_DTYPES = tuple(d for d in _FLOATS if d != np.float16)   # of kernels/dtypes.py: float32, float64
 
 
 # --- device code ----------------------------------------------------------------

@@ -8,11 +8,18 @@ MiniTorch-style factories build every kernel from a scalar device function
 * **contiguous** - a fast path when every operand is C-contiguous with the
   output's shape.
 
-Every op also has a CPU twin, a numpy ufunc writing into ``out``.  Both sides
-give IEEE results (inf, nan) silently, as a GPU does.  The host
-functions check shapes and dtypes before any launch.  An empty output launches
-nothing.  Result dtypes are numpy's own (``np.add.resolve_dtypes``), so
-``int32 / int32`` gives float64 here exactly as in numpy.
+The ops themselves are data in ``kernels/ufuncs.py``: for each op the dtypes it
+accepts, its result dtype (numpy's, with ``int32 / int32`` giving float64 as in
+numpy), its scalar device function (per kind of dtype) and its CPU twin, a numpy
+function writing into ``out``.  Both sides give IEEE results (inf, nan) silently,
+as a GPU does.  The host functions check shapes and dtypes before any launch.
+An empty output launches nothing.
+
+dtypes (``kernels/dtypes.py``): copy, cast, fill, where and the comparisons take
+all nine; the rest as ``kernels/ufuncs.py`` says.  float16 compiles on a GPU for
+every op: math functions without a float16 version (tanh, fmod) compute in float32.
+Casting to bool is ``x != 0`` (NaN is True), as numpy's ``astype(bool)``; a float
+cast to an integer type it does not fit is undefined, as in C and numpy.
 
 Kernel rules: one read per input element and one write per output element;
 threads stride over the output in a grid-stride loop.
@@ -23,55 +30,23 @@ from __future__ import annotations
 import functools
 import math
 
+import numba
 import numpy as np
 
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels import scalar_ops
 from pyflow.kernels.backend import cuda
+from pyflow.kernels.dtypes import BOOL, SUPPORTED_DTYPES, check_dtype
 from pyflow.kernels.jit import jit
 from pyflow.kernels.launch import elementwise_config, launcher, require_device_arrays
 from pyflow.kernels.layout import (as_kernel_shape, broadcast_shapes, contiguous_strides, flat,
                                    kernel_operand)
 from pyflow.kernels.registry import register
+from pyflow.kernels.ufuncs import (BINARY, COMPARE, UNARY, binary_result_dtype, compute_dtype, device_function,
+                                   unary_result_dtype)
 
 __all__ = ["UNARY", "BINARY", "COMPARE", "make_map", "make_zip", "position",
            "unary_result_dtype", "binary_result_dtype", "SUPPORTED_DTYPES"]
-
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64", "bool"))
-_NUMERIC = SUPPORTED_DTYPES[:4]
-
-
-def _relu_cpu(x, out):
-    np.maximum(x, np.zeros((), x.dtype), out=out)
-
-
-def _sigmoid_cpu(x, out):
-    # exp(-log(1 + exp(-x))): stable for every x, no overflow warnings
-    np.exp(-np.logaddexp(0, -x), out=out)
-
-
-# op name -> (scalar device function, numpy twin writing into out, numpy ufunc giving the dtype)
-UNARY = {
-    "neg": (scalar_ops.neg, lambda x, out: np.negative(x, out=out), np.negative),
-    "relu": (scalar_ops.relu, _relu_cpu, np.positive),
-    "sigmoid": (scalar_ops.sigmoid, _sigmoid_cpu, np.exp),
-    "tanh": (scalar_ops.tanh, lambda x, out: np.tanh(x, out=out), np.tanh),
-    "exp": (scalar_ops.exp, lambda x, out: np.exp(x, out=out), np.exp),
-    "log": (scalar_ops.log, lambda x, out: np.log(x, out=out), np.log),
-    "sqrt": (scalar_ops.sqrt, lambda x, out: np.sqrt(x, out=out), np.sqrt),
-    "abs": (scalar_ops.absolute, lambda x, out: np.absolute(x, out=out), np.absolute),
-}
-BINARY = {
-    "add": (scalar_ops.add, np.add), "sub": (scalar_ops.sub, np.subtract),
-    "mul": (scalar_ops.mul, np.multiply), "div": (scalar_ops.div, np.true_divide),
-    "max": (scalar_ops.maximum, np.maximum), "min": (scalar_ops.minimum, np.minimum),
-    "pow": (scalar_ops.power, np.power),
-}
-COMPARE = {
-    "eq": (scalar_ops.eq, np.equal), "ne": (scalar_ops.ne, np.not_equal),
-    "lt": (scalar_ops.lt, np.less), "le": (scalar_ops.le, np.less_equal),
-    "gt": (scalar_ops.gt, np.greater), "ge": (scalar_ops.ge, np.greater_equal),
-}
 
 
 # --- device code ----------------------------------------------------------------
@@ -111,15 +86,20 @@ def make_map(fn):
 
 
 @functools.cache
-def make_zip(fn):
-    """The kernel ``out[idx] = fn(a[idx], b[idx])``, inputs broadcast to ``shape``."""
+def make_zip(fn, compute=None):
+    """The kernel ``out[idx] = fn(a[idx], b[idx])``, inputs broadcast to ``shape``.
+
+    ``compute`` (a numpy dtype) is the dtype both inputs are converted to first, as
+    numpy's loop does (``uint8 + int8`` adds int16s); ``None``: the common one.
+    """
+    to = numba.from_dtype(np.dtype(compute)) if compute is not None else scalar_ops.identity
 
     @jit
     def zip_strided(out, out_strides, shape, a, a_strides, b, b_strides, n):
         i = cuda.grid(1)
         while i < n:
-            va = a[position(i, shape, a_strides)]
-            vb = b[position(i, shape, b_strides)]
+            va = to(a[position(i, shape, a_strides)])
+            vb = to(b[position(i, shape, b_strides)])
             out[position(i, shape, out_strides)] = fn(va, vb)
             i += cuda.gridsize(1)
 
@@ -127,7 +107,7 @@ def make_zip(fn):
     def zip_contiguous(out, a, b, n):
         i = cuda.grid(1)
         while i < n:
-            out[i] = fn(a[i], b[i])
+            out[i] = fn(to(a[i]), to(b[i]))
             i += cuda.gridsize(1)
 
     return zip_strided, zip_contiguous
@@ -156,28 +136,6 @@ def fill_strided(out, out_strides, shape, value, n):
 
 
 # --- dtype and shape rules (numpy's) ----------------------------------------------
-
-
-@functools.lru_cache(maxsize=None)
-def unary_result_dtype(op: str, dtype) -> np.dtype:
-    """The dtype numpy gives ``op`` on ``dtype`` (relu keeps the dtype)."""
-    dtype = np.dtype(dtype)
-    if dtype not in _NUMERIC:
-        raise DTypeError(f"{op}: unsupported dtype {dtype}; expected one of "
-                         f"{', '.join(map(str, _NUMERIC))}")
-    return UNARY[op][2].resolve_dtypes((dtype, None))[1]
-
-
-@functools.lru_cache(maxsize=None)
-def binary_result_dtype(op: str, a, b) -> np.dtype:
-    """The dtype numpy gives ``op`` on ``a`` and ``b`` (comparisons: bool)."""
-    a, b = np.dtype(a), np.dtype(b)
-    numeric_only = op in BINARY
-    for d in (a, b):
-        if d not in (_NUMERIC if numeric_only else SUPPORTED_DTYPES):
-            raise DTypeError(f"{op}: unsupported dtype {d} (inputs {a}, {b})")
-    ufunc = (BINARY.get(op) or COMPARE[op])[1]
-    return ufunc.resolve_dtypes((a, b, None))[2]
 
 
 def _check_out(op: str, out, shape, dtype) -> None:
@@ -218,10 +176,9 @@ def _launch(op, strided, contiguous, out, inputs, extra=(), stream=0):
 
 
 def _unary_cuda(op):
-    strided, contiguous = make_map(UNARY[op][0])
-
     def run(out, x, *, stream=0):
         _check_out(op, out, x.shape, unary_result_dtype(op, x.dtype))
+        strided, contiguous = make_map(device_function(op, x.dtype))
         _launch(op, strided, contiguous, out, [x], stream=stream)
     return run
 
@@ -230,41 +187,52 @@ def _unary_cpu(op):
     def run(out, x, *, stream=0):
         _check_out(op, out, x.shape, unary_result_dtype(op, x.dtype))
         with np.errstate(all="ignore"):  # IEEE inf/nan without warnings, as on a GPU
-            UNARY[op][1](x, out)
+            UNARY[op].twin(x, out=out)
     return run
 
 
-def _binary_cuda(op, table):
-    strided, contiguous = make_zip(table[op][0])
-
+def _binary_cuda(op):
     def run(out, a, b, *, stream=0):
-        _check_out(op, out, broadcast_shapes(a.shape, b.shape, op=op), binary_result_dtype(op, a.dtype, b.dtype))
+        dtype = binary_result_dtype(op, a.dtype, b.dtype)
+        _check_out(op, out, broadcast_shapes(a.shape, b.shape, op=op), dtype)
+        compute = compute_dtype(op, a.dtype, b.dtype)
+        strided, contiguous = make_zip(device_function(op, compute), _conversion(compute))
         _launch(op, strided, contiguous, out, [a, b], stream=stream)
     return run
+
+
+def _conversion(compute):
+    """What make_zip converts the inputs to: nothing for a bool loop (the logical ops test
+    ``x != 0`` themselves, as numpy's conversion to bool does)."""
+    return None if compute == BOOL else compute
 
 
 def _binary_cpu(op, table):
     def run(out, a, b, *, stream=0):
         _check_out(op, out, broadcast_shapes(a.shape, b.shape, op=op), binary_result_dtype(op, a.dtype, b.dtype))
-        with np.errstate(all="ignore"):
-            table[op][1](a, b, out=out)
+        with np.errstate(all="ignore"):  # integer division by zero: 0, as on a GPU
+            table[op].twin(a, b, out=out)
     return run
 
 
-_copy_strided, _copy_contiguous = make_map(scalar_ops.identity)
+def _converter(out_dtype, in_dtype):
+    """The (strided, contiguous) copy kernels: ``x != 0`` into bool (NaN is True), else a plain store."""
+    bool_of_number = np.dtype(out_dtype) == BOOL and np.dtype(in_dtype) != BOOL
+    return make_map(scalar_ops.nonzero if bool_of_number else scalar_ops.identity)
 
 
 def _check_where(out, cond, a, b):
     if np.dtype(cond.dtype) != np.bool_:
         raise DTypeError(f"where: condition must be bool, got {cond.dtype}")
+    for d in (a.dtype, b.dtype):
+        check_dtype("where", d)
     expected = np.result_type(a.dtype, b.dtype)
     _check_out("where", out, broadcast_shapes(cond.shape, a.shape, b.shape, op="where"), expected)
 
 
 def _check_cast(op, out, x):
     for d in (out.dtype, x.dtype):
-        if np.dtype(d) not in SUPPORTED_DTYPES:
-            raise DTypeError(f"{op}: unsupported dtype {d}")
+        check_dtype(op, d)
     if op == "copy" and np.dtype(out.dtype) != np.dtype(x.dtype):
         raise DTypeError(f"copy: dtypes differ ({x.dtype} -> {out.dtype}); use cast")
     _check_out(op, out, broadcast_shapes(x.shape, out.shape, op=op), None)
@@ -282,6 +250,7 @@ def _where_cpu(out, cond, a, b, *, stream=0):
 
 def _fill_cuda(out, value, *, stream=0):
     require_device_arrays("fill", out)
+    check_dtype("fill", out.dtype)
     _check_out("fill", out, out.shape, None)
     shape, n = as_kernel_shape(out.shape), math.prod(out.shape)
     if n:
@@ -291,6 +260,7 @@ def _fill_cuda(out, value, *, stream=0):
 
 
 def _fill_cpu(out, value, *, stream=0):
+    check_dtype("fill", out.dtype)
     _check_out("fill", out, out.shape, None)
     out[...] = value
 
@@ -298,7 +268,7 @@ def _fill_cpu(out, value, *, stream=0):
 def _cast_cuda(op):
     def run(out, x, *, stream=0):
         _check_cast(op, out, x)
-        _launch(op, _copy_strided, _copy_contiguous, out, [x], stream=stream)
+        _launch(op, *_converter(out.dtype, x.dtype), out, [x], stream=stream)
     return run
 
 
@@ -314,7 +284,7 @@ for _op in UNARY:
     register(_op, "cpu", _unary_cpu(_op))
 for _table in (BINARY, COMPARE):
     for _op in _table:
-        register(_op, "cuda", _binary_cuda(_op, _table))
+        register(_op, "cuda", _binary_cuda(_op))
         register(_op, "cpu", _binary_cpu(_op, _table))
 for _op in ("cast", "copy"):
     register(_op, "cuda", _cast_cuda(_op))
@@ -326,30 +296,45 @@ register("fill", "cpu", _fill_cpu)
 
 
 def ptx_cases():
-    """(label, py_func, argtypes, is_device) for the PTX compile check."""
+    """(label, py_func, argtypes, is_device) for the PTX compile check.
+
+    Every op's strided kernel for every dtype it accepts (inputs of one dtype, as
+    the framework casts them; plus one mixed pair per binary op), its contiguous
+    kernel for one dtype; where, fill and cast for every dtype.
+    """
     from numba import types
 
     from pyflow.kernels.compile_check import array, tuple_of
 
     i64, t2 = types.int64, tuple_of(2)
     cases = [("position", position.py_func, (i64, t2, t2), True)]
-    for op, (fn, _, _) in sorted(UNARY.items()):
-        for dtype, out_dtype in (("float32", "float32"), ("int32", unary_result_dtype(op, "int32").name)):
-            strided, contiguous = make_map(fn)
-            x, out = array(dtype), array(out_dtype)
+    for op, u in sorted(UNARY.items()):
+        for dtype in u.accepts:
+            x, out = array(dtype.name), array(unary_result_dtype(op, dtype).name)
+            strided, contiguous = make_map(device_function(op, dtype))
             cases.append((f"{op}[{dtype}] strided", strided.py_func, (out, t2, t2, x, t2, i64), False))
-            cases.append((f"{op}[{dtype}] contiguous", contiguous.py_func, (out, x, i64), False))
-    for op in sorted(BINARY) + sorted(COMPARE):
-        fn = (BINARY.get(op) or COMPARE[op])[0]
-        for a, b in (("float32", "float32"), ("int64", "float64")):
-            out = array(binary_result_dtype(op, a, b).name)
-            strided, contiguous = make_zip(fn)
+            if dtype == u.accepts[-1]:
+                cases.append((f"{op}[{dtype}] contiguous", contiguous.py_func, (out, x, i64), False))
+    for op, u in sorted(BINARY.items()) + sorted(COMPARE.items()):
+        mixed = ("int64", "float64") if u.accepts[-1].kind == "f" else ("uint8", "int16")
+        for a, b in [(d.name, d.name) for d in u.accepts] + [mixed]:
+            out, compute = array(binary_result_dtype(op, a, b).name), compute_dtype(op, a, b)
+            strided, contiguous = make_zip(device_function(op, compute), _conversion(compute))
             cases.append((f"{op}[{a},{b}] strided", strided.py_func,
                           (out, t2, t2, array(a), t2, array(b), t2, i64), False))
-            cases.append((f"{op}[{a},{b}] contiguous", contiguous.py_func, (out, array(a), array(b), i64), False))
-    f32, b1 = array("float32"), array("bool")
-    cases.append(("where", where_strided.py_func, (f32, t2, t2, b1, t2, f32, t2, f32, t2, i64), False))
-    cases.append(("fill", fill_strided.py_func, (f32, t2, t2, types.float32, i64), False))
-    strided, contiguous = make_map(scalar_ops.identity)
-    cases.append(("cast[int32->float32]", strided.py_func, (f32, t2, t2, array("int32"), t2, i64), False))
+            if (a, b) == mixed:
+                cases.append((f"{op}[{a},{b}] contiguous", contiguous.py_func, (out, array(a), array(b), i64), False))
+    b1 = array("bool")
+    for dtype in SUPPORTED_DTYPES:
+        a, scalar = array(dtype.name), getattr(types, dtype.name)
+        cases.append((f"where[{dtype}]", where_strided.py_func, (a, t2, t2, b1, t2, a, t2, a, t2, i64), False))
+        cases.append((f"fill[{dtype}]", fill_strided.py_func, (a, t2, t2, scalar, i64), False))
+        for target in SUPPORTED_DTYPES:  # every conversion (float16 -> bool needs x != 0)
+            strided, _ = _converter(target, dtype)
+            cases.append((f"cast[{dtype}->{target}]", strided.py_func, (array(target.name), t2, t2, a, t2, i64),
+                          False))
+    for x, y in (("float16", "bool"), ("int8", "uint8"), ("float16", "int64")):
+        out = array(np.result_type(x, y).name)
+        cases.append((f"where[{x},{y}]", where_strided.py_func, (out, t2, t2, b1, t2, array(x), t2, array(y), t2, i64),
+                      False))
     return cases

@@ -38,6 +38,7 @@ from numba import from_dtype
 
 from pyflow.errors import DTypeError, LaunchConfigError, ShapeError
 from pyflow.kernels.backend import cuda, is_simulator
+from pyflow.kernels.dtypes import SUPPORTED_DTYPES
 from pyflow.kernels.elementwise import position
 from pyflow.kernels.jit import jit
 from pyflow.kernels.launch import launcher, require_device_arrays
@@ -45,9 +46,10 @@ from pyflow.kernels.layout import as_kernel_shape, flat, may_overlap, padded_str
 from pyflow.kernels.registry import register
 
 __all__ = ["make_matmul_kernel", "matmul_cuda", "matmul_result_dtype", "matmul_shape",
-           "default_tile", "SUPPORTED_DTYPES", "GPU_TILE", "SIM_TILE", "MAX_GRID_Z"]
+           "default_tile", "MATMUL_DTYPES", "GPU_TILE", "SIM_TILE", "MAX_GRID_Z"]
 
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
+# Of kernels/dtypes.py: no bool, no 8/16-bit types (they would overflow in their own dtype, as numpy's do).
+MATMUL_DTYPES = tuple(d for d in SUPPORTED_DTYPES if d.name in ("float32", "float64", "int32", "int64"))
 GPU_TILE = 16      # 16 x 16 = 256 threads per block
 SIM_TILE = 4       # 16 simulated threads per block: every thread is a Python thread
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z; further batches loop inside the kernel
@@ -138,9 +140,9 @@ def matmul_result_dtype(a, b) -> np.dtype:
     """The dtype numpy's matmul gives ``a @ b``; ``DTypeError`` for unsupported dtypes."""
     a, b = np.dtype(a), np.dtype(b)
     for d in (a, b):
-        if d not in SUPPORTED_DTYPES:
+        if d not in MATMUL_DTYPES:
             raise DTypeError(f"matmul: unsupported dtype {d} (inputs {a}, {b}); expected one of "
-                             f"{', '.join(map(str, SUPPORTED_DTYPES))}")
+                             f"{', '.join(map(str, MATMUL_DTYPES))}")
     return np.matmul.resolve_dtypes((a, b, None))[2]
 
 

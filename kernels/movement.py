@@ -31,7 +31,12 @@ How they run:
   device->host copy after it, and a synchronisation of the stream, so the call
   waits for the kernel and cannot overlap with later host work.  With
   ``check=False`` nothing waits; cells whose index is bad are left unwritten.
-  Every index is checked even when the output is empty (as numpy's ``x[index]``).
+  Every index is checked even when the output is empty (as numpy's ``x[index]``
+  from 2.3 on; numpy 2.0-2.2 only warn there, and ``np.take`` skips the check
+  whenever the output is empty, so the cpu twin checks the indices itself).
+
+dtypes: every dtype of ``kernels/dtypes.py`` (add_n: numbers, not bool); indices
+int32 or int64.  ``kernels/indexing.py`` has dim_gather and index_copy.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ import numpy as np
 from pyflow.errors import AxisError, DTypeError, IndexOutOfRangeError, ShapeError
 from pyflow.kernels import elementwise  # noqa: F401  (registers "copy", "cast", "add")
 from pyflow.kernels.backend import cuda, is_simulator
-from pyflow.kernels.elementwise import SUPPORTED_DTYPES, binary_result_dtype, position
+from pyflow.kernels.dtypes import INDEX_DTYPES, NUMERIC_DTYPES, SUPPORTED_DTYPES
+from pyflow.kernels.elementwise import binary_result_dtype, position
 from pyflow.kernels.jit import jit
 from pyflow.kernels.launch import elementwise_config, launcher, require_device_arrays
 from pyflow.kernels.layout import as_kernel_shape, flat, is_device_array, normalize_axis
@@ -52,8 +58,7 @@ from pyflow.kernels.registry import get_kernel, register
 
 __all__ = ["INDEX_DTYPES", "check_indices", "permuted_view", "record_bad_index", "take_strided"]
 
-INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
-_NUMERIC = tuple(d for d in SUPPORTED_DTYPES if d != np.bool_)
+_NUMERIC = NUMERIC_DTYPES
 _NO_BAD_INDEX = np.iinfo(np.int64).min   # status[1] before any thread records a bad index
 
 
@@ -303,13 +308,13 @@ def _out_of_range(op, value, axis, size) -> IndexOutOfRangeError:
 
 
 def _take_cpu(op, out, x, index, axis):
-    """numpy's ``np.take(x, index, axis)`` into out (numpy checks every index)."""
-    try:
-        np.take(x, index, axis=axis, out=out)  # straight into out, negative indices wrap
-    except IndexError:
-        n = x.shape[axis]
-        bad = np.asarray(index)[(index < -n) | (index >= n)]
-        raise _out_of_range(op, int(bad.max()), axis, n) from None
+    """numpy's ``np.take(x, index, axis)`` into out, after checking every index here: np.take
+    skips the check when the output is empty (another axis of size 0)."""
+    n = x.shape[axis]
+    bad = np.asarray(index)[(index < -n) | (index >= n)]
+    if bad.size:
+        raise _out_of_range(op, int(bad.max()), axis, n)
+    np.take(x, index, axis=axis, out=out)  # straight into out, negative indices wrap
 
 
 def _synchronize(stream) -> None:
@@ -389,7 +394,8 @@ def ptx_cases():
     status = array("int64")
     cases = [("record_bad_index[int32]", record_bad_index.py_func, (status, types.int32), True),
              ("record_bad_index[int64]", record_bad_index.py_func, (status, i64), True)]
-    for data, idx in (("float32", "int32"), ("float64", "int64"), ("bool", "int64")):
+    for data, idx in (("float32", "int32"), ("float64", "int64"), ("bool", "int64"), ("float16", "int32"),
+                      ("uint8", "int64"), ("int8", "int32"), ("int16", "int64")):
         cases.append((f"take_strided[{data},{idx}]", take_strided.py_func,
                       (array(data), t3, t3, array(data), t3, i64, i64, array(idx), t3, status, i64), False))
     for idx in ("int32", "int64"):

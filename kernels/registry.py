@@ -12,13 +12,17 @@ ignore it):
 ==============  ==================================================================
 elementwise     ``fn(out, *inputs, stream=0)``; ``fill``: ``fn(out, value, stream=0)``
 reduce          ``fn(out, x, *, axis=None, keepdims=False, stream=0)`` (reduce_sum, reduce_max,
-                reduce_min, reduce_mean, argmax)
+                reduce_min, reduce_mean, argmax, argmin)
+scan            ``cumsum(out, x, *, axis, stream=0)``
+sort            ``topk(values, indices, x, *, k, axis=-1, largest=True, stream=0)``
 softmax         ``fn(out, x, *, axis=-1, stream=0)`` (softmax, log_softmax)
 matmul          ``fn(out, a, b, *, stream=0)``
 movement        ``slice(out, x, *, starts, stops, steps)``, ``concat(out, inputs, *, axis)``,
                 ``split(outs, x, *, axis)``, ``add_n(out, inputs)``, ``permute(out, x, *, perm)``,
                 ``transpose(out, x, *, dim0, dim1)``, ``gather(out, table, indices, *, check=True)``,
                 ``index_select(out, x, index, *, axis, check=True)``
+indexing        ``dim_gather(out, x, index, *, axis, check=True)``,
+                ``index_copy(out, index, source, *, axis, check=True)`` (in place)
 conv / pool     ``conv2d(out, x, weight, bias, *, stride=1, padding=0)``,
                 ``max_pool2d`` / ``avg_pool2d(out, x, *, kernel_size, stride=None, padding=0)``
 ==============  ==================================================================
@@ -68,7 +72,7 @@ def kernel_names(target: str | None = None) -> list[str]:
     return sorted({n for n, t in _table if target is None or t == target})
 
 
-FAMILIES = ("elementwise", "reduce", "softmax", "matmul", "movement", "conv")
+FAMILIES = ("elementwise", "reduce", "softmax", "matmul", "movement", "conv", "scan", "sort", "indexing")
 
 
 _loaded = False

@@ -1,15 +1,17 @@
 """hypothesis strategies shared by the kernel tests, and helpers to compare results.
 
 * ``shapes()``: tuples of small sides, 0-d (``()``) and zero-size (a side of 0) included.
-* ``dtypes`` / ``float_dtypes``: the dtypes kernels support.
+* ``dtypes`` / ``float_dtypes`` / ``int_dtypes``: float32, float64, int32, int64 (what
+  every family took first); ``all_dtypes`` / ``numeric_dtypes``: all nine dtypes of
+  ``kernels/dtypes.py`` (bool, uint8, int8, int16, float16 too) / the same without bool.
 * ``operands(shape, dtype)``: an array with the given *logical* shape and a random
   layout: contiguous, axes permuted, sliced with a step, or (for inputs) broadcast
   with stride 0.  An ``Operand`` holds a contiguous ``base`` plus the view recipe;
   ``on(target)`` applies the same recipe to a numpy array ("cpu") or to a device
   array ("cuda"), so both targets see the same layout.
 * ``empty_on`` / ``to_host``: allocate on a target, bring a result back.
-* ``assert_close``: tolerances by dtype (float32 rtol 1e-5, float64 1e-12, exact
-  otherwise), NaN where the reference has NaN; prints shapes and the worst diff.
+* ``assert_close``: tolerances by dtype (float16 rtol 4e-3, float32 1e-5, float64
+  1e-12, exact otherwise), NaN where the reference has NaN; prints shapes and the worst diff.
 """
 
 from __future__ import annotations
@@ -20,14 +22,17 @@ import numpy as np
 from hypothesis import strategies as st
 
 from pyflow.kernels.backend import cuda
+from pyflow.kernels.dtypes import NUMERIC_DTYPES, SUPPORTED_DTYPES
 from pyflow.kernels.layout import broadcast_view
 
 TARGETS = ("cpu", "cuda")
 float_dtypes = st.sampled_from([np.dtype(np.float32), np.dtype(np.float64)])
 int_dtypes = st.sampled_from([np.dtype(np.int32), np.dtype(np.int64)])
 dtypes = st.one_of(float_dtypes, int_dtypes)
-RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
-ATOL = {np.dtype(np.float32): 1e-6, np.dtype(np.float64): 1e-12}
+all_dtypes = st.sampled_from(SUPPORTED_DTYPES)
+numeric_dtypes = st.sampled_from(NUMERIC_DTYPES)
+RTOL = {np.dtype(np.float16): 4e-3, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
+ATOL = {np.dtype(np.float16): 1e-3, np.dtype(np.float32): 1e-6, np.dtype(np.float64): 1e-12}
 
 
 def shapes(min_dims: int = 0, max_dims: int = 3, min_side: int = 0, max_side: int = 5):

@@ -286,9 +286,13 @@ def test_non_float_or_mixed_dtypes_are_a_dtype_error(target):
     with pytest.raises(DTypeError, match="conv2d: operands must share one dtype.*bias float64"):
         get_kernel("conv2d", target)(empty_on(target, (1, 2, 1, 1), np.float32), x, w,
                                      empty_on(target, (2,), np.float64))
+    with pytest.raises(DTypeError, match="conv2d: unsupported dtype float16 for out"):
+        _conv(target, (1, 1, 3, 3), (1, 1, 3, 3), (1, 1, 1, 1), dtype=np.float16)
     for op in ("max_pool2d", "avg_pool2d"):
         with pytest.raises(DTypeError, match=f"{op}: unsupported dtype int64"):
             _pool(op, target, (1, 1, 4, 4), (1, 1, 2, 2), dtype=np.int64, kernel_size=2)
+        with pytest.raises(DTypeError, match=f"{op}: unsupported dtype uint8"):
+            _pool(op, target, (1, 1, 4, 4), (1, 1, 2, 2), dtype=np.uint8, kernel_size=2)
         with pytest.raises(DTypeError, match=f"{op}: operands must share one dtype"):
             get_kernel(op, target)(empty_on(target, (1, 1, 2, 2), np.float64),
                                    empty_on(target, (1, 1, 4, 4), np.float32), kernel_size=2)

@@ -290,6 +290,9 @@ def test_wrong_output_or_unsupported_dtype_is_refused(target):
         run(empty_on(target, (2, 4), np.float32), a, b)
     with pytest.raises(DTypeError, match="matmul: unsupported dtype bool"):
         run(empty_on(target, (2, 4), np.bool_), empty_on(target, (2, 3), np.bool_), b)
+    for small in (np.float16, np.int8, np.uint8, np.int16):  # of kernels/dtypes.py, matmul takes 4
+        with pytest.raises(DTypeError, match=f"matmul: unsupported dtype {np.dtype(small)}"):
+            run(empty_on(target, (2, 4), small), empty_on(target, (2, 3), small), empty_on(target, (3, 4), small))
 
 
 @pytest.mark.parametrize("target", TARGETS)

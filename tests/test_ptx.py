@@ -47,6 +47,20 @@ def test_every_module_with_kernels_is_in_the_compile_check():
     assert defining <= set(FAMILIES), f"add to compile_check.FAMILIES: {sorted(defining - set(FAMILIES))}"
 
 
+def test_without_the_toolkit_the_check_says_so_once_and_names_the_fix():
+    """Every compile failing (here: made to fail) is one line with the pip command and exit code 2,
+    not one identical failure per case."""
+    code = ("import sys; from pyflow.kernels import backend, compile_check\n"
+            "def missing(*args, **kwargs):\n"
+            "    raise OSError('Failure finding libnvrtc.so.13')\n"
+            "backend.cuda.compile_ptx = missing\n"
+            "sys.exit(compile_check.run())")
+    result = _run(["-c", code])
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert 'pip install -e ".[ptx]"' in result.stderr and "libnvrtc" in result.stderr
+    assert "FAIL" not in result.stdout and len(result.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.skipif(not _toolkit_installed(), reason='needs the CUDA toolkit wheels: pip install -e ".[ptx]"')
 def test_every_kernel_compiles_to_ptx_for_sm90():
     result = _run(["-m", "pyflow.kernels.compile_check"])

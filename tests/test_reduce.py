@@ -1,13 +1,15 @@
-"""Reductions (reduce_sum/max/min/mean, argmax) and softmax / log_softmax equal numpy on both targets.
+"""Reductions (reduce_sum/max/min/mean, argmax, argmin) and softmax / log_softmax equal numpy on both targets.
 
 Every axis subset (None, an int, a tuple, negative axes, ``()``), keepdims, 0-d
-and zero-size inputs, and non-contiguous layouts; NaN and ties; the two-pass path
-of a long single row; errors where numpy refuses (``ValueError`` there,
-``ShapeError`` / ``AxisError`` / ``DTypeError`` here).
+and zero-size inputs, and non-contiguous layouts; all nine dtypes of
+``kernels/dtypes.py`` (numpy's result dtypes, but int64 for the sum of uint8);
+NaN and ties; the two-pass path of a long single row; errors where numpy refuses
+(``ValueError`` there, ``ShapeError`` / ``AxisError`` / ``DTypeError`` here).
 """
 
 from __future__ import annotations
 
+import types
 import warnings
 
 import numpy as np
@@ -19,12 +21,14 @@ import pyflow.kernels.reduce as reduce_module
 from pyflow.errors import AxisError, DTypeError, ShapeError
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.layout import broadcast_view
-from pyflow.kernels.reduce import REDUCTIONS, result_dtype
+from pyflow.kernels.dtypes import SUPPORTED_DTYPES
+from pyflow.kernels.reduce import ARG_REDUCTIONS, REDUCTIONS, plan_reduce, result_dtype
 from pyflow.kernels.registry import get_kernel
-from tests.strategies import (TARGETS, assert_close, dtypes, empty_on, float_dtypes, int_dtypes, operands,
+from tests.strategies import (TARGETS, all_dtypes, assert_close, empty_on, float_dtypes, int_dtypes, operands,
                               shapes, to_host)
 
-AXES_OPS = sorted(op for op in REDUCTIONS if op != "argmax")   # take any set of axes
+AXES_OPS = sorted(op for op in REDUCTIONS if op not in ARG_REDUCTIONS)   # take any set of axes
+float16s = float_dtypes | st.just(np.dtype(np.float16))
 ALL_OPS = sorted(REDUCTIONS)
 # 0-d and zero-size shapes, and (as often) shapes with several rows of several elements
 any_shapes = st.one_of(shapes(), shapes(min_dims=2, min_side=2, max_side=6))
@@ -47,7 +51,7 @@ def axes_for(draw, ndim: int):
 
 @st.composite
 def argmax_axis_for(draw, ndim: int):
-    """``None`` or one int axis (maybe negative): what argmax takes."""
+    """``None`` or one int axis (maybe negative): what argmax and argmin take."""
     if not ndim or draw(st.booleans()):
         return None
     axis = draw(st.integers(0, ndim - 1))
@@ -55,10 +59,12 @@ def argmax_axis_for(draw, ndim: int):
 
 
 def numpy_reduce(op, x, axis, keepdims):
-    """numpy's answer, silently (the mean of nothing is nan, with a warning there)."""
+    """numpy's answer, silently (the mean of nothing is nan, with a warning there), in pyflow's
+    result dtype (the sum of uint8: int64, not uint64)."""
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return np.asarray(getattr(np, REDUCTIONS[op])(x, axis=axis, keepdims=keepdims))
+        result = getattr(np, REDUCTIONS[op])(x, axis=axis, keepdims=keepdims)
+    return np.asarray(result).astype(result_dtype(op, x.dtype))
 
 
 def run_reduce(op, target, x, axis, keepdims, out_dtype=None):
@@ -92,7 +98,7 @@ def assert_reduced(actual, expected, x, op, what):
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("op", AXES_OPS)
 @settings(max_examples=40)
-@given(data=st.data(), shape=any_shapes, dtype=dtypes, keepdims=st.booleans())
+@given(data=st.data(), shape=any_shapes, dtype=all_dtypes, keepdims=st.booleans())
 def test_reduction_over_any_axes_equals_numpy(target, op, data, shape, dtype, keepdims):
     axis = data.draw(axes_for(len(shape)), label="axis")
     x = data.draw(operands(shape, dtype), label="x")
@@ -106,25 +112,27 @@ def test_reduction_over_any_axes_equals_numpy(target, op, data, shape, dtype, ke
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("op", ARG_REDUCTIONS)
 @settings(max_examples=40)
 @given(data=st.data(), shape=st.one_of(shapes(min_side=1), shapes(min_dims=2, min_side=2, max_side=6)),
-       dtype=dtypes, keepdims=st.booleans())
-def test_argmax_equals_numpy(target, data, shape, dtype, keepdims):
+       dtype=all_dtypes, keepdims=st.booleans())
+def test_argmax_and_argmin_equal_numpy(target, op, data, shape, dtype, keepdims):
     axis = data.draw(argmax_axis_for(len(shape)), label="axis")
     x = data.draw(operands(shape, dtype), label="x")
-    expected = np.argmax(x.numpy(), axis=axis, keepdims=keepdims)
-    actual = run_reduce("argmax", target, x.on(target), axis, keepdims)
-    assert_close(actual, expected, what=f"argmax {dtype}{shape} {x.layout} axis={axis} on {target}")
+    expected = getattr(np, op)(x.numpy(), axis=axis, keepdims=keepdims)
+    actual = run_reduce(op, target, x.on(target), axis, keepdims)
+    assert_close(actual, expected, what=f"{op} {dtype}{shape} {x.layout} axis={axis} on {target}")
 
 
 @pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("op", ARG_REDUCTIONS)
 @given(data=st.data(), shape=st.one_of(shapes(min_dims=1, min_side=1), shapes(min_dims=2, min_side=2, max_side=6)),
-       dtype=int_dtypes)
-def test_argmax_breaks_ties_toward_the_first_occurrence(target, data, shape, dtype):
+       dtype=int_dtypes | st.just(np.dtype(np.bool_)))
+def test_argmax_and_argmin_break_ties_toward_the_first_occurrence(target, op, data, shape, dtype):
     axis = data.draw(argmax_axis_for(len(shape)), label="axis")
     x = data.draw(operands(shape, dtype, low=0, high=1), label="x")  # full of ties
-    actual = run_reduce("argmax", target, x.on(target), axis, False)
-    assert_close(actual, np.argmax(x.numpy(), axis=axis), what=f"argmax ties axis={axis} on {target}")
+    actual = run_reduce(op, target, x.on(target), axis, False)
+    assert_close(actual, getattr(np, op)(x.numpy(), axis=axis), what=f"{op} ties axis={axis} on {target}")
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -136,12 +144,15 @@ def test_argmax_ties_across_threads_pick_the_lowest_index(target):
     x[3, [39, 7, 69]] = 2.0  # 7 and 39 are both thread 7's (of 32 threads or fewer)
     dev = x if target == "cpu" else cuda.to_device(x)
     assert run_reduce("argmax", target, dev, 1, False).tolist() == [0, 20, 64, 7]
+    dev = -x if target == "cpu" else cuda.to_device(-x)
+    assert run_reduce("argmin", target, dev, 1, False).tolist() == [0, 20, 64, 7]
 
 
 @pytest.mark.parametrize("target", TARGETS)
 @given(data=st.data(), shape=st.one_of(shapes(min_dims=1, min_side=1), shapes(min_dims=2, min_side=2, max_side=6)),
-       dtype=float_dtypes, specials=st.lists(st.sampled_from([np.nan, np.inf, -np.inf]), min_size=1, max_size=4))
+       dtype=float16s, specials=st.lists(st.sampled_from([np.nan, np.inf, -np.inf]), min_size=1, max_size=4))
 def test_nan_propagates_through_max_and_min_and_argmax_finds_the_first_nan(target, data, shape, dtype, specials):
+    """argmin too finds the first NaN (numpy's rule: NaN is the extreme both ways)."""
     x = data.draw(operands(shape, dtype, allow_broadcast=False), label="x")
     base = x.base.copy()
     spots = data.draw(st.lists(st.integers(0, base.size - 1), min_size=len(specials), max_size=len(specials)))
@@ -149,7 +160,7 @@ def test_nan_propagates_through_max_and_min_and_argmax_finds_the_first_nan(targe
     values = np.array(x.view(base))
     view = x.view(base) if target == "cpu" else x.view(cuda.to_device(base))
     axis = data.draw(argmax_axis_for(len(shape)), label="axis")
-    for op in ("reduce_max", "reduce_min", "argmax"):
+    for op in ("reduce_max", "reduce_min", "argmax", "argmin"):
         expected = numpy_reduce(op, values, axis, False)
         assert_close(run_reduce(op, target, view, axis, False), expected, what=f"{op} with {specials} on {target}")
 
@@ -167,11 +178,11 @@ def test_sum_of_nothing_is_zero_and_mean_of_nothing_is_nan(target, shape, axis):
 @pytest.mark.parametrize("op", ALL_OPS)
 @pytest.mark.parametrize("axis", [None, ()])
 def test_0d_input_reduces_to_itself(target, op, axis):
-    if op == "argmax" and axis == ():
-        return  # argmax takes None or one int
+    if op in ARG_REDUCTIONS and axis == ():
+        return  # argmax and argmin take None or one int
     x = np.array(7, np.int32)
     actual = run_reduce(op, target, x if target == "cpu" else cuda.to_device(x), axis, False)
-    assert actual.shape == () and actual == (0 if op == "argmax" else 7)
+    assert actual.shape == () and actual == (0 if op in ARG_REDUCTIONS else 7)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -188,7 +199,7 @@ def test_output_may_be_a_strided_view(target, data, shape, dtype):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("op", ALL_OPS)
-@given(data=st.data(), shape=shapes(min_dims=1, min_side=2, max_side=6), dtype=dtypes)
+@given(data=st.data(), shape=shapes(min_dims=1, min_side=2, max_side=6), dtype=all_dtypes)
 def test_two_pass_reduction_of_one_long_row_equals_numpy(target, op, data, shape, dtype):
     """With the threshold lowered, a full reduction runs pass 1 (partials) and pass 2."""
     assume(int(np.prod(shape)) > 8)
@@ -272,14 +283,14 @@ def test_repeated_axis_raises_like_numpy(target, op, shape, data):
 @given(data=st.data(), shape=shapes(max_side=2), keepdims=st.booleans())
 def test_empty_max_min_argmax_raise_where_numpy_raises(target, op, data, shape, keepdims):
     """numpy: ValueError (no identity); pyflow: ShapeError naming the op, before any launch."""
-    axis = data.draw(argmax_axis_for(len(shape)) if op == "argmax" else axes_for(len(shape)), label="axis")
+    axis = data.draw(argmax_axis_for(len(shape)) if op in ARG_REDUCTIONS else axes_for(len(shape)), label="axis")
     x = np.zeros(shape, np.float32)
     try:
         numpy_reduce(op, x, axis, keepdims)
         numpy_raises = False
     except ValueError:
         numpy_raises = True
-    assert numpy_raises == (op in ("reduce_max", "reduce_min", "argmax") and 0 in
+    assert numpy_raises == (op in ("reduce_max", "reduce_min", "argmax", "argmin") and 0 in
                             [x.shape[a] for a in (range(x.ndim) if axis is None else np.atleast_1d(axis))])
     dev = x if target == "cpu" else cuda.to_device(x)
     if numpy_raises:
@@ -309,20 +320,23 @@ def test_wrong_output_shape_or_dtype_is_refused(target):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_unsupported_dtypes_are_refused(target):
-    with pytest.raises(DTypeError, match="reduce_sum: unsupported dtype bool"):
-        get_kernel("reduce_sum", target)(empty_on(target, (), np.int64), empty_on(target, (3,), np.bool_))
+    for op in ALL_OPS:
+        with pytest.raises(DTypeError, match=f"{op}: unsupported dtype complex64"):
+            get_kernel(op, target)(empty_on(target, (), np.int64), empty_on(target, (3,), np.complex64))
     for op in ("softmax", "log_softmax"):
         with pytest.raises(DTypeError, match=f"{op}: needs float32 or float64 input, got int32"):
             get_kernel(op, target)(empty_on(target, (3,), np.int32), empty_on(target, (3,), np.int32))
+        with pytest.raises(DTypeError, match=f"{op}: needs float32 or float64 input, got float16"):
+            get_kernel(op, target)(empty_on(target, (3,), np.float16), empty_on(target, (3,), np.float16))
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_argmax_takes_one_axis_not_a_tuple(target):
+@pytest.mark.parametrize("op", ARG_REDUCTIONS)
+def test_argmax_and_argmin_take_one_axis_not_a_tuple(target, op):
     with pytest.raises(TypeError):
-        np.argmax(np.zeros((2, 3)), axis=(0, 1))
-    with pytest.raises(AxisError, match="argmax: axis must be an int"):
-        get_kernel("argmax", target)(empty_on(target, (), np.int64), empty_on(target, (2, 3), np.float32),
-                                     axis=(0, 1))
+        getattr(np, op)(np.zeros((2, 3)), axis=(0, 1))
+    with pytest.raises(AxisError, match=f"{op}: axis must be an int"):
+        get_kernel(op, target)(empty_on(target, (), np.int64), empty_on(target, (2, 3), np.float32), axis=(0, 1))
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -337,3 +351,37 @@ def test_cuda_kernels_refuse_host_arrays():
         get_kernel("reduce_sum", "cuda")(np.zeros((), np.float32), np.zeros(3, np.float32))
     with pytest.raises(DTypeError, match="expected device arrays"):
         get_kernel("softmax", "cuda")(np.zeros(3, np.float32), np.zeros(3, np.float32))
+
+
+# --- the dtypes added for the framework -------------------------------------------------
+
+
+def test_result_dtypes_are_numpys_but_the_sum_of_uint8_is_int64():
+    for op in ALL_OPS:
+        for dtype in SUPPORTED_DTYPES:
+            expected = numpy_reduce(op, np.zeros(2, dtype), None, False).dtype
+            assert result_dtype(op, dtype) == expected, (op, dtype)
+            if not (op == "reduce_sum" and dtype == np.uint8):
+                assert expected == getattr(np, REDUCTIONS[op])(np.zeros(2, dtype)).dtype, (op, dtype)
+    assert result_dtype("reduce_sum", np.uint8) == np.int64  # numpy: uint64, outside pyflow's dtypes
+    assert [result_dtype(op, np.float16) for op in ("reduce_sum", "reduce_mean", "reduce_max")] == [np.float16] * 3
+
+
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_plan_reduce_works_on_metadata_alone_for_every_dtype(op):
+    """What the framework calls at the call: shapes and dtypes, no array."""
+    for dtype in SUPPORTED_DTYPES:
+        meta = types.SimpleNamespace(shape=(2, 3, 4), ndim=3, dtype=np.dtype(dtype))
+        plan = plan_reduce(op, meta, 1, True)
+        assert plan.out_shape == (2, 1, 4) and plan.out_dtype == result_dtype(op, dtype)
+    with pytest.raises(DTypeError, match=f"{op}: unsupported dtype object"):
+        plan_reduce(op, types.SimpleNamespace(shape=(2,), ndim=1, dtype=np.dtype(object)), None, False)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("op", ["reduce_sum", "reduce_mean"])
+def test_float16_sums_add_up_in_float32(target, op):
+    """3000 ones: float16 steps of one stop at 2048; the float32 total is exact, and 3000 is a float16."""
+    x = np.ones(3000, np.float16)
+    actual = run_reduce(op, target, x if target == "cpu" else cuda.to_device(x), None, False)
+    assert actual.dtype == np.float16 and actual == (3000 if op == "reduce_sum" else 1)
