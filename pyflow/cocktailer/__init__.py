@@ -10,7 +10,8 @@
     print(fast.source)                                # the generated kernel
 
 Modules: ``ir`` (uOperator, nested uTasks, uProgram pieces), ``trace`` (front end: tracing,
-control flow, memory management), ``ops`` (the ops),
+memory management), ``control`` (for, while, cond), ``functions`` (function uTasks,
+recursion), ``ops`` (the ops), ``names``/``checks`` (code names, static ints),
 ``codegen`` (kernel source, recursion stack, block groups), ``barriers`` (where grid
 barriers go), ``executor``
 (host and compiled executors), ``schedule``/``profiler`` (Algorithm 1 and its cost
@@ -18,11 +19,12 @@ model), ``optimize`` (inline, loop unroll, branch reclustering, recursion unroll
 """
 
 from pyflow.cocktailer.api import Compiled, compile
+from pyflow.cocktailer.control import cond, for_loop, while_loop
 from pyflow.cocktailer.executor import Options, RunStats
+from pyflow.cocktailer.functions import function
 from pyflow.cocktailer.ops import (add, cat, copy, exp, linear, lstm_cell, matmul, max_rows, maximum, mul, neg,
                                    relu, sigmoid, softmax_rows, sub, sum_rows, tanh, update, zeros)
-from pyflow.cocktailer.trace import (Program, Tensor, TensorSpec, TraceError, cond, for_loop, function, spec, trace,
-                                     while_loop)
+from pyflow.cocktailer.trace import Program, Tensor, TensorSpec, TraceError, spec, trace
 
 __all__ = ["trace", "spec", "TensorSpec", "Tensor", "Program", "TraceError", "compile", "Compiled", "Options",
            "RunStats", "for_loop", "while_loop", "cond", "function", "linear", "matmul", "tanh", "sigmoid",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pyflow.cocktailer.executor import Executor, Options
+from pyflow.cocktailer.trace import Program, TraceError
 
 __all__ = ["Compiled", "compile", "MODES"]
 
@@ -10,10 +11,19 @@ MODES = ("host", "compiled", "auto")
 
 
 class Compiled:
-    """A program bound to an executor.  Call it with arrays (numpy or device) in input order.
+    """A program bound to an executor.  Call it with arrays in input order: numpy, device
+    arrays or ``pyflow.Tensor`` (their values are read with ``numpy()``); outputs are numpy.
 
     ``last_stats``: launches / host_syncs / barriers of the last call; ``source``: the
     generated kernel source of every uProgram; ``schedule``: the decision (mode auto).
+
+    Threads: a ``Compiled`` may be called from several threads at once, in every mode.
+    The calls take turns (a lock in the executor: every call uses the same
+    preallocated buffers, and a persistent kernel fills the GPU anyway), so each
+    returns exactly what it would alone.  ``last_stats`` is then the counts of the
+    call that finished last, whichever thread made it: always one whole call's
+    counts, never a mix.  With ``to_host=False`` the outputs are views of those
+    buffers, valid until the next call from any thread.
     """
 
     def __init__(self, program, mode: str, options: Options, schedule=None, drop_barriers=frozenset()):
@@ -48,6 +58,8 @@ def compile(program, mode: str = "compiled", **options) -> Compiled:  # noqa: A0
     ``options`` are ``Options`` fields (threads, blocks, stack_depth, inline, ...);
     with ``auto`` also the scheduler's (see ``schedule.schedule``).
     """
+    if not isinstance(program, Program):
+        raise TraceError(f"compile: expected a Program (from cocktailer.trace), got {type(program).__name__}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     schedule = None

@@ -155,6 +155,7 @@ class KernelSource:
         self.index_sites: list = []        # the TensorRef of each run-time index check, numbered from first_site
         self.first_site = first_site
         self.group_frames = None           # inside a group's recursion: the frame its outside call started at
+        self.frame_stacks: dict = {}       # the shared-memory frame stacks: name -> (frames, int64 fields)
 
     # -- bookkeeping ----------------------------------------------------------------
     def _called_functions(self, block):
@@ -360,7 +361,7 @@ class KernelSource:
             self._use_scalar(a)
         self.barrier(("call", id(call)), indent)
         depth = self.stack_depth
-        self.namespace.setdefault("_shared_stacks", []).append((stack, depth, fields))
+        self.frame_stacks[stack] = (depth, fields)
         self.emit(f"# recursion {fdef.name}: frames [label, ret, {', '.join(p.name for p in fdef.params)}] "
                   f"in shared memory, {depth} deep", indent)
         first = call.depth   # frames below it belong to the levels recursion unroll lifted out
@@ -456,9 +457,8 @@ class KernelSource:
         del self.lines[body_start:]
         params = list(self.buffers) + ["status"] + [v.name for v in self.free_vars]
         head = [f"def {self.name}({', '.join(params)}):", *_PREAMBLE[1:]]
-        for stack, depth, fields in self.namespace.pop("_shared_stacks", []):
-            if f"    {stack} = " not in "\n".join(head):
-                head.append(f"    {stack} = cuda.shared.array(({depth}, {fields}), int64)")
+        for stack, (depth, fields) in self.frame_stacks.items():
+            head.append(f"    {stack} = cuda.shared.array(({depth}, {fields}), int64)")
         tail = ["    if leader:", "        status[2] += barriers"]
         helpers = [h + "\n\n" for h in self.helper_sources]
         return "".join(helpers) + "\n".join(head + body + tail) + "\n"

@@ -22,6 +22,7 @@ import numpy as np
 
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.executor import CompiledKernel, Options
+from pyflow.cocktailer.names import kernel_name
 from pyflow.cocktailer.optimize import unroll_recursion
 from pyflow.kernels import backend
 
@@ -101,7 +102,7 @@ def run() -> int:
     pretend_sm90()
 
     def check(program, inline):
-        compiled = CompiledKernel(f"{program.name}_uprogram", program.body, program, Options(inline=inline))
+        compiled = CompiledKernel(kernel_name(program.name, "uprogram"), program.body, program, Options(inline=inline))
         backend.cuda.compile_ptx(compiled.kernel.py_func, argtypes(compiled), cc=CC)
         return f"{compiled.barrier_sites} grid barriers in the source"
 

@@ -18,23 +18,37 @@ launched), ``host_syncs`` (device-to-host reads made to decide control flow; the
 final read of the outputs and of the status word is not counted) and ``barriers``
 (the grid barriers, and the group barriers of a ``CallGroup``, that block 0
 waited at, counted inside the kernels).
+
+The host executor walks the program with an explicit stack of tasks (``_walk``),
+not Python recursion, so a program that recurses 5000 calls deep runs (or stops
+with ``StackOverflowError`` at ``stack_depth``) like the compiled kernel, whose
+stack of frames lives in shared memory.  An executor runs one call at a time (a
+lock): every call uses the same preallocated buffers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 
 from pyflow.cocktailer import codegen
+from pyflow.cocktailer.checks import static_int
 from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, CallGroup, Const, FunctionCall, Load, Loop, Scalar,
                                   TensorRef, UOperator, Var, free_vars, py_op, walk)
+from pyflow.cocktailer.names import kernel_name
 from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IndexOutOfRangeError,
-                           IterationLimitError, ShapeError, StackOverflowError)
+                           IterationLimitError, LaunchConfigError, ShapeError, StackOverflowError)
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.utask.generated import build_kernel, cooperative_grid_limit, uoperator_kernel
 
-__all__ = ["Options", "RunStats", "Executor", "CompiledKernel"]
+__all__ = ["Options", "RunStats", "Executor", "CompiledKernel", "FRAME_STACK_BYTES"]
+
+# Shared memory a kernel's recursion stacks may use: half of the 48 KiB a block has
+# (without an opt-in), the other half is left to the uTasks' tiles (the largest, a
+# 32 x 32 float64 matmul tile, takes 3 x 8 KiB).
+FRAME_STACK_BYTES = 24 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +61,8 @@ class Options:
     side, so there their counts add up).  ``host_blocks``: cap on the grid of one
     host-executor launch.  ``stack_depth``: frames per recursive function.
     ``inline``: inline function uTasks (else each is fenced by grid barriers).
+    Each count is an int (a ``DTypeError`` otherwise) in its range (a
+    ``LaunchConfigError`` otherwise).
     """
 
     threads: int = 32
@@ -56,12 +72,15 @@ class Options:
     inline: bool = True
 
     def __post_init__(self):
-        if not isinstance(self.threads, int) or not 1 <= self.threads <= 1024:
-            raise ValueError(f"threads must be an int in 1..1024, got {self.threads!r}")
-        if self.blocks is not None and (not isinstance(self.blocks, int) or self.blocks < 1):
-            raise ValueError(f"blocks must be None or an int >= 1, got {self.blocks!r}")
-        if not isinstance(self.stack_depth, int) or self.stack_depth < 1:
-            raise ValueError(f"stack_depth must be an int >= 1, got {self.stack_depth!r}")
+        def check(name, high=None):
+            value = static_int(getattr(self, name), f"Options: {name}", 1, high, LaunchConfigError)
+            object.__setattr__(self, name, value)
+
+        check("threads", 1024)
+        if self.blocks is not None:
+            check("blocks")
+        check("host_blocks")
+        check("stack_depth")
 
 
 @dataclasses.dataclass
@@ -87,6 +106,7 @@ class CompiledKernel:
         self.index_sites = self.writer.index_sites   # site first_site + k checks index_sites[k]
         self.source = self.writer.text
         self.buffer_names = list(self.writer.buffers)
+        self._check_frame_stacks(program, options)
         self.kernel = build_kernel(self.source, name, self.writer.namespace)
         self.max_utasks = max([s.count for s in walk(block) if isinstance(s, UOperator)]
                               + [_utasks(f) for f in program.functions]
@@ -108,6 +128,18 @@ class CompiledKernel:
             return options.blocks
         return max(1, min(self._limit, self.max_utasks))
 
+    def _check_frame_stacks(self, program, options: Options) -> None:
+        """The recursion stacks live in shared memory: refuse (at compile time) what cannot fit there."""
+        stacks = self.writer.frame_stacks   # {array name: (frames, int64 fields per frame)}
+        need = sum(8 * depth * fields for depth, fields in stacks.values())
+        if need > FRAME_STACK_BYTES:
+            per_frame = 8 * sum(fields for _, fields in stacks.values())
+            raise LaunchConfigError(
+                f"{program.name}: stack_depth={options.stack_depth} frames of {per_frame} bytes "
+                f"({', '.join(stacks)}) need {need} bytes of shared memory, more than the {FRAME_STACK_BYTES} a "
+                f"persistent kernel gives recursion stacks (half of a block's 48 KiB). Use "
+                f"stack_depth <= {FRAME_STACK_BYTES // per_frame}, or mode='host' (its stack is on the host).")
+
 
 def _utasks(fdef) -> int:
     """The most uTasks of one operator in a recursive function's body."""
@@ -123,15 +155,17 @@ class Executor:
         self.kernels: dict = {}
         self.index_sites: list = []   # every kernel's run-time index checks, numbered across kernels
         if whole_program:
-            self.kernels["body"] = CompiledKernel(f"{program.name}_uprogram", program.body, program, options,
-                                                  drop_barriers)
+            self.kernels["body"] = CompiledKernel(kernel_name(program.name, "uprogram"), program.body, program,
+                                                  options, drop_barriers)
             self.index_sites += self.kernels["body"].index_sites
         for k, stmt in enumerate(device_units):
-            self.kernels[id(stmt)] = CompiledKernel(f"{program.name}_uprogram{k}", Block([stmt]), program,
-                                                    options, drop_barriers, first_site=len(self.index_sites))
+            self.kernels[id(stmt)] = CompiledKernel(kernel_name(program.name, f"uprogram{k}"), Block([stmt]),
+                                                    program, options, drop_barriers,
+                                                    first_site=len(self.index_sites))
             self.index_sites += self.kernels[id(stmt)].index_sites
         self.last_stats = RunStats()
         self._memory = None
+        self._lock = threading.Lock()   # one call at a time: every call uses the same buffers
 
     # ---- memory ------------------------------------------------------------------
     def _allocate(self):
@@ -167,31 +201,36 @@ class Executor:
                 raise ShapeError(f"{self.program.name}: input {name!r} has shape {shape}, traced as {s.shape}")
             if dtype != s.dtype:
                 raise DTypeError(f"{self.program.name}: input {name!r} is {dtype}, traced as {s.dtype}")
-            if isinstance(a, np.ndarray) or np.isscalar(a) or isinstance(a, (list, tuple)):
-                memory[buffer.name] = cuda.to_device(np.ascontiguousarray(a, dtype=s.dtype).reshape(-1))
-            else:  # a device array: use it in place, flat
+            if hasattr(a, "copy_to_host"):  # a device array: use it in place, flat
                 memory[buffer.name] = a.reshape(-1) if len(shape) != 1 else a
+            else:   # numpy, lists, scalars, anything numpy can read
+                memory[buffer.name] = cuda.to_device(np.ascontiguousarray(a, dtype=s.dtype).reshape(-1))
 
     # ---- running -------------------------------------------------------------------
     def run(self, *arrays, to_host: bool = True):
-        memory = self._allocate()
-        self._bind_inputs(arrays, memory)
-        memory["status"].copy_to_device(np.zeros(memory["status"].shape, dtype=np.int64))
-        self.stats = RunStats()
-        self.memory = memory
-        try:
-            if "body" in self.kernels:
-                self._launch(self.kernels["body"], {})
-            else:
-                self._block(self.program.body, {}, -1)
-            status = memory["status"].copy_to_host()
-            self._raise_for(status)
-            self.stats.barriers += int(status[2])
-            outs = [self._view(ref, {}) for ref in self.program.outputs]
-            outs = [o.copy_to_host().reshape(ref.shape) if to_host else o
-                    for o, ref in zip(outs, self.program.outputs)]
-        finally:
-            self.last_stats = self.stats
+        """One call.  Calls from several threads take turns (``self._lock``); ``last_stats`` is
+        the counts of the call that finished last.  With ``to_host=False`` the outputs are
+        views of the program's buffers, valid until the next call."""
+        arrays = [_host_values(a) for a in arrays]   # outside the lock: numpy() may wait for the VM
+        with self._lock:
+            memory = self._allocate()
+            self._bind_inputs(arrays, memory)
+            memory["status"].copy_to_device(np.zeros(memory["status"].shape, dtype=np.int64))
+            self.stats = RunStats()
+            self.memory = memory
+            try:
+                if "body" in self.kernels:
+                    self._launch(self.kernels["body"], {})
+                else:
+                    self._walk(self.program.body)
+                status = memory["status"].copy_to_host()
+                self._raise_for(status)
+                self.stats.barriers += int(status[2])
+                outs = [self._view(ref, {}) for ref in self.program.outputs]
+                outs = [o.copy_to_host().reshape(ref.shape) if to_host else o
+                        for o, ref in zip(outs, self.program.outputs)]
+            finally:
+                self.last_stats = self.stats
         return outs[0] if self.program.single_output else tuple(outs)
 
     def _raise_for(self, status) -> None:
@@ -243,54 +282,92 @@ class Executor:
             f"{self.program.name}: a run-time index puts {ref!r} at element {start}, outside "
             f"[{ref.bounds[0]}, {ref.bounds[1]}) of the tensor it indexes")
 
-    def _block(self, block: Block, env: dict, frame: int) -> None:
+    # the host walk: an explicit stack of tasks, no Python recursion ------------------------
+    def _walk(self, body: Block) -> None:
+        """Run ``body`` on the host, the statements in progress on an explicit stack.
+
+        A *task* is a generator for one block or one nested uTask: it does its own work
+        (launches, host reads) and ``yield``s each sub-task it needs run, in order.  This
+        loop runs the task on top of ``stack``; a yielded sub-task goes on top and runs to
+        its end before the task below resumes.  So the Python stack stays this shallow
+        however deep the program nests or recurses: a chain of 1000 calls is a ``stack``
+        of a few thousand tasks (the compiled kernel keeps its frames in shared memory).
+        """
+        stack = [self._block(body, {}, -1)]
+        while stack:
+            try:
+                task = next(stack[-1])
+            except StopIteration:
+                stack.pop()
+            else:
+                stack.append(task)
+
+    def _block(self, block: Block, env: dict, frame: int):
+        """Task: the statements of ``block`` in order (``frame``: the recursion's frame, -1 outside)."""
         for item in block.items:
             compiled = self.kernels.get(id(item))
             if compiled is not None:
                 self._launch(compiled, env)
+            elif isinstance(item, UOperator):
+                self._operator(item, env)
             else:
-                self._item(item, env, frame)
+                yield self._nested(item, env, frame)
 
-    def _item(self, item, env: dict, frame: int) -> None:
-        if isinstance(item, UOperator):
-            if item.count == 0:
-                return
-            args = [self._view(a, env) if isinstance(a, TensorRef) else int(a) for a in item.args]
-            blocks = min(item.count, self.options.host_blocks)
-            uoperator_kernel(item.fn, len(args))[blocks, self.options.threads](0, item.count, *args)
-            self.stats.launches += 1
-        elif isinstance(item, Loop) and item.kind == "for":
+    def _operator(self, item: UOperator, env: dict) -> None:
+        """One operator, one launch: its uTasks in the virtual-block loop."""
+        if item.count == 0:
+            return
+        args = [self._view(a, env) if isinstance(a, TensorRef) else int(a) for a in item.args]
+        blocks = min(item.count, self.options.host_blocks)
+        uoperator_kernel(item.fn, len(args))[blocks, self.options.threads](0, item.count, *args)
+        self.stats.launches += 1
+
+    def _nested(self, item, env: dict, frame: int):
+        """Task: a nested uTask; it yields the blocks it runs, one at a time."""
+        if isinstance(item, Loop) and item.kind == "for":
             for i in range(int(self._scalar(item.trip, env))):
                 env[id(item.var)] = i
-                self._block(item.body, env, frame)
+                yield self._block(item.body, env, frame)
         elif isinstance(item, Loop):
             env[id(item.var)] = 0
             while True:
-                self._block(item.head, env, frame)
+                yield self._block(item.head, env, frame)
                 if not self._scalar(item.cond, env):
                     break
                 if env[id(item.var)] == item.max_iters:
                     raise IterationLimitError(f"{self.program.name}: a while loop ran more than "
                                               f"max_iters={item.max_iters} iterations")
-                self._block(item.body, env, frame)
+                yield self._block(item.body, env, frame)
                 env[id(item.var)] += 1
         elif isinstance(item, Branch):
-            self._block(item.then if self._scalar(item.pred, env) else item.orelse, env, frame)
+            yield self._block(item.then if self._scalar(item.pred, env) else item.orelse, env, frame)
         elif isinstance(item, (FunctionCall, CallGroup)):   # a group's calls: one after another
-            self._block(item.body, env, frame)
+            yield self._block(item.body, env, frame)
         elif isinstance(item, Call):
-            fdef = item.fn
-            callee = frame + 1 + item.depth
-            if callee >= self.options.stack_depth:
-                name = fdef.unrolled_from or fdef.name
-                raise StackOverflowError(f"{self.program.name}: recursive function {name!r} went deeper "
-                                         f"than stack_depth={self.options.stack_depth} frames")
-            inner = dict(env)
-            for p, a in zip(fdef.params, item.args):
-                inner[id(p)] = int(self._scalar(a, env))
-            inner[id(fdef.ret)] = item.result.offset.const + (
-                int(self._scalar(item.result.offset.dynamic, env)) if item.result.offset.dynamic is not None else 0)
-            inner[id(fdef.base)] = fdef.root_size + callee * fdef.frame_size
-            self._block(fdef.body, inner, callee)
+            inner, callee = self._enter(item, env, frame)
+            yield self._block(item.fn.body, inner, callee)
         else:
             raise TypeError(f"cannot run {item!r}")
+
+    def _enter(self, call: Call, env: dict, frame: int) -> tuple:
+        """A call's frame: the callee's environment (parameters, base, return slot) and its depth."""
+        fdef = call.fn
+        callee = frame + 1 + call.depth
+        if callee >= self.options.stack_depth:
+            name = fdef.unrolled_from or fdef.name
+            raise StackOverflowError(f"{self.program.name}: recursive function {name!r} went deeper "
+                                     f"than stack_depth={self.options.stack_depth} frames")
+        inner = dict(env)
+        for p, a in zip(fdef.params, call.args):
+            inner[id(p)] = int(self._scalar(a, env))
+        inner[id(fdef.ret)] = call.result.offset.const + (
+            int(self._scalar(call.result.offset.dynamic, env)) if call.result.offset.dynamic is not None else 0)
+        inner[id(fdef.base)] = fdef.root_size + callee * fdef.frame_size
+        return inner, callee
+
+
+def _host_values(a):
+    """A ``pyflow.Tensor`` argument as numpy (``numpy()`` waits for the ops that make it); others as they are."""
+    from pyflow.framework.tensor import Tensor as FlowTensor   # seed 002's eager tensors
+
+    return a.numpy() if isinstance(a, FlowTensor) else a

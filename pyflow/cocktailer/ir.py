@@ -33,7 +33,7 @@ import numpy as np
 
 __all__ = ["Buffer", "Offset", "TensorRef", "Scalar", "Const", "Var", "Load", "BinOp", "UOperator",
            "Block", "NestedUTask", "Loop", "Branch", "FunctionCall", "FunctionDef", "Call", "CallGroup",
-           "walk", "as_scalar", "free_vars"]
+           "walk", "as_scalar", "is_int_scalar", "free_vars"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -142,6 +142,17 @@ def as_scalar(x) -> Scalar:
     if isinstance(x, (float, np.floating)):
         return Const(float(x))
     raise TypeError(f"expected a Scalar, an int or a float, got {x!r}")
+
+
+def is_int_scalar(s: Scalar) -> bool:
+    """Does ``s`` always hold an int?  Loop counters, parameters and comparisons do; a float does not."""
+    if isinstance(s, Const):
+        return not isinstance(s.value, float)
+    if isinstance(s, Load):
+        return s.ref.dtype.kind in "iub"
+    if isinstance(s, BinOp):
+        return s.op in ("<", "<=", ">", ">=", "==", "!=", "and", "or") or (is_int_scalar(s.a) and is_int_scalar(s.b))
+    return True   # a Var: a loop counter, a function parameter, a frame field
 
 
 def scalar_loads(s: Scalar):

@@ -36,9 +36,11 @@ import enum
 
 from pyflow.cocktailer.executor import CompiledKernel, Options
 from pyflow.cocktailer.ir import Block, Branch, Call, CallGroup, FunctionCall, Loop, UOperator, walk
+from pyflow.cocktailer.names import kernel_name
 from pyflow.cocktailer.optimize import (Optimizations, inline_functions, optimize, recluster_branches,
                                         unroll_recursion)
 from pyflow.cocktailer.profiler import CostModel, Estimate, Profiler, nested_in
+from pyflow.errors import LaunchConfigError
 from pyflow.kernels.backend import cuda, is_gpu
 from pyflow.kernels.utask.generated import cooperative_grid_limit
 
@@ -109,7 +111,7 @@ def set_resource(unit, options: Options, program, cost_model: CostModel | None =
     The limit is ``cost_model.coresident_blocks`` if set, else the kernel's own.
     """
     block = unit if isinstance(unit, Block) else Block([unit])
-    kernel = CompiledKernel(f"{program.name}_candidate", block, program, options)
+    kernel = CompiledKernel(kernel_name(program.name, "candidate"), block, program, options)
     limit = cost_model.coresident_blocks if cost_model is not None else None
     if limit is None:
         args = []
@@ -318,7 +320,11 @@ class _Algorithm1:
                         f"holds a uTask reference to {inner[0].name}: it runs where {inner[0].name}'s "
                         "outside call runs")
             return level
-        resource = set_resource(node, self.options, self.program, self.profiler.model)
+        try:
+            resource = set_resource(node, self.options, self.program, self.profiler.model)
+        except LaunchConfigError as e:   # e.g. its recursion stack does not fit in shared memory
+            self.decide(node, Level.HOST, None, None, "host", f"set_resource failed: {e}")
+            return Level.HOST
         if resource is None:
             self.decide(node, Level.HOST, None, None, "host",
                         f"set_resource failed: {self.options.blocks} blocks cannot all be co-resident")

@@ -12,9 +12,11 @@
 Arguments are symbolic ``Tensor``s: every op checks shapes *now* (a ``ShapeError``
 names the op and the shapes) and appends a ``UOperator`` to the statement being
 traced.  Control flow takes Python functions and traces each body once:
-``for_loop``, ``while_loop``, ``cond``, ``function`` (a function uTask, optionally
-recursive).  Device values used for control are ``Scalar``s: ``t.item()`` reads the
-one element of a tensor, ``table[i].item()`` one element of an int table.
+``for_loop``, ``while_loop``, ``cond`` (``control.py``), ``function`` (a function
+uTask, optionally recursive: ``functions.py``).  Device values used for control are
+``Scalar``s: ``t.item()`` reads the one element of a tensor, ``table[i].item()`` one
+element of an int table.  Static integers (sizes, indices) are checked by
+``checks.py``; the code names of buffers and variables come from ``names.py``.
 
 Memory (the paper's memory management): every buffer is preallocated.  Inputs are
 read-only; intermediates get static offsets in one arena per dtype; a loop's body
@@ -30,22 +32,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import inspect
 import math
 import threading
 
 import numpy as np
 
-from pyflow.cocktailer.ir import (Block, Branch, Buffer, Call, FunctionCall, FunctionDef, Load, Loop,
-                                  Offset, Scalar, TensorRef, UOperator, Var, as_scalar, walk)
+from pyflow.cocktailer.checks import static_int
+from pyflow.cocktailer.ir import (Block, Buffer, Const, FunctionDef, Load, Offset, Scalar, TensorRef, UOperator,
+                                  is_int_scalar)
+from pyflow.cocktailer.names import Names, readable_name, sanitize
 from pyflow.errors import DTypeError, PyflowError, ShapeError
 from pyflow.kernels.utask import CHUNK, TILE
 from pyflow.kernels.utask.elementwise import copy_utask
 from pyflow.kernels.utask.sizes import ceil_div
 
-__all__ = ["TraceError", "TensorSpec", "spec", "Tensor", "Program", "trace", "for_loop", "while_loop",
-           "cond", "function"]
+__all__ = ["TraceError", "TensorSpec", "spec", "as_spec", "Tensor", "Program", "trace"]
 
 FLOAT_DTYPES = (np.dtype("float32"), np.dtype("float64"))
 INDEX_DTYPES = (np.dtype("int32"), np.dtype("int64"))
@@ -63,11 +65,14 @@ class TensorSpec:
     dtype: np.dtype = FLOAT_DTYPES[0]
 
     def __post_init__(self):
-        shape = tuple(int(d) for d in self.shape)
-        if any(d < 0 for d in shape):
-            raise ShapeError(f"a TensorSpec needs non-negative sizes, got {shape}")
+        if not isinstance(self.shape, (tuple, list)):
+            raise ShapeError(f"a TensorSpec's shape is a tuple of ints, got {self.shape!r}")
+        shape = tuple(static_int(d, f"a TensorSpec size (shape {tuple(self.shape)})") for d in self.shape)
         object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        try:
+            object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        except TypeError as e:
+            raise DTypeError(f"a TensorSpec's dtype: {e}") from None
         if self.dtype not in FLOAT_DTYPES + INDEX_DTYPES:
             raise DTypeError(f"program inputs are float32/float64 tensors or int32/int64 tables, "
                              f"got {self.dtype}")
@@ -116,12 +121,11 @@ class _Trace:
         self.blocks: list[Block] = []
         self.frames: list[_Frame] = []          # innermost recursive function being traced
         self.loop_depth = 0
-        self.names: dict = {}
+        self.names = Names()                    # every code name of the program (names.py)
+        self.definitions: dict = {}             # Function -> its FunctionDef in this trace
 
-    def fresh(self, stem: str) -> str:
-        n = self.names.get(stem, 0)
-        self.names[stem] = n + 1
-        return f"{stem}{n}"
+    def fresh(self, stem: str, derived=()) -> str:
+        return self.names.fresh(stem, derived)
 
     def allocator(self, dtype):
         if self.frames:
@@ -131,13 +135,13 @@ class _Trace:
             return frame
         dtype = np.dtype(dtype)
         if dtype not in self.arenas:
-            buffer = Buffer(f"arena_{dtype}", 0, dtype, "arena")
+            buffer = Buffer(self.names.unique(f"arena_{dtype}"), 0, dtype, "arena")
             self.buffers.append(buffer)
             self.arenas[dtype] = _Arena(buffer)
         return self.arenas[dtype]
 
     def new_ref(self, shape, dtype) -> TensorRef:
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(static_int(d, f"a tensor size (shape {tuple(shape)})") for d in shape)
         allocator = self.allocator(dtype)
         offset = allocator.alloc(math.prod(shape))
         buffer = allocator.fn.stack if isinstance(allocator, _Frame) else allocator.buffer
@@ -200,6 +204,7 @@ class Tensor:
         self.ref = ref
         self.readonly = readonly
         self._stale_by: str | None = None
+        self._trace = getattr(_local, "trace", None)   # the trace whose buffers it lives in
 
     @property
     def shape(self) -> tuple:
@@ -214,6 +219,9 @@ class Tensor:
         return self.ref.size
 
     def _use(self, op: str) -> TensorRef:
+        if self._trace is not _current():
+            raise TraceError(f"{op}: this tensor belongs to another trace (a tensor kept from an earlier "
+                             "trace call); pass it in as an input of this program instead")
         if self._stale_by is not None:
             raise TraceError(f"{op}: this tensor was updated in place by {self._stale_by}; "
                              "use the tensor that update(...) returned")
@@ -231,9 +239,10 @@ class Tensor:
         inner = self.shape[1:]
         row = math.prod(inner)
         if isinstance(index, Scalar):
+            _int_scalar(index, "indexing: a device index")
             offset = ref.offset + (index * row if row != 1 else index)
         else:
-            i = int(index)
+            i = static_int(index, "indexing: an index (an int or a device Scalar)", low=None)
             if not -self.shape[0] <= i < self.shape[0]:
                 raise ShapeError(f"index {i} out of range for a tensor of shape {self.shape}")
             offset = ref.offset + (i % self.shape[0]) * row
@@ -243,7 +252,7 @@ class Tensor:
     def reshape(self, *shape) -> "Tensor":
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(static_int(d, f"reshape: a size (shape {shape})", low=-1) for d in shape)
         if shape.count(-1) == 1:  # one side inferred, as in numpy
             known = math.prod(d for d in shape if d != -1)
             if known and self.size % known == 0:
@@ -277,7 +286,10 @@ def _ops():
 
 def _tensor(x, op: str) -> Tensor:
     if not isinstance(x, Tensor):
-        raise TraceError(f"{op}: expected a traced Tensor, got {type(x).__name__}")
+        kind = type(x).__name__ if type(x).__module__ == "builtins" else f"{type(x).__module__}.{type(x).__name__}"
+        hint = (" (an array or pyflow.Tensor from outside the program: pass it to trace as an input)"
+                if hasattr(x, "shape") else "")
+        raise TraceError(f"{op}: expected a traced Tensor, got {kind}{hint}")
     return x
 
 
@@ -293,6 +305,23 @@ def _same_dtype(op, *refs):
     dtypes = {r.dtype for r in refs}
     if len(dtypes) > 1:
         raise DTypeError(f"{op}: inputs have different dtypes {sorted(map(str, dtypes))}")
+
+
+def _int_scalar(s: Scalar, what: str) -> Scalar:
+    """A device Scalar used as an integer (trip count, index, node id): never a float."""
+    if not is_int_scalar(s):
+        raise DTypeError(f"{what} must be an int, got the float device value {s!r} (read ints from an "
+                         "int32/int64 table: n[0].item())")
+    return s
+
+
+def _int_argument(x, what: str) -> Scalar:
+    """An int (``static_int``) or an int device Scalar, as a Scalar."""
+    if isinstance(x, Scalar):
+        return _int_scalar(x, what)
+    if isinstance(x, Tensor):
+        raise TraceError(f"{what} is a Tensor; read its value as a device Scalar with t.item() or table[i].item()")
+    return Const(static_int(x, what, low=None))
 
 
 def _emit_op(name, fn, fn_name, count, args, reads, writes, note="") -> None:
@@ -314,7 +343,7 @@ def _copy_into(dst: TensorRef, src: TensorRef, why: str) -> None:
     t.emit(copy_operator(dst, src, why, t.chunk))
 
 
-# ---- control flow ------------------------------------------------------------------
+# ---- what a traced Python function takes and returns ------------------------------
 
 
 def _as_tuple(result, what: str) -> tuple:
@@ -325,222 +354,18 @@ def _as_tuple(result, what: str) -> tuple:
     raise TraceError(f"{what} must return a Tensor or a tuple of Tensors, got {type(result).__name__}")
 
 
-def _unwrap(values: tuple, single: bool):
-    return values[0] if single else values
-
-
-def _loop_state(init: tuple, what: str):
-    """State buffers for loop-carried values, initialised by copies (CopyUOperators)."""
-    t = _current()
-    states = []
-    for v in init:
-        ref = _float(_tensor(v, what), what)
-        state = t.new_ref(ref.shape, ref.dtype)
-        _copy_into(state, ref, f"{what}: loop-carried input")
-        states.append(Tensor(state))
-    return states
-
-
-def _write_back(states, results, what: str) -> None:
-    if len(results) != len(states):
-        raise TraceError(f"{what}: the body returned {len(results)} values for {len(states)} carried values")
-    for s, r in zip(states, results):
-        ref = _float(r, what)
-        if ref.shape != s.shape or ref.dtype != s.dtype:
-            raise ShapeError(f"{what}: a carried value changed from {s.shape} {s.dtype} to "
-                             f"{ref.shape} {ref.dtype}")
-        if ref.buffer is s.ref.buffer and ref.offset == s.ref.offset or (
-                ref.buffer is s.ref.buffer and ref.offset.dynamic is s.ref.offset.dynamic
-                and ref.offset.const == s.ref.offset.const):
-            continue  # updated in place (or unchanged): nothing to copy
-        _copy_into(s.ref, ref, f"{what}: carried value for the next iteration")
-
-
-def for_loop(trip, body, *init):
-    """Run ``body(i, *carried) -> carried`` for ``i`` in ``range(trip)``; returns the final values.
-
-    ``trip`` is an int or a device Scalar (read on the device, every block alike).
-    """
-    t = _current()
-    if not init:
-        raise TraceError("for_loop: needs at least one loop-carried tensor")
-    trip = as_scalar(trip)
-    states = _loop_state(init, "for_loop")
-    var = Var(t.fresh("i"))
-    loop = Loop(var, Block(), trip=trip)
-    t.loop_depth += 1
+def _param_names(fn, n: int) -> list:
+    """The names of ``fn``'s first ``n`` parameters (``p3`` where it has none: ``*args``), distinct."""
     try:
-        with t.block(loop.body):
-            results = _as_tuple(body(var, *states), "for_loop body")
-            _write_back(states, results, "for_loop")
-    finally:
-        t.loop_depth -= 1
-    t.emit(loop)
-    return _unwrap(tuple(Tensor(s.ref) for s in states), len(states) == 1)
-
-
-def while_loop(cond_fn, body, *init, max_iters: int = 10_000):
-    """``while cond_fn(*carried): carried = body(*carried)``; at most ``max_iters`` iterations.
-
-    ``cond_fn`` returns a Scalar (e.g. ``sum_rows(h).item() > 0``); ops inside it
-    run before every test.  More than ``max_iters`` iterations raise
-    ``IterationLimitError`` when the program runs.
-    """
-    t = _current()
-    if not init:
-        raise TraceError("while_loop: needs at least one loop-carried tensor")
-    if not isinstance(max_iters, int) or max_iters < 0:
-        raise TraceError(f"while_loop: max_iters must be an int >= 0, got {max_iters!r}")
-    states = _loop_state(init, "while_loop")
-    var = Var(t.fresh("w"))
-    loop = Loop(var, Block(), head=Block(), max_iters=max_iters)
-    t.loop_depth += 1
-    try:
-        with t.block(loop.head):
-            predicate = cond_fn(*states)
-            if not isinstance(predicate, Scalar):
-                raise TraceError(f"while_loop: the condition must be a device Scalar (t.item() > 0), "
-                                 f"got {type(predicate).__name__}")
-            loop.cond = predicate
-        with t.block(loop.body):
-            results = _as_tuple(body(*states), "while_loop body")
-            _write_back(states, results, "while_loop")
-    finally:
-        t.loop_depth -= 1
-    t.emit(loop)
-    return _unwrap(tuple(Tensor(s.ref) for s in states), len(states) == 1)
-
-
-def cond(pred, then_fn, else_fn, *operands):
-    """``then_fn(*operands)`` if ``pred`` else ``else_fn(*operands)``; both return alike shapes.
-
-    ``pred`` is a device Scalar (a Python bool traces only the branch it picks).
-    """
-    t = _current()
-    if not isinstance(pred, Scalar):
-        return (then_fn if pred else else_fn)(*operands)
-    branch = Branch(pred, Block(), Block())
-    results_of: dict = {}   # branch block -> the TensorRefs it returned
-    shapes = None
-    with t.shared_scratch() as restart:
-        for k, (fn, block) in enumerate(((then_fn, branch.then), (else_fn, branch.orelse))):
-            if k == 1:
-                restart()
-            with t.block(block):
-                results = _as_tuple(fn(*operands), "cond branch")
-                refs = [_float(r, "cond") for r in results]
-                if shapes is None:
-                    shapes = [(r.shape, r.dtype) for r in refs]
-                elif [(r.shape, r.dtype) for r in refs] != shapes:
-                    raise ShapeError(f"cond: the branches return different shapes: {shapes} and "
-                                     f"{[(r.shape, r.dtype) for r in refs]}")
-                results_of[id(block)] = refs
-    # the outputs live outside the shared scratch; each branch copies its results into them
-    outs = [t.new_ref(shape, dtype) for shape, dtype in shapes]
-    for block in (branch.then, branch.orelse):
-        with t.block(block):
-            for o, r in zip(outs, results_of[id(block)]):
-                _copy_into(o, r, "cond output")
-    t.emit(branch)
-    return _unwrap(tuple(Tensor(o) for o in outs), len(outs) == 1)
-
-
-# ---- functions and recursion ------------------------------------------------------
-
-
-class Function:
-    """``@function``: a function uTask.  With ``returns=spec(...)`` it may call itself (recursion).
-
-    A plain function is traced at each call into a ``FunctionCall`` (inlined by the
-    ``inline`` optimization).  A recursive one is traced once into a
-    ``FunctionDef``: it takes int Scalars (e.g. a node id) and returns one tensor of
-    the declared shape; every call is a ``Call`` (a uTask reference).
-    """
-
-    def __init__(self, fn, returns: TensorSpec | None):
-        functools.update_wrapper(self, fn)
-        self.fn, self.returns = fn, returns
-        self._defs: dict = {}   # one FunctionDef per trace
-
-    def __call__(self, *args):
-        t = _current()
-        if self.returns is None:
-            call = FunctionCall(self.__name__, Block())
-            with t.block(call.body):
-                result = self.fn(*args)
-            t.emit(call)
-            return result
-        if not all(isinstance(a, (Scalar, int, np.integer)) for a in args):
-            raise TraceError(f"recursive function {self.__name__!r}: arguments must be int Scalars "
-                             f"(node ids, indices), got {[type(a).__name__ for a in args]}")
-        fdef = self._definition(t, len(args))
-        caller = t.frames[-1] if t.frames else None
-        if caller is not None and caller.fn is fdef:
-            result = t.new_ref(fdef.result_shape, fdef.dtype)  # a slot in the caller's frame
-        else:  # an outside call: the result lands in the stack's root area, then is copied out
-            result = TensorRef(fdef.stack, fdef.result_shape, Offset(None, 0))
-        t.emit(Call(fdef, tuple(as_scalar(a) for a in args), result))
-        if caller is not None and caller.fn is fdef:
-            return Tensor(result)
-        out = t.new_ref(fdef.result_shape, fdef.dtype)
-        _copy_into(out, result, f"result of {fdef.name}")
-        return Tensor(out)
-
-    def _definition(self, t: _Trace, n_args: int) -> FunctionDef:
-        fdef = self._defs.get(id(t))
-        if fdef is not None:
-            if len(fdef.params) != n_args:
-                raise TraceError(f"{fdef.name}: called with {n_args} arguments, defined with {len(fdef.params)}")
-            return fdef
-        if t.frames:
-            raise TraceError(f"{self.__name__!r}: a recursive function may only call itself, not "
-                             f"{t.frames[-1].fn.name!r}'s other recursive functions")
-        name = t.fresh(self.__name__)
-        dtype = self.returns.dtype
-        if dtype not in FLOAT_DTYPES:
-            raise DTypeError(f"{self.__name__}: returns must be float32/float64, got {dtype}")
-        fdef = FunctionDef(name, tuple(Var(f"{name}_{p}") for p in _param_names(self.fn, n_args)),
-                           self.returns.shape, dtype)
-        fdef.stack = Buffer(f"stack_{name}", 0, dtype, "stack")
-        fdef.base, fdef.ret = Var(f"{name}_base"), Var(f"{name}_ret")
-        fdef.body = Block()
-        t.buffers.append(fdef.stack)
-        t.functions.append(fdef)
-        self._defs[id(t)] = fdef
-        frame = _Frame(fdef)
-        t.frames.append(frame)
-        saved_depth, t.loop_depth = t.loop_depth, 0
-        try:
-            with t.block(fdef.body):
-                result = self.fn(*fdef.params)
-                ref = _float(_tensor(result, fdef.name), fdef.name)
-                if ref.shape != fdef.result_shape or ref.dtype != dtype:
-                    raise ShapeError(f"{fdef.name}: returns {ref.shape} {ref.dtype}, declared "
-                                     f"{fdef.result_shape} {dtype}")
-                _copy_into(TensorRef(fdef.stack, ref.shape, Offset(fdef.ret, 0)), ref, "return")
-        finally:
-            t.frames.pop()
-            t.loop_depth = saved_depth
-        for item in walk(fdef.body):
-            if isinstance(item, Loop):
-                raise TraceError(f"{fdef.name}: loops inside a recursive function are not supported "
-                                 "(call the function from a loop instead)")
-        return fdef
-
-
-def _param_names(fn, n: int):
-    try:
-        names = [p.name for p in inspect.signature(fn).parameters.values()][:n]
+        names = [p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:n]
     except (TypeError, ValueError):
         names = []
-    return names + [f"p{k}" for k in range(len(names), n)]
-
-
-def function(fn=None, *, returns: TensorSpec | None = None):
-    """Decorator: ``@function`` (a function uTask) or ``@function(returns=spec(d))`` (may recurse)."""
-    if fn is None:
-        return lambda f: Function(f, returns)
-    return Function(fn, returns)
+    names += [f"p{k}" for k in range(len(names), n)]
+    for k, name in enumerate(names):
+        if name in names[:k]:
+            names[k] = f"{name}_{k}"
+    return names
 
 
 # ---- trace ------------------------------------------------------------------------
@@ -572,27 +397,31 @@ class Program:
 def trace(fn, *specs, chunk: int = CHUNK, tile: int = TILE, name: str | None = None) -> Program:
     """Trace ``fn(*inputs)`` into a ``Program``; ``specs`` give the inputs' shapes and dtypes.
 
-    A spec is a ``TensorSpec`` (``spec(4, 8)``) or an array (its shape and dtype).
+    A spec is a ``TensorSpec`` (``spec(4, 8)``) or a tensor: a numpy array, a device
+    array or a ``pyflow.Tensor`` (its shape and dtype; its values are not read).
     ``chunk`` (elements per elementwise uTask) and ``tile`` (matmul tile side) fix the
-    uTask granularity.
+    uTask granularity.  ``name`` (default: ``fn``'s) names the program in messages;
+    its kernels get a code name made from it (``names.py``).
     """
-    if not isinstance(chunk, int) or chunk < 1 or not isinstance(tile, int) or not 1 <= tile <= 32:
-        raise TraceError(f"trace: chunk must be an int >= 1 and tile an int in 1..32, got {chunk}, {tile}")
+    chunk = static_int(chunk, "trace: chunk", low=1)
+    tile = static_int(tile, "trace: tile", low=1, high=32)
+    if not callable(fn):
+        raise TraceError(f"trace: expected the program as a Python function, got {type(fn).__name__}")
+    if name is not None and not isinstance(name, str):
+        raise TraceError(f"trace: name must be a str, got {name!r}")
     if getattr(_local, "trace", None) is not None:
         raise TraceError("trace: already tracing (nested trace calls are not supported)")
     t = _Trace(chunk, tile)
-    names = _param_names(fn, len(specs))
-    inputs, args = [], []
-    for pname, s in zip(names, specs):
-        if not isinstance(s, TensorSpec):
-            s = TensorSpec(np.shape(s), np.asarray(s).dtype)
-        buffer = Buffer(f"in_{pname}", math.prod(s.shape), s.dtype, "input")
-        t.buffers.append(buffer)
-        inputs.append((pname, buffer, s))
-        args.append(Tensor(TensorRef(buffer, s.shape, Offset(None, 0)), readonly=True))
     body = Block()
     _local.trace = t
     try:
+        inputs, args = [], []
+        for pname, s in zip(_param_names(fn, len(specs)), specs):
+            s = as_spec(s)
+            buffer = Buffer(t.names.unique(f"in_{sanitize(pname, 'arg')}"), math.prod(s.shape), s.dtype, "input")
+            t.buffers.append(buffer)
+            inputs.append((pname, buffer, s))
+            args.append(Tensor(TensorRef(buffer, s.shape, Offset(None, 0)), readonly=True))
         with t.block(body):
             results = fn(*args)
             single = isinstance(results, Tensor)
@@ -605,5 +434,13 @@ def trace(fn, *specs, chunk: int = CHUNK, tile: int = TILE, name: str | None = N
                 outputs.append(out)
     finally:
         _local.trace = None
-    return Program(name or getattr(fn, "__name__", "program"), body, inputs, outputs, t.buffers,
-                   t.functions, chunk, tile, single)
+    return Program(name or readable_name(fn), body, inputs, outputs, t.buffers, t.functions, chunk, tile, single)
+
+
+def as_spec(x) -> TensorSpec:
+    """A program input's spec: a ``TensorSpec`` as is, else the shape and dtype of a tensor or array."""
+    if isinstance(x, TensorSpec):
+        return x
+    if hasattr(x, "shape") and hasattr(x, "dtype"):   # numpy, device arrays, pyflow.Tensor: not read
+        return TensorSpec(tuple(x.shape), x.dtype)
+    return TensorSpec(np.shape(x), np.asarray(x).dtype)

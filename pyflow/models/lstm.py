@@ -57,6 +57,7 @@ import numpy as np
 
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import MODES
+from pyflow.cocktailer.checks import is_int, static_int
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.models.state_dict import as_array, check_state_dict
 
@@ -75,10 +76,13 @@ DEFAULT_TILE = 8
 
 def check_options(model: str, chunk, tile, options: dict) -> dict:
     """The trace sizes and ``cocktailer.Options`` checked at construction, not at the first call."""
-    if not isinstance(chunk, int) or chunk < 1 or not isinstance(tile, int) or not 1 <= tile <= 32:
-        raise ValueError(f"{model}: chunk must be an int >= 1 and tile an int in 1..32, got {chunk!r}, {tile!r}")
+    message = f"{model}: chunk must be an int >= 1 and tile an int in 1..32, got {chunk!r}, {tile!r}"
+    if not is_int(chunk) or not is_int(tile):
+        raise DTypeError(message)
+    if chunk < 1 or not 1 <= tile <= 32:
+        raise ShapeError(message)
     options = {"threads": DEFAULT_THREADS, **options}
-    ck.Options(**options)  # raises ValueError naming a bad field
+    ck.Options(**options)  # raises DTypeError or LaunchConfigError (a ValueError) naming a bad field
     return options
 
 
@@ -99,10 +103,9 @@ class LSTM:
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, dtype="float32",
                  chunk: int = DEFAULT_CHUNK, tile: int = DEFAULT_TILE, seed: int = 0, **options):
-        for name, value in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers)):
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"LSTM: {name} must be an int >= 1, got {value!r}")
-        self.input_size, self.hidden_size, self.num_layers = int(input_size), int(hidden_size), int(num_layers)
+        self.input_size, self.hidden_size, self.num_layers = (
+            static_int(value, f"LSTM: {name}", low=1)
+            for name, value in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers)))
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype("float32"), np.dtype("float64")):
             raise DTypeError(f"LSTM: dtype must be float32 or float64, got {self.dtype}")

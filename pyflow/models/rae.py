@@ -56,6 +56,7 @@ import numpy as np
 
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import MODES
+from pyflow.cocktailer.checks import is_int, static_int
 from pyflow.errors import DTypeError, IndexOutOfRangeError, ShapeError
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
 from pyflow.models.state_dict import as_array, check_state_dict
@@ -82,9 +83,7 @@ class RAE:
 
     def __init__(self, dim: int, *, dtype="float32", chunk: int = DEFAULT_CHUNK, tile: int = DEFAULT_TILE,
                  seed: int = 0, **options):
-        if not isinstance(dim, (int, np.integer)) or dim < 1:
-            raise ValueError(f"RAE: dim must be an int >= 1, got {dim!r}")
-        self.dim = int(dim)
+        self.dim = static_int(dim, "RAE: dim", low=1)
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype("float32"), np.dtype("float64")):
             raise DTypeError(f"RAE: dtype must be float32 or float64, got {self.dtype}")
@@ -148,7 +147,7 @@ class RAE:
         """The tree as program inputs (int64 tables, ``inp`` in the model's dtype), checked.
 
         Raises ``ShapeError`` for shapes, ``IndexOutOfRangeError`` for a root out of
-        range and ``TreeError`` for a child out of range, an ``is_leaf`` other than
+        range (``DTypeError`` for one that is not an int) and ``TreeError`` for a child out of range, an ``is_leaf`` other than
         0/1, or a cycle reachable from the root (it would recurse forever).
         """
         tables = []
@@ -166,7 +165,9 @@ class RAE:
         inp = as_array(inp, self.dtype)
         if inp.shape != (n, self.dim):
             raise ShapeError(f"RAE: inp must be (nodes, dim) = ({n}, {self.dim}), got {inp.shape}")
-        if not isinstance(root, (int, np.integer)) or not 0 <= root < n:
+        if not is_int(root):
+            raise DTypeError(f"RAE: root must be an int node index, got {root!r} ({type(root).__name__})")
+        if not 0 <= root < n:
             raise IndexOutOfRangeError(f"RAE: root must be a node index in [0, {n}), got {root!r}")
         bad = np.flatnonzero((is_leaf != 0) & (is_leaf != 1))
         if bad.size:
