@@ -57,6 +57,11 @@ class IndexOutOfRangeError(PyflowError, IndexError):
     """An index (gather, embedding lookup, index_select) outside the indexed dimension."""
 
 
+class ArgumentTypeError(PyflowError, TypeError):
+    """An argument of the wrong Python type: a float or a string where an op needs an int
+    (a size, a dim), ``None`` or a string as a fill value, an object that is no tensor."""
+
+
 # --- memory ------------------------------------------------------------------
 
 
@@ -90,19 +95,74 @@ class OutOfMemoryError(PyflowError, MemoryError):
 
 
 class VMHangError(PyflowError, RuntimeError):
-    """The VM made no progress for the hang timeout; names the oldest blocked instructions."""
+    """The VM made no progress for the hang timeout and nothing was running; names the
+    blocked instructions, what each waits for and for how long.  Also raised at once for a
+    wait that can never end (a VM thread waiting for the VM itself)."""
+
+
+class VMThreadError(PyflowError, RuntimeError):
+    """A VM thread (the scheduler or a worker) hit an unexpected error.
+
+    Raised at the next call into the VM; ``thread`` names the thread and
+    ``__cause__`` is the error.  The thread itself keeps running.
+    """
+
+    def __init__(self, message: str, *, thread: str = ""):
+        super().__init__(message)
+        self.thread = thread
+
+
+class SlowInstructionWarning(UserWarning):
+    """An instruction has been running for longer than the hang timeout.
+
+    Not an error: work that is running is never reported as a hang, and the VM
+    keeps waiting (Ctrl-C interrupts the wait).
+    """
 
 
 class OpError(PyflowError, RuntimeError):
-    """An instruction (an op's kernel, a copy, a callback) failed on a VM worker.
+    """An op (its kernel, a copy, a callback) failed on a VM worker.
 
-    Raised in the user's thread at the next synchronisation point; ``op`` names
-    the instruction and ``__cause__`` is the original exception.
+    Raised when a tensor the op wrote (or anything computed from it) is read, and
+    by ``flow.sync()`` in the thread that issued the op; ``op`` names the op, the
+    message the Python line that issued it, and ``__cause__`` is the original
+    exception.  ``others``: further failures that the same ``flow.sync()`` reports.
     """
 
     def __init__(self, message: str, *, op: str = ""):
         super().__init__(message)
         self.op = op
+        self.failure = None
+        self.others: list = []
+
+
+# --- ranks and collectives (pyflow/distributed/) --------------------------------
+
+
+class DistributedError(PyflowError, RuntimeError):
+    """Something went wrong between ranks."""
+
+
+class RankError(DistributedError):
+    """A rank's function raised; ``rank`` says which, ``__cause__`` is its exception."""
+
+    def __init__(self, message: str, *, rank: int = -1):
+        super().__init__(message)
+        self.rank = rank
+
+
+class RankAbortedError(DistributedError):
+    """Another rank failed (or the world was stopped) while this rank waited for it."""
+
+
+class CollectiveMismatchError(DistributedError):
+    """The ranks of one collective reached different collectives (divergent code): lists each
+    rank's op, shape, dtype, SBP and Python line."""
+
+
+class CollectiveTimeoutError(DistributedError):
+    """A collective waited longer than the watchdog allows: names the ranks that never arrived,
+    where the waiting ones are, and where the missing ones were last seen."""
 
 
 # --- kernel launches (the simulator and the GPU wrapper) ---------------------

@@ -5,6 +5,14 @@
   (random examples, more of them).  Pick one with HYPOTHESIS_PROFILE=dev.
 * ``@pytest.mark.gpu`` tests are skipped, with the reason shown, unless the
   backend is a real GPU (``PYFLOW_CUDA=gpu``); ``-m gpu`` selects them.
+* ``PYFLOW_REQUIRE_EXTRAS=1`` (``.ci/run`` sets it after installing every extra):
+  a test that skips fails instead, unless it skips for want of a GPU.  So
+  nothing that needs an extra (torch, matplotlib, the PTX toolkit) is silently
+  skipped in CI.
+* a failed op that a test provoked but never read nor synced is dropped when the
+  test ends: left pending, it would be printed at exit and make pytest's exit
+  status 1 (pyflow's failure semantics, ``pyflow/_exit.py``).  Tests that care
+  about such failures assert them before they end.
 """
 
 import os
@@ -22,6 +30,30 @@ settings.register_profile(
     "dev", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True)
+def _drop_failures_the_test_left_unseen():
+    yield
+    from pyflow import vm
+
+    machine = vm.current_vm()
+    if machine is not None:
+        machine.take_failures()
+
+
+_ALLOWED_SKIPS = ("needs a real GPU", "a GPU is visible", "+SKIP option")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.skipped and os.environ.get("PYFLOW_REQUIRE_EXTRAS", "0") not in ("", "0"):
+        reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if not any(allowed in reason for allowed in _ALLOWED_SKIPS):
+            report.outcome = "failed"
+            report.longrepr = f"skipped with PYFLOW_REQUIRE_EXTRAS=1 (every extra is installed): {reason}"
+    return report
 
 
 def pytest_report_header(config):

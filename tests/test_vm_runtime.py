@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -23,7 +24,7 @@ import pytest
 
 import pyflow as flow
 from pyflow.device import StreamType
-from pyflow.errors import OpError, OutOfMemoryError, VMHangError
+from pyflow.errors import OpError, OutOfMemoryError, SlowInstructionWarning, VMHangError
 from pyflow.framework.interpreter import apply
 from pyflow.framework.op_registry import OP_REGISTRY, OpDef, TensorMeta, get_op
 from pyflow.vm.stream import Stream as VmStream
@@ -161,17 +162,27 @@ def test_failing_op_does_not_raise_at_the_call(custom_op) -> None:
         flow.sync()
 
 
-@pytest.mark.parametrize("sync_point", ["sync", "numpy_of_output", "numpy_of_other"])
-def test_failing_op_error_surfaces_at_the_next_sync_point_naming_the_op(custom_op, sync_point) -> None:
+@pytest.mark.parametrize("sync_point", ["sync", "numpy_of_output", "numpy_of_a_result_computed_from_it"])
+def test_failing_op_error_surfaces_where_its_output_is_read_or_at_sync_naming_the_op(custom_op, sync_point) -> None:
     fail = custom_op("vm_test_fail", _boom)
     x = flow.ones(3)
-    other = x + 1
     y = fail(x)
+    z = flow.relu(y) * 2
     with pytest.raises(OpError) as info:
-        {"sync": flow.sync, "numpy_of_output": y.numpy, "numpy_of_other": other.numpy}[sync_point]()
+        {"sync": flow.sync, "numpy_of_output": y.numpy, "numpy_of_a_result_computed_from_it": z.numpy}[sync_point]()
     assert info.value.op == "vm_test_fail" and "vm_test_fail" in str(info.value)
     cause = root_cause(info.value)
     assert isinstance(cause, ValueError) and str(cause) == "boom"
+
+
+def test_reading_an_unrelated_tensor_does_not_raise_another_ops_error(custom_op) -> None:
+    fail = custom_op("vm_test_fail", _boom)
+    x = flow.ones(3)
+    other = x + 1
+    fail(x)
+    np.testing.assert_array_equal(other.numpy(), [2.0, 2.0, 2.0])
+    with pytest.raises(OpError, match="vm_test_fail"):  # still pending for this thread: sync reports it
+        flow.sync()
 
 
 def test_failing_op_error_is_raised_once(custom_op) -> None:
@@ -202,43 +213,107 @@ def test_ops_after_a_failure_still_give_right_answers(custom_op, device) -> None
 
 
 def _block_cpu_worker(release: threading.Event):
-    """Issue an instruction whose callback waits for ``release`` (at most 30 s)."""
+    """Issue an instruction whose callback waits for ``release`` (at most 30 s): it is running."""
     t = flow.ones(3)
     flow.vm.run(lambda b: b.access_blob_by_callback(t._blob, lambda stream, blob: release.wait(30), "const",
                                                     name="blocked_callback"))
     return t
 
 
-def test_hang_detector_names_the_blocked_instruction() -> None:
+class _EventThatNeverCompletes:
+    """An ep event whose device work never finishes, while no stream is doing anything: a real hang."""
+
+    def __init__(self):
+        self.completed = False
+
+    def query_done(self) -> bool:
+        return self.completed
+
+    def sync(self) -> None:
+        while not self.completed:
+            time.sleep(0.01)
+
+
+def _issue_stuck_instruction(event) -> None:
+    from pyflow.vm.policies import InstructionPolicy
+
+    class Stuck(InstructionPolicy):
+        name = "stuck_on_its_event"
+
+        def compute(self, instruction):
+            instruction.event = event  # launched, but "done" waits for an event nothing will record
+
+    stream = flow.device("cpu")
+    flow.vm.run(lambda b: b._append(flow.Stream.new(stream, StreamType.compute), Stuck()))
+
+
+def test_work_that_is_running_is_never_reported_as_a_hang() -> None:
     vm = flow.vm.get_vm()
-    vm.hang_timeout = 0.5
+    vm.hang_timeout = 0.3
     release = threading.Event()
+    timer = threading.Timer(1.5, release.set)  # a slow instruction: five hang timeouts long
     try:
         _block_cpu_worker(release)
+        timer.start()
+        with pytest.warns(SlowInstructionWarning, match=r"blocked_callback #\d+ has been running on worker "
+                                                         r"pyflow-vm-worker-cpu-0 for \d+ s"):
+            flow.sync()  # returns: it waited, warned once, and never raised VMHangError
+        assert release.is_set()
+    finally:
+        release.set()
+        timer.cancel()
+
+
+def test_hang_detector_names_the_blocked_instruction_and_for_how_long() -> None:
+    vm = flow.vm.get_vm()
+    vm.hang_timeout = 0.5
+    event = _EventThatNeverCompletes()
+    try:
+        _issue_stuck_instruction(event)
         start = time.monotonic()
         with pytest.raises(VMHangError) as info:
             flow.sync()
         assert time.monotonic() - start < 5.0
-        assert "blocked_callback" in str(info.value)
+        message = str(info.value)
+        assert "nothing is running" in message
+        assert re.search(r"stuck_on_its_event #\d+ on cpu:0/compute: launched, waiting for its device event.*"
+                         r"\(for \d+\.\d s\)", message), message
+        assert re.search(r"global_sync #\d+ .*waiting for every earlier .*the oldest is <stuck_on_its_event", message), message
     finally:
-        release.set()
+        event.completed = True
 
 
 def test_vm_recovers_after_a_hang_once_the_blocked_instruction_finishes() -> None:
     vm = flow.vm.get_vm()
     timeout, vm.hang_timeout = vm.hang_timeout, 0.5
-    release = threading.Event()
+    event = _EventThatNeverCompletes()
     try:
-        t = _block_cpu_worker(release)
+        t = flow.ones(3)
+        _issue_stuck_instruction(event)
         with pytest.raises(VMHangError):
             flow.sync()
     finally:
-        release.set()
+        event.completed = True
         vm.hang_timeout = timeout
     flow.sync()
     assert (t * 3).numpy().tolist() == [3.0, 3.0, 3.0]
     flow.sync()
     assert flow.vm.get_vm() is vm  # the same VM recovered (it was not replaced)
+
+
+def test_a_wait_on_a_vm_thread_is_refused_at_once_instead_of_hanging() -> None:
+    t = flow.ones(3)
+    box = {}
+
+    def callback(stream, blob):
+        try:
+            flow.ones(2).numpy()  # waits for the VM from inside one of its instructions
+        except VMHangError as error:
+            box["error"] = error
+
+    flow.vm.run(lambda b: b.access_blob_by_callback(t._blob, callback, "const", name="reentrant_read"))
+    flow.sync()
+    assert "VM's own thread" in str(box["error"]) and "pyflow-vm-worker" in str(box["error"])
 
 
 # --- back pressure --------------------------------------------------------------------------------

@@ -174,6 +174,19 @@ class GridRun:
             order.reverse()
         rng = random.Random(self.settings.seed) if self.settings.start_order == "shuffle" else None
         pending = iter(order)
+        try:
+            self._run_blocks(pending, rng)
+        except BaseException as error:  # Ctrl-C while we wait: no simulated thread may run on
+            with self.lock:
+                self._fail(error)
+            self._stop_everyone()
+            raise
+        if self.error is not None:
+            self._stop_everyone()
+            raise self.error
+
+    def _run_blocks(self, pending, rng) -> None:
+        """Start blocks as co-residency allows and watch for the end, a failure or a hang."""
         with self.lock:
             last_progress, last_change = -1, time.monotonic()
             while True:
@@ -197,9 +210,6 @@ class GridRun:
                     self._fail(KernelHangError(
                         f"kernel {self.name!r} made no progress for {self.settings.hang_timeout:g} s "
                         f"(PYFLOW_SIM_TIMEOUT / configure(hang_timeout=...)):\n{self._report(running=True)}"))
-        if self.error is not None:
-            self._stop_everyone()
-            raise self.error
 
     def _make_block(self, index) -> list[SimThread]:
         block = _Block(index, self.threads_per_block, self.make_shared())

@@ -87,7 +87,7 @@ class Tracer:
             serial=instruction.serial, count=instruction.count, received=received,
             dispatched=times.get("dispatched", received), started=times.get("started"),
             launched=times.get("launched", received), released=times.get("released", received),
-            recorded_event=instruction.event is not None, failed=instruction.error is not None)
+            recorded_event=instruction.event is not None, failed=instruction.failed)
         with self._lock:
             if not self.closed:
                 self._records.append(record)

@@ -10,9 +10,13 @@
 * ``engine``          - VirtualMachineEngine: the lists and the schedule() round
 * ``virtual_machine`` - VirtualMachine: scheduler thread, workers, waiting, errors
 * ``builder``         - InstructionsBuilder, physical_run, SoftSyncStream
+* ``failure``         - who owns an op's error (its outputs, its thread), Failure
+* ``interrupts``      - Ctrl-C never lands in the middle of the VM's bookkeeping
 
-One VM serves the process (``get_vm()``).  ``PYFLOW_VM_SYNC=1`` or ``with
-sync_mode():`` runs everything on the caller's thread (step-through mode).
+One VM serves each rank (``get_vm()``: the calling thread's rank context,
+``pyflow/env.py``, owns it; outside rank threads that is the process's one VM).
+``PYFLOW_VM_SYNC=1`` or ``with sync_mode():`` runs everything on the caller's
+thread (step-through mode).
 """
 
 from __future__ import annotations
@@ -22,25 +26,34 @@ import contextlib
 import os
 import threading
 
+from pyflow import _exit, env
 from pyflow.vm.builder import InstructionsBuilder, physical_run
 from pyflow.vm.eager_blob_object import EagerBlobObject, TensorStorage
-from pyflow.vm.virtual_machine import VirtualMachine
+from pyflow.vm.failure import Failure
+from pyflow.vm.virtual_machine import VirtualMachine, report_unseen
 
 __all__ = ["VirtualMachine", "InstructionsBuilder", "physical_run", "EagerBlobObject", "TensorStorage",
-           "get_vm", "run", "sync", "sync_mode", "shutdown"]
+           "Failure", "get_vm", "current_vm", "run", "sync", "sync_mode", "shutdown"]
 
-_vm: VirtualMachine | None = None
 _vm_lock = threading.Lock()
 
 
 def get_vm() -> VirtualMachine:
-    """The process's virtual machine (made on first use; PYFLOW_VM_SYNC=1: step-through mode)."""
-    global _vm
-    if _vm is None or _vm.closed:
+    """The calling rank's virtual machine (made on first use; PYFLOW_VM_SYNC=1: step-through mode)."""
+    ctx = env.current()
+    machine = ctx.vm
+    if machine is None or machine.closed:
         with _vm_lock:
-            if _vm is None or _vm.closed:
-                _vm = VirtualMachine(sync_mode=os.environ.get("PYFLOW_VM_SYNC", "0") not in ("", "0"))
-    return _vm
+            if ctx.vm is None or ctx.vm.closed:
+                ctx.vm = VirtualMachine(sync_mode=os.environ.get("PYFLOW_VM_SYNC", "0") not in ("", "0"))
+            machine = ctx.vm
+    return machine
+
+
+def current_vm() -> VirtualMachine | None:
+    """The calling rank's virtual machine if it has one running, else None (makes none)."""
+    machine = env.current().vm
+    return None if machine is None or machine.closed else machine
 
 
 def run(build) -> None:
@@ -49,19 +62,31 @@ def run(build) -> None:
 
 
 def sync() -> None:
-    """Wait for everything issued so far (device work included); raise the first kept error."""
+    """Wait for everything issued so far (device work included).
+
+    Then raise, as one ``OpError``, every failure of an op issued by the *calling
+    thread* that no read has reported yet (other threads' failures stay theirs).
+    """
     vm = get_vm()
+    _drain(vm, "flow.sync()")
+    vm.raise_failures()
+
+
+def _drain(vm: VirtualMachine, what: str) -> None:
+    """Wait until everything issued so far has finished (failures stay pending)."""
     done = threading.Event()
     physical_run(lambda builder: builder.global_sync(done.set), vm)
-    vm.wait_until(done.is_set, "flow.sync()", drive=vm.sync_mode)
-    vm.raise_errors()
+    vm.wait_until(done.is_set, what, drive=vm.sync_mode)
 
 
 @contextlib.contextmanager
 def sync_mode(enabled: bool = True):
     """Run the VM on the caller's thread inside the block (step through ops with pdb).
 
-    Everything issued before is finished first; do not switch while other threads issue ops.
+    Everything issued before is finished first, and everything issued inside is
+    finished on the way out (then, as ``flow.sync()``, the block's unseen failures are
+    raised, unless another exception is already leaving the block).  Do not switch
+    while other threads issue ops.
     """
     vm = get_vm()
     sync()
@@ -69,23 +94,31 @@ def sync_mode(enabled: bool = True):
     try:
         yield vm
     finally:
-        sync()
-        vm.sync_mode = previous
+        try:
+            _drain(vm, "the end of a sync_mode block")
+        finally:
+            vm.sync_mode = previous
+    vm.raise_failures()
 
 
-def shutdown() -> None:
-    """Finish all work, stop the VM's threads and destroy its ep streams (a later op starts a new VM)."""
-    global _vm
+def shutdown(at_exit: bool = False) -> None:
+    """Finish all work, stop the VM's threads and destroy its ep streams (a later op starts a new VM).
+
+    Failures no read and no ``flow.sync()`` reported are printed to stderr; at
+    interpreter exit they also make the exit status 1 (``pyflow/_exit.py``).
+    """
+    ctx = env.current()
     with _vm_lock:
-        vm, _vm = _vm, None
+        vm, ctx.vm = ctx.vm, None
     if vm is None or vm.closed:
         return
     try:
-        done = threading.Event()
-        physical_run(lambda builder: builder.global_sync(done.set), vm)
-        vm.wait_until(done.is_set, "shutdown", drive=vm.sync_mode)
+        _drain(vm, "shutdown")
     finally:
-        vm.shutdown()
+        unseen = vm.shutdown()
+        report_unseen(unseen)
+        if at_exit and unseen:
+            _exit.mark_unseen_failures(len(unseen))
 
 
-atexit.register(shutdown)
+atexit.register(shutdown, at_exit=True)

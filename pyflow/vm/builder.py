@@ -14,14 +14,25 @@ user threads issue ops.  The builder's methods are OneFlow's:
   stream L: ``StreamWait`` when L and S are on one CUDA device and both support
   stream wait (one instruction if they share a worker, else a record/wait pair),
   otherwise ``RecordEvent`` on L.  Then every blob's ``last_used_stream`` is S.
+
+Every instruction remembers the user's line and thread that issued it
+(``policy.site`` / ``policy.thread``): a failure names that line and is
+pending for that thread.  Back pressure waits *before* anything is built, and
+building + receiving is a critical stretch (``interrupts.critical``): a Ctrl-C
+never leaves a tensor's stream history pointing at an instruction the VM did not
+receive.
 """
 
 from __future__ import annotations
+
+import threading
 
 from pyflow.device import Device
 from pyflow.device.device import DeviceType
 from pyflow.device.stream import Stream as StreamSymbol
 from pyflow.device.stream import StreamType, allocator_stream_type, default_stream
+from pyflow.vm import interrupts
+from pyflow.vm.failure import issue_site
 from pyflow.vm.instruction import Instruction
 from pyflow.vm.policies import (AccessBlobByCallback, AllocateTensors, Barrier, OpCall, RecordEvent,
                                 ReleaseTensor, StreamRecordEvent, StreamWait, StreamWaitEvent)
@@ -43,8 +54,11 @@ class InstructionsBuilder:
     def __init__(self, vm):
         self.vm = vm
         self.instructions: list[Instruction] = []
+        self.site = issue_site()                # the user's line that issued this PhysicalRun
+        self.thread = threading.get_ident()
 
     def _append(self, stream_symbol, policy) -> Instruction:
+        policy.site, policy.thread = self.site, self.thread
         instruction = Instruction(self.vm.get_vm_stream(stream_symbol), policy)
         self.instructions.append(instruction)
         return instruction
@@ -90,7 +104,9 @@ class InstructionsBuilder:
         """Turn storages whose tensors died (queued by finalizers) into ReleaseTensor instructions."""
         releases = self.vm.release_queue
         while not releases.empty():
-            self.release_tensor(releases.get_nowait())
+            storage = releases.get_nowait()
+            self.vm.unwatch(storage)
+            self.release_tensor(storage)
 
     def access_blob_by_callback(self, blob, callback, modifier: str = "const", name: str = "access_blob") -> None:
         """``callback(ep_stream, blob)`` on the blob device's default compute stream."""
@@ -110,12 +126,17 @@ class InstructionsBuilder:
         vm = self.vm
 
         def sync_everything():
-            for ep_stream in vm.ep_streams():
-                try:
-                    ep_stream.sync()
-                except Exception as error:  # noqa: BLE001 - kept, raised by flow.sync()
-                    vm.record_error("global_sync", error)
-            callback()
+            try:
+                errors = []
+                for ep_stream in vm.ep_streams():
+                    try:
+                        ep_stream.sync()
+                    except Exception as error:  # noqa: BLE001 - reported below, after every stream
+                        errors.append(error)
+                if errors:
+                    raise errors[0]  # the barrier fails: pending for the thread that called sync
+            finally:
+                callback()
 
         self.barrier(sync_everything, name="global_sync")
 
@@ -149,9 +170,16 @@ class InstructionsBuilder:
 
 
 def physical_run(build, vm) -> None:
-    """Build instructions with ``build(builder)`` and hand them to ``vm`` (OneFlow's PhysicalRun)."""
-    with vm.build_lock:
+    """Build instructions with ``build(builder)`` and hand them to ``vm`` (OneFlow's PhysicalRun).
+
+    In step-through mode the caller then runs the schedule rounds itself.
+    """
+    vm.check()                 # a VM thread's unexpected error is raised here, at the next call
+    vm.apply_back_pressure()   # may wait: before anything is built
+    with interrupts.critical(), vm.build_lock:
         builder = InstructionsBuilder(vm)
         builder.drain_releases()
         build(builder)
         vm.receive(builder.instructions)
+    if vm.sync_mode:
+        vm.drive()

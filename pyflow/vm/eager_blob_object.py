@@ -4,7 +4,8 @@
   size, its allocation (from a caching allocator, made when the instruction that
   first writes it is *prepared*), its dependence object, and the stream history
   SoftSyncStream needs: ``producer_stream`` (set once, by the first instruction that
-  uses it) and ``last_used_stream``.
+  uses it) and ``last_used_stream``; and ``failure``: set when an instruction
+  writing it failed (``pyflow/vm/failure.py``), so every later read raises.
 * ``EagerBlobObject`` is one tensor's view of a storage: shape, dtype, strides and
   offset in elements.  ``array()`` gives the array a kernel takes (numpy on a CPU,
   a device array for CUDA), made at compute time, when the memory exists.
@@ -44,6 +45,7 @@ class TensorStorage:
         self.producer_stream = None     # device.Stream symbols
         self.last_used_stream = None
         self.released = False
+        self.failure = None             # a vm.failure.Failure once an op writing it failed
 
     @property
     def allocated(self) -> bool:
@@ -91,6 +93,12 @@ class EagerBlobObject:
     @property
     def dep(self) -> LocalDepObject:
         return self.storage.dep
+
+    def covers_storage(self) -> bool:
+        """Is every byte of the storage one element of this blob (a write here rewrites it all)?"""
+        nbytes = math.prod(self.shape) * self.dtype.itemsize
+        return (self.offset == 0 and nbytes == self.storage.nbytes
+                and self.strides == contiguous_strides(self.shape))
 
     def view(self, shape, strides, offset) -> "EagerBlobObject":
         """Another layout over the same storage (transpose, slice, reshape of contiguous)."""

@@ -23,6 +23,13 @@ The engine holds every instruction from receipt to release:
 The engine is pure bookkeeping and runs on one thread at a time (the scheduler
 thread, or the caller in step-through mode).  *How* to dispatch and run a barrier
 is the VM's business, passed in as functions.
+
+**Safe points.**  Between any two of its small steps (one release, one handled
+instruction, one dispatch) the engine's lists are consistent, and it calls
+``_safe_point``.  There, a Ctrl-C that arrived during the round is raised
+(``pyflow/vm/interrupts.py``), and tests may inject an exception with
+``interrupt_hook(point)``: whatever is raised at a safe point leaves the engine
+able to continue with the next round.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import collections
 import itertools
 import threading
 
+from pyflow.vm import interrupts
 from pyflow.vm.instruction import Instruction
 from pyflow.vm.policies.fuse import Fuse
 
@@ -44,7 +52,7 @@ class VirtualMachineEngine:
 
     def __init__(self, window: int = DEFAULT_WINDOW, on_release=None):
         self.window = window
-        self._pending: list[Instruction] = []
+        self._pending: collections.deque = collections.deque()
         self._pending_lock = threading.Lock()
         self.lively: dict[Instruction, None] = {}     # an ordered set, receipt order
         self.ready: collections.deque = collections.deque()
@@ -55,6 +63,7 @@ class VirtualMachineEngine:
         self.released = 0
         self.fused = 0
         self._on_release = on_release or (lambda instruction: None)
+        self.interrupt_hook = None  # tests: hook(point) is called at every safe point and may raise
 
     # --- caller side (any thread) ----------------------------------------------------
 
@@ -86,14 +95,21 @@ class VirtualMachineEngine:
         dispatched = self._dispatch_ready(dispatch)
         return bool(barrier or handled or dispatched)
 
+    def _safe_point(self, point: str) -> None:
+        """The lists are consistent here: raise a pending Ctrl-C, or what a test injects."""
+        if self.interrupt_hook is not None:
+            self.interrupt_hook(point)
+        interrupts.checkpoint()
+
     def _release_finished(self) -> int:
         count = 0
         for stream in list(self.active_streams):
             while stream.running and stream.running[0].done():
                 self._release(stream.running.popleft())
                 count += 1
+                self._safe_point("released")
             if not stream.running:
-                del self.active_streams[stream]
+                self.active_streams.pop(stream, None)
         return count
 
     def _release(self, instruction: Instruction) -> None:
@@ -110,7 +126,10 @@ class VirtualMachineEngine:
         instruction.out_edges = set()
         del self.lively[instruction]
         self.released += instruction.count
-        self._on_release(instruction)
+        try:
+            self._on_release(instruction)  # tracers: their mistakes must not break the round
+        except Exception:  # noqa: BLE001
+            pass
 
     def _try_run_barrier(self, run_barrier) -> bool:
         if not self.barriers or next(iter(self.lively)) is not self.barriers[0]:
@@ -118,20 +137,30 @@ class VirtualMachineEngine:
         barrier = self.barriers.popleft()
         barrier.dispatched = True
         barrier.mark("dispatched")
-        run_barrier(barrier)
-        self._release(barrier)
+        try:
+            run_barrier(barrier)
+        finally:
+            self._release(barrier)  # even if interrupted: it ran (or failed) and must not block the lists
+        self._safe_point("barrier")
         return True
 
     def _handle_pending(self) -> int:
         with self._pending_lock:
-            batch, self._pending = self._pending[: self.window], self._pending[self.window:]
-        for instruction in self._fuse(batch):
+            batch = [self._pending.popleft() for _ in range(min(self.window, len(self._pending)))]
+        items = self._fuse(batch)
+        for k, instruction in enumerate(items):
             self.lively[instruction] = None
             self._consume_dependences(instruction)
             if instruction.policy.is_barrier:
                 self.barriers.append(instruction)
             else:
                 self._make_ready_if_dispatchable(instruction)
+            try:
+                self._safe_point("handled")
+            except BaseException:
+                with self._pending_lock:  # the rest of the batch goes back, in order
+                    self._pending.extendleft(reversed(items[k + 1:]))
+                raise
         return len(batch)
 
     def _fuse(self, batch: list) -> list:
@@ -195,10 +224,11 @@ class VirtualMachineEngine:
             stream = instruction.stream
             stream.running.append(instruction)
             self.active_streams[stream] = None
-            dispatch(instruction)
             count += 1
+            dispatch(instruction)  # may raise an interrupt (step-through mode); it is launched anyway
             for successor in list(instruction.out_edges):  # pre-schedule
                 self._make_ready_if_dispatchable(successor)
+            self._safe_point("dispatched")
         return count
 
     # --- reports --------------------------------------------------------------------------

@@ -40,7 +40,6 @@ class Instruction:
         self.launched = False
         self.released = False
         self.event = None           # an ep event recorded after compute, if any
-        self.error: BaseException | None = None
         # Wall-clock marks (time.perf_counter) for tracing: received, dispatched,
         # started (compute began), launched (compute returned), released.
         self.times: dict[str, float] = {}
@@ -48,6 +47,11 @@ class Instruction:
     @property
     def name(self) -> str:
         return self.policy.name
+
+    @property
+    def failed(self) -> bool:
+        """Did any of its policies (a fused group's members) fail?"""
+        return any(p.failure is not None for p in self.policy.members())
 
     def mark(self, what: str) -> None:
         self.times[what] = time.perf_counter()

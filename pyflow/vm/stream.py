@@ -82,14 +82,30 @@ class Stream:
     # --- StreamPolicy::Run ---------------------------------------------------------------
 
     def run(self, instruction) -> None:
-        """Compute ``instruction`` here; record an event if "done" must wait for the device."""
-        instruction.mark("started")
-        self.ep_device.set_as_active()
-        instruction.policy.compute(instruction)
-        if self.event_recorded or instruction.policy.records_event:
-            event = self.ep_device.create_event()
-            self.ep_stream.record_event(event)
-            instruction.event = event
+        """Compute ``instruction`` here; record an event if "done" must wait for the device.
+
+        Each member policy (one, or a fused group's) runs on its own through
+        ``vm.compute_member``, so a failing member fails alone.  If something else
+        goes wrong (an interrupt), the members that did not finish fail with it.
+        """
+        members = instruction.policy.members()
+        finished = 0
+        try:
+            if any(p.failure is None for p in members):  # (a traced op that failed in prepare never starts)
+                instruction.mark("started")
+            self.ep_device.set_as_active()
+            for policy in members:
+                self.vm.compute_member(policy, instruction)
+                finished += 1
+            if self.event_recorded or instruction.policy.records_event:
+                event = self.ep_device.create_event()
+                self.ep_stream.record_event(event)
+                instruction.event = event
+        except BaseException as error:
+            for policy in members[finished:]:
+                if policy.failure is None:
+                    self.vm.fail(policy, error)
+            raise
 
     def __repr__(self) -> str:
         return f"<vm.Stream {self.name}>"

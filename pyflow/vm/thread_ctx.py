@@ -4,9 +4,12 @@ A ``ThreadCtx`` is one worker thread with a queue.  The scheduler *dispatches* a
 instruction by appending it to the queue of its stream's ThreadCtx and notifying
 the worker; the worker computes instructions in the order they arrived (so one
 stream's instructions keep their order), marks each *launched*, and notifies the
-scheduler when its queue runs dry (one wake-up per batch, not per instruction).  An exception in a compute never kills the worker: it is kept on the
-instruction and reported by the VM, with the instruction's name, at the next
-synchronisation point.
+scheduler when its queue runs dry (one wake-up per batch, not per instruction).
+An op's exception never kills the worker: the VM marks that op failed
+(``pyflow/vm/failure.py``).  Anything else that goes wrong in the loop is caught
+too and handed to ``on_thread_error``: the VM raises it at the next call,
+naming the thread, and the worker carries on.  ``current`` / ``current_since``
+say what the worker is computing right now (for hang reports).
 
 ``Notifier`` is OneFlow's: ``notify()`` counts, ``wait()`` sleeps until the count
 is non-zero (or a timeout), then clears it; ``close()`` wakes everyone for good.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 
 __all__ = ["Notifier", "ThreadCtx"]
 
@@ -50,13 +54,16 @@ class Notifier:
 class ThreadCtx:
     """One worker thread computing the instructions of the streams that share it."""
 
-    def __init__(self, key, on_launched):
+    def __init__(self, key, on_launched, on_thread_error):
         self.key = key                      # (device type, thread uid)
         self._queue: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self.notifier = Notifier()
         self._on_launched = on_launched     # the VM's hook: wakes the scheduler
+        self._on_thread_error = on_thread_error  # the VM's hook: report an unexpected error
         self.thread: threading.Thread | None = None  # started by the first submit
+        self.current = None                 # the instruction being computed, if any
+        self.current_since = 0.0            # time.monotonic() when it started
 
     def submit(self, instruction) -> None:
         """Queue a dispatched instruction for this worker (scheduler thread)."""
@@ -76,8 +83,15 @@ class ThreadCtx:
                         break
                     instruction = self._queue.popleft()
                     last = not self._queue
-                run_instruction(instruction)
-                self._on_launched(instruction, wake_scheduler=last)
+                self.current, self.current_since = instruction, time.monotonic()
+                try:
+                    run_instruction(instruction)
+                    self._on_launched(instruction, wake_scheduler=last)
+                except BaseException as error:  # noqa: BLE001 - supervised: reported, never silent
+                    instruction.launched = True
+                    self._on_thread_error(self.thread.name, error)
+                finally:
+                    self.current = None
                 del instruction  # hold nothing while idle: tensors it references must be freeable
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -87,12 +101,15 @@ class ThreadCtx:
 
 
 def run_instruction(instruction) -> None:
-    """Compute one instruction on its stream; never raises (the error is kept)."""
+    """Compute one instruction on its stream; op errors are failures, never raised here.
+
+    Only an interrupt (step-through mode, on the main thread) escapes.  Either
+    way the instruction ends *launched*, so the engine can release it.
+    """
     try:
-        if instruction.error is None:
-            instruction.stream.run(instruction)
-    except BaseException as error:  # noqa: BLE001 - reported at the next sync point
-        instruction.error = error
+        instruction.stream.run(instruction)
+    except Exception:  # noqa: BLE001 - Stream.run already failed the members that did not finish
+        pass
     finally:
         instruction.mark("launched")
         instruction.launched = True

@@ -17,30 +17,52 @@ The engine (``engine.py``) is bookkeeping; the VirtualMachine gives it threads:
   ep streams are inline too, so pdb can step from ``flow.relu(x)`` into the kernel.
 
 It also owns what must be shared: the vm streams, the caching allocators, and
-the errors.  A failed instruction is kept with its name and raised as
-``OpError`` at the next synchronisation point; the VM keeps working.  Every wait
-(``wait_until``) watches for progress and raises ``VMHangError`` naming the
-oldest blocked instructions if nothing moves for ``hang_timeout`` seconds.
-Out of memory while preparing: wait for the device's running work, shrink the
-allocator's cache, retry once; then the instruction fails with OutOfMemoryError.
+the failures:
+
+* **Failures** (``failure.py``): ``fail(policy, error)`` marks what the op writes
+  as failed and keeps the failure *pending* for the thread that issued the op,
+  until a read of its output or that thread's ``flow.sync()`` reports it
+  (``take_failures``).  Fused instructions are prepared and computed member by
+  member (``compute_member``), so a failing member fails alone.
+* **Waiting** (``wait_until``) never mistakes work in progress for a hang: if
+  nothing moved for ``hang_timeout`` seconds but an instruction is still
+  computing (on a worker or an ep stream), it warns once
+  (``SlowInstructionWarning``, naming it and for how long) and keeps waiting;
+  only when nothing is running either does it raise ``VMHangError``, naming
+  each blocked instruction, what it waits for and for how long.  A wait from a
+  VM thread itself (a callback calling ``numpy()``) is refused at once.
+* **Supervision**: the scheduler and the workers catch anything unexpected,
+  keep running, and the error is raised as ``VMThreadError`` (naming the
+  thread) at the next call into the VM.
+* **Ctrl-C** (``interrupts.py``): building and the engine's rounds are critical
+  stretches; an interrupt is raised at the next safe point, and at once while a
+  kernel runs in step-through mode.
+* **Out of memory** while preparing: wait for the device's running work, shrink
+  the allocator's cache, retry once; then the op fails with OutOfMemoryError.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
+import sys
 import threading
 import time
+import warnings
+import weakref
 
 from pyflow.device import CachingAllocator, Device, ep
 from pyflow.device.ep.base import RawBuffer
 from pyflow.device.stream import StreamType
-from pyflow.errors import OpError, OutOfMemoryError, StreamExecutionError, VMHangError
+from pyflow.errors import OutOfMemoryError, SlowInstructionWarning, VMHangError, VMThreadError
+from pyflow.vm import interrupts
 from pyflow.vm.engine import VirtualMachineEngine
+from pyflow.vm.failure import Failure, first_failure
 from pyflow.vm.stream import Stream
 from pyflow.vm.thread_ctx import Notifier, ThreadCtx, run_instruction
 
-__all__ = ["VirtualMachine"]
+__all__ = ["VirtualMachine", "report_unseen"]
 
 _EVENT_POLL_SECONDS = 0.0005
 _IDLE_POLL_SECONDS = 0.05
@@ -66,7 +88,7 @@ class PinnedHostBackend:
 
 
 class VirtualMachine:
-    """Threads, streams, allocators and errors around one engine."""
+    """Threads, streams, allocators and failures around one engine."""
 
     def __init__(self, sync_mode: bool = False, hang_timeout: float | None = None,
                  high_water: int = 1_000, low_water: int = 500):
@@ -84,11 +106,14 @@ class VirtualMachine:
         self._allocators: dict = {}
         self._objects_lock = threading.Lock()
         self._schedule_lock = threading.Lock()
-        self._errors: list = []
-        self._errors_lock = threading.Lock()
+        self._failures: dict[int, list[Failure]] = {}  # thread ident -> failures it issued, not yet seen
+        self._failures_lock = threading.Lock()
+        self._thread_errors: list = []             # (thread name, error) caught by supervision
+        self._watched: dict = {}                   # storage id -> weakref to the handle that keeps it
         self._notifier = Notifier()                # wakes the scheduler
         self._progress = threading.Condition()     # wakes waiting callers
         self._scheduler: threading.Thread | None = None
+        interrupts.install()
 
     # --- shared objects -------------------------------------------------------------
 
@@ -102,7 +127,7 @@ class VirtualMachine:
                     key = (symbol.device.device_type, symbol.thread_uid)
                     ctx = self._thread_ctxs.get(key)
                     if ctx is None and symbol.stream_type is not StreamType.barrier:
-                        ctx = self._thread_ctxs[key] = ThreadCtx(key, self._on_launched)
+                        ctx = self._thread_ctxs[key] = ThreadCtx(key, self._on_launched, self._on_thread_error)
                     stream = self._streams[symbol] = Stream(self, symbol, ctx)
         return stream
 
@@ -121,20 +146,46 @@ class VirtualMachine:
                     found = self._allocators[key] = CachingAllocator(backend, device=name)
         return found
 
+    def watch(self, handle, storage) -> None:
+        """Queue ``storage`` for a ReleaseTensor once ``handle`` (its tensors' keeper) dies.
+
+        The weakref callback is ``SimpleQueue.put`` bound by ``functools.partial``:
+        C code only, so no Ctrl-C can land between the handle's death and the
+        queueing, and no memory leaks.  The next PhysicalRun turns it into a release.
+        """
+        self._watched[storage.id] = weakref.ref(handle, functools.partial(self.release_queue.put, storage))
+
+    def unwatch(self, storage) -> None:
+        self._watched.pop(storage.id, None)
+
     # --- receiving ---------------------------------------------------------------------
 
-    def receive(self, instructions) -> None:
-        """Hand instructions to the engine (OneFlow's Receive)."""
-        if self.closed:
-            raise RuntimeError("the virtual machine was shut down")
+    def check(self) -> None:
+        """Raise what supervision caught in a VM thread (``VMThreadError``), once."""
+        if self._thread_errors:
+            errors, self._thread_errors = self._thread_errors, []
+            name, error = errors[0]
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise VMThreadError(f"the VM's thread {name!r} hit an unexpected error: "
+                                f"{type(error).__name__}: {error}{more}; it keeps running", thread=name) from error
+
+    def apply_back_pressure(self) -> None:
+        """Block the caller while too many instructions are in flight (before it builds anything)."""
         if not self.sync_mode and self.engine.in_flight() > self.high_water:
             self.wait_until(lambda: self.engine.in_flight() < self.low_water, "back pressure")
+
+    def receive(self, instructions) -> None:
+        """Hand instructions to the engine (OneFlow's Receive); never waits."""
+        if self.closed:
+            raise RuntimeError("the virtual machine was shut down")
         self.engine.receive(instructions)
-        if self.sync_mode:
-            self._drive_until(self.engine.empty)
-        else:
+        if not self.sync_mode:
             self._start_scheduler()
             self._notifier.notify()
+
+    def drive(self) -> None:
+        """Step-through mode: run schedule() rounds on this thread until everything was released."""
+        self._drive_until(self.engine.empty)
 
     def _start_scheduler(self) -> None:
         if self._scheduler is None:
@@ -149,12 +200,14 @@ class VirtualMachine:
     def _schedule_until_idle(self) -> bool:
         moved = False
         released = self.engine.released
-        with self._schedule_lock:
-            while self.engine.schedule(self._dispatch, self._run_barrier):
-                moved = True
-        if moved or self.engine.released != released:  # a release may be what a caller waits for
-            with self._progress:
-                self._progress.notify_all()
+        try:
+            with interrupts.critical(), self._schedule_lock:
+                while self.engine.schedule(self._dispatch, self._run_barrier):
+                    moved = True
+        finally:
+            if moved or self.engine.released != released:  # a release may be what a caller waits for
+                with self._progress:
+                    self._progress.notify_all()
         return moved
 
     def _waiting_on_events(self) -> bool:
@@ -163,11 +216,15 @@ class VirtualMachine:
 
     def _scheduler_loop(self) -> None:
         while True:
-            timeout = _EVENT_POLL_SECONDS if self._waiting_on_events() else (
-                _IDLE_POLL_SECONDS if not self.engine.empty() else None)
-            if not self._notifier.wait(timeout):
-                return
-            self._schedule_until_idle()
+            try:
+                timeout = _EVENT_POLL_SECONDS if self._waiting_on_events() else (
+                    _IDLE_POLL_SECONDS if not self.engine.empty() else None)
+                if not self._notifier.wait(timeout):
+                    return
+                self._schedule_until_idle()
+            except BaseException as error:  # noqa: BLE001 - supervised: reported, never silent
+                self._on_thread_error(threading.current_thread().name, error)
+                time.sleep(_EVENT_POLL_SECONDS)  # a persistent fault must not spin
 
     def _drive_until(self, predicate) -> None:
         """Step-through mode: run schedule() rounds on this thread until ``predicate()``."""
@@ -175,30 +232,73 @@ class VirtualMachine:
         self.wait_until(predicate, "step-through scheduling", drive=True)
 
     def _dispatch(self, instruction) -> None:
-        self._prepare(instruction)
-        if self.sync_mode or instruction.stream.on_scheduler_thread:
-            run_instruction(instruction)
+        inline = self.sync_mode or instruction.stream.on_scheduler_thread
+        try:
+            self._prepare(instruction)
+        except BaseException:  # interrupted: its members failed; launched, so the engine releases it
+            instruction.launched = True
             self._on_launched(instruction)
-        else:
+            raise
+        if not inline:
             instruction.stream.thread_ctx.submit(instruction)
-
-    def _run_barrier(self, instruction) -> None:
-        run_instruction(instruction)
-        self._on_launched(instruction)
-
-    def _prepare(self, instruction) -> None:
-        if instruction.error is not None:
             return
         try:
+            with interrupts.allowed():  # a kernel in step-through mode: Ctrl-C at once
+                run_instruction(instruction)
+        finally:
+            self._on_launched(instruction)
+
+    def _run_barrier(self, instruction) -> None:
+        try:
+            with interrupts.allowed():
+                run_instruction(instruction)
+        finally:
+            self._on_launched(instruction)
+
+    def _prepare(self, instruction) -> None:
+        """Prepare (allocate) each member on its own; a failing member fails alone."""
+        members = instruction.policy.members()
+        for k, policy in enumerate(members):
             try:
-                instruction.policy.prepare(instruction)
+                self._prepare_member(policy, instruction)
+            except BaseException as error:  # an interrupt: nothing after it was prepared
+                for rest in members[k:]:
+                    if rest.failure is None:
+                        self.fail(rest, error)
+                raise
+
+    def _prepare_member(self, policy, instruction) -> None:
+        if first_failure(policy.read_blobs()) is not None:
+            return  # it will not run (its outputs carry the failure): allocate nothing
+        try:
+            try:
+                policy.prepare(instruction)
             except OutOfMemoryError:
                 # OneFlow's handler: let running work finish, empty the cache, retry once.
                 self._wait_device_idle(instruction)
                 instruction.stream.allocator.shrink()
-                instruction.policy.prepare(instruction)
-        except BaseException as error:  # noqa: BLE001 - the instruction fails, the VM goes on
-            instruction.error = error
+                policy.prepare(instruction)
+        except Exception as error:  # noqa: BLE001 - the op fails, the VM goes on
+            self.fail(policy, error)
+
+    def compute_member(self, policy, instruction) -> None:
+        """Compute one policy (a fused group's member) unless it, or what it reads, failed."""
+        if policy.failure is not None:
+            return  # its prepare failed
+        if not policy.handles_failed_inputs:
+            upstream = first_failure(policy.read_blobs()) or next(
+                (b.storage.failure for b in policy.written_blobs()
+                 if b.storage.failure is not None and not b.storage.allocated), None)
+            if upstream is not None:
+                self.propagate(policy, upstream)
+                return
+        try:
+            policy.compute(instruction)
+        except Exception as error:  # noqa: BLE001 - the op fails, nothing else
+            self.fail(policy, error)
+        except BaseException as error:  # an interrupt: fail this member, then let it go up
+            self.fail(policy, error)
+            raise
 
     def _wait_device_idle(self, instruction) -> None:
         device = instruction.stream.device
@@ -213,8 +313,6 @@ class VirtualMachine:
 
     def _on_launched(self, instruction, wake_scheduler: bool = True) -> None:
         self.launched += 1
-        if instruction.error is not None:
-            self.record_error(instruction.name, instruction.error)
         if wake_scheduler and not self.sync_mode:
             self._notifier.notify()
 
@@ -222,57 +320,137 @@ class VirtualMachine:
         for tracer in list(self.tracers):
             tracer.on_release(instruction)
 
-    # --- errors and waiting ------------------------------------------------------------------
+    def _on_thread_error(self, thread_name: str, error: BaseException) -> None:
+        """Supervision: a VM thread caught something unexpected; the next call raises it."""
+        self._thread_errors.append((thread_name, error))
+        with self._progress:
+            self._progress.notify_all()
 
-    def record_error(self, name: str, error: BaseException) -> None:
-        if isinstance(error, StreamExecutionError) and getattr(error, "task", None):
-            name = error.task  # an ep task failed: name the op whose kernel it was
-        with self._errors_lock:
-            self._errors.append((name, error))
+    # --- failures ----------------------------------------------------------------------------
 
-    def raise_errors(self) -> None:
-        """Raise the first kept error as OpError (and forget them all)."""
-        with self._errors_lock:
-            errors, self._errors = self._errors, []
-        if errors:
-            name, error = errors[0]
-            if isinstance(error, StreamExecutionError) and error.__cause__ is not None:
-                error = error.__cause__  # the kernel's own exception, not the ep stream's wrapper
-            more = f" (and {len(errors) - 1} more failed instruction(s))" if len(errors) > 1 else ""
-            raise OpError(f"op {name!r} failed: {type(error).__name__}: {error}{more}", op=name) from error
+    def fail(self, policy, error: BaseException) -> Failure:
+        """``policy`` failed: mark what it writes failed; the failure is pending for its thread."""
+        interrupted = not isinstance(error, Exception)  # KeyboardInterrupt, SystemExit: the user saw it
+        if interrupted:  # keep a fresh copy: the original's traceback reaches the user's frames and tensors
+            error = type(error)(f"{policy.name} was interrupted ({type(error).__name__}) before it finished")
+        failure = Failure(policy.name, error, policy.site, policy.thread)
+        failure.reported = interrupted
+        policy.failure = failure
+        for blob in policy.written_blobs():
+            blob.storage.failure = failure
+        if not failure.reported:
+            with self._failures_lock:
+                self._failures.setdefault(failure.thread, []).append(failure)
+        return failure
+
+    def propagate(self, policy, upstream: Failure) -> None:
+        """``policy`` did not run because what it reads failed: what it writes carries that failure."""
+        policy.failure = upstream
+        for blob in policy.written_blobs():
+            blob.storage.failure = upstream
+
+    def take_failures(self, thread: int | None = None) -> list:
+        """The failures nobody has seen yet, issued by ``thread`` (None: every thread); now seen."""
+        with self._failures_lock:
+            threads = list(self._failures) if thread is None else [thread]
+            taken = [f for t in threads for f in self._failures.pop(t, ()) if not f.reported]
+        for failure in taken:
+            failure.reported = True
+        return taken
+
+    def raise_failures(self) -> None:
+        """Raise the calling thread's unseen failures (the first, listing the others) as OpError."""
+        failures = self.take_failures(threading.get_ident())
+        if failures:
+            raise failures[0].to_error(others=failures[1:])
+
+    # --- waiting -----------------------------------------------------------------------------
 
     def _progress_mark(self) -> tuple:
         return (self.engine.received, self.engine.released, self.launched)
 
     def wait_until(self, predicate, what: str, drive: bool = False) -> None:
-        """Block until ``predicate()``; VMHangError if the VM makes no progress for hang_timeout."""
-        mark, since = self._progress_mark(), time.monotonic()
+        """Block until ``predicate()``.
+
+        If nothing moves for ``hang_timeout`` seconds: while something is still
+        running, warn once per instruction and go on waiting; otherwise raise
+        ``VMHangError`` naming what is blocked.
+        """
+        self._refuse_own_thread(what)
+        mark, since, warned = self._progress_mark(), time.monotonic(), set()
         while not predicate():
+            self.check()
             if drive:
                 if not self._schedule_until_idle():
                     time.sleep(_EVENT_POLL_SECONDS)
             else:
                 with self._progress:
-                    if not predicate():
+                    if not predicate() and not self._thread_errors:
                         self._progress.wait(_IDLE_POLL_SECONDS)
             now = time.monotonic()
             if self._progress_mark() != mark:
                 mark, since = self._progress_mark(), now
             elif self.hang_timeout is not None and now - since > self.hang_timeout:
-                raise VMHangError(self._hang_report(what))
+                running = self._running()
+                if not running:
+                    raise VMHangError(self._hang_report(what, now - since))
+                for instruction, seconds, where in running:
+                    if instruction not in warned:
+                        warned.add(instruction)
+                        warnings.warn(SlowInstructionWarning(
+                            f"{instruction.name} #{instruction.serial} has been running {where} for "
+                            f"{seconds:.0f} s while waiting for {what}; still waiting (not a hang: "
+                            "Ctrl-C interrupts the wait)"), stacklevel=3)
 
-    def _hang_report(self, what: str) -> str:
-        lines = [f"the VM made no progress for {self.hang_timeout:g} s while waiting for {what} "
-                 f"(PYFLOW_VM_HANG_TIMEOUT); oldest instructions:"]
+    def _refuse_own_thread(self, what: str) -> None:
+        current = threading.current_thread()
+        if current in self.threads():
+            raise VMHangError(f"{what} was called on the VM's own thread {current.name!r} (inside an "
+                              "instruction's callback): it would wait for itself forever")
+
+    def _running(self) -> list:
+        """``(instruction, seconds, where)`` for each instruction computing right now."""
+        now, found, seen = time.monotonic(), [], set()
+        for ctx in list(self._thread_ctxs.values()):
+            instruction = ctx.current
+            if instruction is not None:
+                seen.add(instruction)
+                found.append((instruction, now - ctx.current_since, f"on worker {ctx.thread.name}"))
+        for stream in list(self.engine.active_streams):
+            for instruction in list(stream.running):
+                if instruction in seen or not instruction.launched or instruction.done():
+                    continue
+                busy = [b for b in (e.busy() for e in stream.ep_streams()) if b is not None]
+                computing = [b for b in busy if b[0] not in ("wait_event", "sync")]
+                if computing:
+                    name, seconds = computing[0]
+                    since_launch = now - instruction.times.get("launched", now)
+                    found.append((instruction, seconds if seconds is not None else since_launch,
+                                  f"on {stream.name} (its ep stream runs {name!r})"))
+                    break  # the stream's head is what runs; the rest wait behind it
+        return found
+
+    def _hang_report(self, what: str, idle: float) -> str:
+        now = time.perf_counter()
+        lines = [f"the VM made no progress for {idle:.1f} s while waiting for {what} and nothing is "
+                 f"running (PYFLOW_VM_HANG_TIMEOUT={self.hang_timeout:g}); blocked instructions, oldest first:"]
         for instruction in self.engine.oldest():
             if not instruction.dispatched:
-                blockers = ", ".join(repr(i) for i in list(instruction.in_edges)[:3]) or "nothing (a barrier)"
-                state = f"waiting for {blockers}"
+                if instruction.policy.is_barrier:
+                    oldest = next(iter(self.engine.lively))
+                    blockers = f"every earlier instruction (a barrier; the oldest is {oldest!r})"
+                else:
+                    blockers = ", ".join(repr(i) for i in list(instruction.in_edges)[:3])
+                state, since = f"waiting for {blockers}", instruction.times.get("received", now)
             elif not instruction.launched:
-                state = f"running on worker {getattr(instruction.stream.thread_ctx, 'key', 'scheduler')}"
+                state = f"queued on worker {getattr(instruction.stream.thread_ctx, 'key', 'scheduler')}"
+                since = instruction.times.get("dispatched", now)
             else:
-                state = "launched, waiting for its event"
-            lines.append(f"  {instruction.name} #{instruction.serial} on {instruction.stream.name}: {state}")
+                busy = [b for b in (e.busy() for e in instruction.stream.ep_streams()) if b is not None]
+                doing = f"; its ep stream is at {busy[0][0]!r}" if busy else "; its ep stream is idle"
+                state, since = f"launched, waiting for its device event{doing}", instruction.times.get("launched", now)
+            lines.append(f"  {instruction.name} #{instruction.serial} on {instruction.stream.name}: "
+                         f"{state} (for {now - since:.1f} s)")
         return "\n".join(lines)
 
     # --- teardown -----------------------------------------------------------------------------
@@ -280,10 +458,13 @@ class VirtualMachine:
     def ep_streams(self) -> list:
         return [s for stream in list(self._streams.values()) for s in stream.ep_streams()]
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the scheduler and workers and destroy the ep streams (after draining)."""
+    def shutdown(self, timeout: float = 10.0) -> list:
+        """Stop the scheduler and workers and destroy the ep streams (after draining).
+
+        Returns the failures nobody saw (every thread's); the caller reports them.
+        """
         if self.closed:
-            return
+            return []
         self.closed = True
         self._notifier.close()
         if self._scheduler is not None and self._scheduler is not threading.current_thread():
@@ -294,12 +475,24 @@ class VirtualMachine:
             for ep_stream in stream.ep_streams():
                 try:
                     stream.ep_device.destroy_stream(ep_stream)
-                except Exception:  # noqa: BLE001 - errors were reported at sync points
+                except Exception:  # noqa: BLE001 - op errors were kept as failures already
                     pass
         for allocator in self._allocators.values():
             allocator.shrink()
+        return self.take_failures()
 
     def threads(self) -> list:
         """Every thread this VM started (for leak checks)."""
         found = [self._scheduler] if self._scheduler is not None else []
         return found + [ctx.thread for ctx in list(self._thread_ctxs.values()) if ctx.thread is not None]
+
+
+def report_unseen(failures, stream=None) -> None:
+    """Print failures nobody read or synced (at shutdown), one per line, to stderr."""
+    if not failures:
+        return
+    stream = stream or sys.stderr
+    print(f"pyflow: {len(failures)} failed op(s) were never reported (no read of their outputs and "
+          "no flow.sync() in the thread that issued them):", file=stream)
+    for failure in failures:
+        print(f"  {failure.describe()}", file=stream)

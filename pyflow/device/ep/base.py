@@ -106,6 +106,14 @@ class Stream(abc.ABC):
         """The numba stream to pass to kernel launches on a GPU; 0 elsewhere."""
         return 0
 
+    def busy(self) -> tuple | None:
+        """What the stream is executing now: ``(task name, seconds so far)``, or None when idle.
+
+        For hang reports.  A stream whose host cannot see its device work (a GPU)
+        answers ``("device work", None)``: it may be busy.  Default: idle (inline streams).
+        """
+        return None
+
     @abc.abstractmethod
     def launch(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:
         """Enqueue ``fn(*args)`` after the work already queued; may return before it ran.

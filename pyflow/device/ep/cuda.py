@@ -77,6 +77,10 @@ class CudaStream(base.Stream):
         """The numba stream (``kernel[grid, block, stream.native](...)``)."""
         return self._native
 
+    def busy(self) -> tuple:
+        """The host cannot see what a GPU stream is doing: it may be busy."""
+        return ("device work", None)
+
     def launch(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:
         """Run ``fn(*args)`` now with the device active; its kernels run asynchronously."""
         if self.destroyed:

@@ -149,6 +149,7 @@ class EmulatedStream(base.Stream):
         self._errors = TaskErrors(f"{device.device}/{name}")
         self._lock = threading.Lock()  # orders "is it destroyed?" with "enqueue"
         self.destroyed = False
+        self._current: tuple | None = None  # (task name, time.monotonic() it started) while one runs
         self.thread = None
         if not inline:
             self.thread = threading.Thread(target=self._worker_loop, name=f"pyflow-ep-{device.device}-{name}",
@@ -164,10 +165,18 @@ class EmulatedStream(base.Stream):
             fn, args, name = task
             if self.settings.max_delay > 0:
                 time.sleep(self._rng.uniform(0.0, self.settings.max_delay))
+            self._current = (name, time.monotonic())
             try:
                 fn(*args)
             except BaseException as error:  # never let the worker die silently
                 self._errors.add(name, error)
+            finally:
+                self._current = None
+
+    def busy(self) -> tuple | None:
+        """``(task name, seconds)`` of the task the worker runs now, or None."""
+        current = self._current
+        return None if current is None else (current[0], time.monotonic() - current[1])
 
     def _enqueue(self, fn: Callable[..., Any], args: tuple, name: str) -> None:
         with self._lock:
@@ -178,7 +187,7 @@ class EmulatedStream(base.Stream):
                 return
         try:  # inline: run now, keep the error for sync() as a worker would
             fn(*args)
-        except BaseException as error:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001 - a Ctrl-C must reach the user, not wait for sync()
             self._errors.add(name, error)
 
     def launch(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:

@@ -17,6 +17,14 @@ A policy answers the engine's questions about one kind of instruction:
   ``compute(instruction)`` (worker thread: the work itself);
 * ``records_event`` - record an ep event after compute, so that "done" waits for
   the device (RecordEvent; every instruction of an event-recorded stream, d2h).
+
+For pyflow's failure semantics (``pyflow/vm/failure.py``) a policy also says
+which blobs it ``read_blobs`` and ``written_blobs`` (a failure marks the written
+ones failed; a failed read blob means the policy does not run), and carries
+``site`` / ``thread``: the user's line and thread that issued it (set by the
+builder).  ``members()`` is the policy itself, or a fused group's policies:
+the VM prepares and computes each member on its own, so one member's failure
+never touches another's.
 """
 
 from __future__ import annotations
@@ -31,6 +39,22 @@ class InstructionPolicy:
     fuse_type = "none"
     is_barrier = False
     records_event = False
+    handles_failed_inputs = False  # True: compute runs even if a read blob failed; the policy deals with it
+    failure = None                 # the Failure of this policy, once it failed
+    site = ("<pyflow>", 0)         # (filename, lineno) of the user's line that issued it
+    thread = None                  # threading.get_ident() of the thread that issued it
+
+    def members(self) -> tuple:
+        """The policies to prepare and compute one by one (a fused group: its members)."""
+        return (self,)
+
+    def read_blobs(self) -> tuple:
+        """Blobs whose values this policy reads (a failed one stops it)."""
+        return ()
+
+    def written_blobs(self) -> tuple:
+        """Blobs this policy writes (marked failed when it fails)."""
+        return ()
 
     def input_dependences(self) -> list:
         return []

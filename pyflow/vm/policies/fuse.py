@@ -5,6 +5,10 @@ The engine fuses consecutive instructions of one vm stream that share the same
 anyway, so treating them as one instruction saves scheduling work.  An
 instruction whose ``fuse_type`` is "tail_only" (a RecordEvent) may only end a
 group.
+
+Fusion never changes failure: the VM prepares and computes the ``members()``
+one by one, so a member that fails (a bad allocation, a kernel error) fails
+alone and names itself, not ``fuse[...]``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ __all__ = ["Fuse"]
 
 
 class Fuse(InstructionPolicy):
-    """Prepare and compute each fused policy in turn; dependences are the union."""
+    """Several policies as one instruction; dependences are the union, the members run in turn."""
 
     fuse_type = "none"
 
@@ -34,10 +38,5 @@ class Fuse(InstructionPolicy):
     def stream_sequential_dependence(self):
         return self.policies[0].stream_sequential_dependence
 
-    def prepare(self, instruction) -> None:
-        for policy in self.policies:
-            policy.prepare(instruction)
-
-    def compute(self, instruction) -> None:
-        for policy in self.policies:
-            policy.compute(instruction)
+    def members(self) -> list:
+        return self.policies

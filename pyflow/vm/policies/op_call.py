@@ -11,6 +11,12 @@
 * **Compute** (worker thread) makes the arrays and hands the kernel to the ep
   stream: on a GPU it is queued and runs asynchronously; on emulated streams it
   runs on the stream's worker; on the CPU it runs now.
+* **Failure** travels with the task: when the task runs (in stream order, so
+  every earlier kernel has run and every failure among the inputs is known) it
+  first looks at its inputs; if one failed, it skips the kernel and its outputs
+  carry the first input's failure (deterministic, whatever the timing).  A
+  kernel that raises fails this op alone (``vm.fail``).  A success that
+  overwrites a whole storage clears an old failure there.
 
 ``run(outputs, inputs, native_stream)`` is the op's kernel with its attributes
 already bound (the framework builds it); the VM never looks inside.
@@ -18,6 +24,7 @@ already bound (the framework builds it); the VM never looks inside.
 
 from __future__ import annotations
 
+from pyflow.vm.failure import first_failure
 from pyflow.vm.policies.base import InstructionPolicy
 
 __all__ = ["OpCall"]
@@ -35,6 +42,8 @@ def _unique(deps):
 class OpCall(InstructionPolicy):
     """One op's kernel over input and output blobs, on one stream."""
 
+    handles_failed_inputs = True  # checked in stream order, inside the task
+
     def __init__(self, name: str, run, inputs, outputs, stream, mutable_inputs=(), sequential: bool = False):
         self.name = name
         self.run = run
@@ -44,11 +53,18 @@ class OpCall(InstructionPolicy):
         written = [b.dep for b in self.outputs] + [b.dep for i, b in enumerate(self.inputs) if i in mutable]
         self._writes = _unique(written)
         self._reads = [d for d in _unique(b.dep for b in self.inputs) if all(d is not w for w in self._writes)]
+        self._written_blobs = self.outputs + [b for i, b in enumerate(self.inputs) if i in mutable]
         self._sequential = stream.schedule_dep if (sequential or mutable or not self.inputs) else None
         self.fuse_type = "enable" if self._sequential is not None else "none"
 
     def input_dependences(self) -> list:
         return self._reads
+
+    def read_blobs(self) -> list:
+        return self.inputs
+
+    def written_blobs(self) -> list:
+        return self._written_blobs
 
     def output_dependences(self) -> list:
         return self._writes
@@ -63,11 +79,27 @@ class OpCall(InstructionPolicy):
             blob.storage.allocate(allocator)
 
     def compute(self, instruction) -> None:
-        for position, blob in enumerate(self.inputs):
-            if not blob.storage.allocated:
-                raise RuntimeError(f"{self.name}: input {position} ({blob!r}) holds no data; the op "
-                                   "that should have produced it failed")
-        ep_stream = instruction.stream.ep_stream
-        outputs = [blob.array() for blob in self.outputs]
-        inputs = [blob.array() for blob in self.inputs]
-        ep_stream.launch(self.run, outputs, inputs, ep_stream.native, name=self.name)
+        vm, ep_stream = instruction.stream.vm, instruction.stream.ep_stream
+        # A blob without memory belongs to an op that failed to prepare: nothing to run then.
+        runnable = all(b.storage.allocated for b in self.inputs) and all(b.storage.allocated for b in self.outputs)
+        outputs = [blob.array() for blob in self.outputs] if runnable else None
+        inputs = [blob.array() for blob in self.inputs] if runnable else None
+
+        def task():  # runs in stream order: every kernel this one depends on has run
+            upstream = first_failure(self.inputs) or (None if runnable else first_failure(self.outputs))
+            if upstream is not None:
+                vm.propagate(self, upstream)
+                return
+            try:
+                self.run(outputs, inputs, ep_stream.native)
+            except Exception as error:  # noqa: BLE001 - the op fails, nothing else
+                vm.fail(self, error)
+                return
+            except BaseException as error:  # an interrupt (step-through mode): fail, then let it go up
+                vm.fail(self, error)
+                raise
+            for blob in self.outputs:
+                if blob.storage.failure is not None and blob.covers_storage():
+                    blob.storage.failure = None  # fully rewritten: healthy again
+
+        ep_stream.launch(task, name=self.name)

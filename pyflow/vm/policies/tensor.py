@@ -9,7 +9,9 @@
   builder first syncs the last user's stream to the producer's.
 * ``AccessBlobByCallback`` - run a Python callback with the ep stream and a blob,
   e.g. ``.numpy()`` copies the blob to the host and waits.  The modifier "const"
-  reads the blob; "mut" writes it (filling a tensor from numpy).
+  reads the blob; "mut" writes it (filling a tensor from numpy).  A "const"
+  callback runs even when the blob failed: it is how a reader learns of the
+  failure (``blob.storage.failure``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class AllocateTensors(InstructionPolicy):
 
     def output_dependences(self) -> list:
         return [b.dep for b in self.blobs]
+
+    def written_blobs(self) -> list:
+        return self.blobs
 
     def prepare(self, instruction) -> None:
         for blob in self.blobs:
@@ -53,10 +58,18 @@ class ReleaseTensor(InstructionPolicy):
 class AccessBlobByCallback(InstructionPolicy):
     """``callback(ep_stream, blob)`` in stream order (``modifier``: "const" or "mut")."""
 
+    handles_failed_inputs = True
+
     def __init__(self, blob, callback, modifier: str = "const", name: str = "access_blob"):
         if modifier not in ("const", "mut"):
             raise ValueError(f"modifier must be 'const' or 'mut', got {modifier!r}")
         self.blob, self.callback, self.modifier, self.name = blob, callback, modifier, name
+
+    def read_blobs(self) -> tuple:
+        return (self.blob,) if self.modifier == "const" else ()
+
+    def written_blobs(self) -> tuple:
+        return (self.blob,) if self.modifier == "mut" else ()
 
     def input_dependences(self) -> list:
         return [self.blob.dep] if self.modifier == "const" else []
