@@ -2,14 +2,17 @@
 
 Each test states one property of the public surface: how ``flow.tensor`` picks
 dtypes, what the factories make, the attributes, ``numpy()`` / ``item()`` /
-``.to()``, operators and functions (values and result dtypes as numpy computes
-them), views (which share the storage of their base), and errors: bad input
+``.to()``, operators and functions (values as numpy computes them, result dtypes
+as PyTorch promotes), views (which share the storage of their base), and errors: bad input
 raises at the call, before any instruction exists, with a message naming the
 op, the shapes, dtypes and devices, and the VM stays usable afterwards.  A
 kernel that fails on a worker surfaces as ``OpError`` at the next sync point.
 
 "cuda" runs in pyflow's simulator on emulated asynchronous streams, so tensors
-here stay tiny.
+here stay tiny.  By topic, more in test_tensor_api_promotion.py (dtypes),
+test_tensor_api_views.py (views, indexing), test_tensor_api_ops.py (math,
+reductions, creation, nn.functional), test_tensor_api_inplace.py (in-place ops)
+and test_bad_input.py (one row per bad input).
 """
 
 from __future__ import annotations
@@ -53,8 +56,9 @@ def arange(shape, dtype=np.float32, start=0.0) -> np.ndarray:
 def overwrite(t: flow.Tensor, values) -> None:
     """Write ``values`` into ``t``'s memory in VM order (as ``flow.tensor`` fills a new tensor).
 
-    pyflow has no in-place op yet; this is how a test changes a tensor's storage to
-    see which other tensors share it.
+    A raw VM write, independent of pyflow's in-place ops (tested on their own in
+    test_tensor_api_inplace.py): how a test changes a tensor's storage to see which
+    other tensors share it.
     """
     values = np.ascontiguousarray(values, dtype=t.dtype)
 
@@ -341,21 +345,25 @@ def test_comparisons_give_bool_tensors(device):
 
 @pytest.mark.parametrize("dtype, scalar, result", [
     ("float32", 1, "float32"), ("float32", 2.5, "float32"), ("float64", 3, "float64"),
-    ("int64", 2, "int64"), ("int64", 0.5, "float64"), ("int32", 3, "int32"),
+    ("int64", 2, "int64"), ("int64", 0.5, "float32"), ("int32", 3, "int32"), ("int16", True, "int16"),
 ])
-def test_python_scalars_are_weak_in_both_operand_orders(device, dtype, scalar, result):
+def test_python_scalars_follow_torch_promotion_in_both_operand_orders(device, dtype, scalar, result):
+    """A Python scalar never widens a tensor of its category (int64 + 2 stays int64, float32 + 2.5
+    float32); a float scalar makes an integer tensor float32; true division of integers is float32."""
     array = np.array([[1, 2], [3, 4]], dtype=dtype)
     t = flow.tensor(array, device=device)
-    cases = {"t+s": (t + scalar, array + scalar), "s+t": (scalar + t, scalar + array),
-             "t-s": (t - scalar, array - scalar), "s-t": (scalar - t, scalar - array),
-             "t*s": (t * scalar, array * scalar), "s*t": (scalar * t, scalar * array),
-             "s/t": (scalar / t, scalar / array), "t**s": (t ** scalar, array ** scalar),
-             "s**t": (scalar ** t, scalar ** array)}
-    assert (t + scalar).dtype == (scalar + t).dtype == (t * scalar).dtype == np.dtype(result)
-    for what, (actual, expected) in cases.items():
-        assert actual.dtype == expected.dtype, f"{what}: {actual.dtype} != numpy's {expected.dtype}"
+    result = np.dtype(result)
+    quotient = result if result.kind == "f" else np.dtype(np.float32)
+    a, s = array.astype(result), np.array(scalar).astype(result)
+    cases = {"t+s": (t + scalar, a + s, result), "s+t": (scalar + t, s + a, result),
+             "t-s": (t - scalar, a - s, result), "s-t": (scalar - t, s - a, result),
+             "t*s": (t * scalar, a * s, result), "s*t": (scalar * t, s * a, result),
+             "s/t": (scalar / t, s.astype(quotient) / a.astype(quotient), quotient),
+             "t**s": (t ** scalar, a ** s, result), "s**t": (scalar ** t, s ** a, result)}
+    for what, (actual, expected, dtype_) in cases.items():
+        assert actual.dtype == dtype_, f"{what}: {actual.dtype}, torch says {dtype_}"
         assert actual.device == t.device
-        assert_close(actual.numpy(), expected, what=what)
+        assert_close(actual.numpy(), expected.astype(dtype_), what=what)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -583,8 +591,8 @@ def test_dtype_errors_raise_dtype_error_at_the_call(device):
     rejected_at_the_call(DTypeError, lambda: flow.softmax(ints), op="softmax", tensors=[ints], device=device)
     rejected_at_the_call(DTypeError, lambda: flow.where(floats, floats, floats), op="where", tensors=[floats],
                          device=device)
-    rejected_at_the_call(DTypeError, lambda: flow.cat([floats, ints]), op="cat", tensors=[floats, ints],
-                         device=device)
+    rejected_at_the_call(DTypeError, lambda: ints.add_(floats), op="add", tensors=[ints, floats],
+                         device=device, extra=["can't be cast"])
     with pytest.raises(DTypeError):
         flow.tensor(["a", "b"], device=device)
     assert_vm_usable(device)

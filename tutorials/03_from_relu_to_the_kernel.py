@@ -16,8 +16,10 @@
 # 4. the VM orders them by their **dependences**, and a **worker thread** runs
 #    the kernel on the stream.
 #
-# This tutorial follows one relu through each step.  It also shows how to
-# **trace** the VM and how to **step through** it with a debugger.
+# This tutorial follows one relu through each step.  It then shows how an
+# **in-place op** (`x.add_(y)`) becomes a write that the VM orders after every
+# earlier reader (WAR) and writer (WAW), how to **trace** the VM, and how to
+# **step through** it with a debugger.
 #
 # Run it as a script (`python tutorials/03_from_relu_to_the_kernel.py`) or open
 # it as a notebook with jupytext.  It pokes at internals (`tensor._blob`,
@@ -42,7 +44,6 @@ from pyflow.framework.interpreter import get_default_device, kernel_target
 from pyflow.framework.op_registry import TensorMeta, get_op
 from pyflow.framework.tensor import Tensor
 from pyflow.kernels.registry import get_kernel
-from pyflow.trace import trace
 from pyflow.vm import InstructionsBuilder
 
 print(flow.backend_description())
@@ -175,7 +176,66 @@ print("after flow.sync():", hold, relu)
 assert hold.released and relu.released
 
 # %% [markdown]
-# ## 5. Streams: symbol, vm stream, worker
+# ## 5. An in-place op: a write, with WAR and WAW edges
+#
+# `x.add_(one)` (or `x += one`) is the `add` op with `out=[x]`
+# (`interpreter.apply("add", [x, one], out=[x])`).  The OpCall's output is not a
+# new tensor but `x`'s own blob, so the instruction **writes** `x`'s storage.
+# A write waits for the last writer (WAW) and for every reader since it (WAR):
+# a relu issued before the `add_` must read the old values.
+#
+# `op_call_into` below is `op_call` with an existing output.  As in section 4, a
+# gate holds an earlier writer of `x`; then we issue a relu that reads `x`, and
+# the in-place add.
+
+# %%
+def op_call_into(builder, name, inputs, out):
+    """apply(name, inputs, out=[out]) in miniature: the OpCall writes ``out``'s blob."""
+    op = get_op(name)
+    stream = default_stream(get_default_device(name, inputs))
+    kernel = get_kernel(op.kernel, kernel_target(stream.device))
+
+    def run(out_arrays, in_arrays, native_stream):
+        op.launch(kernel, out_arrays, in_arrays, {}, native_stream)
+
+    builder.call(name, run, [t._blob for t in inputs], [out._blob], stream)
+
+
+one = flow.ones(2, 2, device="cuda")
+old_x = x.numpy()
+gate = threading.Event()
+flow.vm.run(lambda b: b.access_blob_by_callback(x._blob, lambda ep_stream, blob: gate.wait(), "mut",
+                                                name="hold_x"))
+(reader,), relu_of_x = physical_run_by_hand(lambda builder: op_call(builder, "relu", [x]))
+(writer,), _ = physical_run_by_hand(lambda builder: op_call_into(builder, "add", [x, one], out=x))
+deadline = time.monotonic() + 30
+while not writer.dispatched and time.monotonic() < deadline:
+    time.sleep(0.001)
+print("the add writes:", writer.policy.output_dependences(), "| reads:", writer.policy.input_dependences())
+print("its in-edges:", sorted(writer.in_edges, key=lambda i: i.name))
+assert {i.name for i in writer.in_edges} == {"hold_x", "relu"}   # WAW from hold_x, WAR from relu
+gate.set()
+assert (relu_of_x.numpy() == np.maximum(old_x, 0)).all()    # relu read x before the add wrote it
+assert (x.numpy() == old_x + 1).all()
+
+# %% [markdown]
+# Through the public API the same write is one line, and PyTorch's in-place
+# rules are checked at the call: the result must keep `x`'s shape and dtype
+# category.  Every write bumps the storage's version counter, which all views
+# share (autograd will use it).
+
+# %%
+before = x._version
+x.add_(one)
+x[0] *= 2                    # through a view: the same storage, the same counter
+print("x._version:", before, "->", x._version)
+try:
+    flow.tensor([1, 2], device="cuda").add_(0.5)   # an int tensor cannot hold a float result
+except flow.errors.DTypeError as error:
+    print("DTypeError:", error)
+
+# %% [markdown]
+# ## 6. Streams: symbol, vm stream, worker
 #
 # The instruction runs on a `vm.Stream`, the VM's side of one stream symbol.
 # A vm stream has a `ThreadCtx`, the worker thread that computes its
@@ -191,7 +251,7 @@ for symbol in (stream, copy_stream):
 assert vm.get_vm_stream(stream).thread_ctx is vm.get_vm_stream(copy_stream).thread_ctx
 
 # %% [markdown]
-# ## 6. SoftSyncStream: a cpu -> cuda copy, then a cuda op
+# ## 7. SoftSyncStream: a cpu -> cuda copy, then a cuda op
 #
 # Each storage remembers the stream that last used it.  Before an op on stream
 # S, the builder orders every input or output last used on another stream L
@@ -226,17 +286,18 @@ assert [(i.name, i.stream.name) for i in instructions] == [
 # - `relu` on cuda:0/compute.
 
 # %% [markdown]
-# ## 7. A trace: when each instruction waited and ran
+# ## 8. A trace: when each instruction waited and ran
 #
-# `pyflow.trace.trace()` (`flow.trace()`) records, per stream, when each
-# instruction was received, dispatched, started and launched.  It waits for
+# `flow.trace.trace()` records, per stream, when each instruction was received,
+# dispatched, started and launched.  (`flow.trace` is the module
+# `pyflow.trace`; its `trace()` is the context manager.)  It waits for
 # the block's work on exit.  `tracer.save(path)` writes a Chrome trace: open it
 # at ui.perfetto.dev (or chrome://tracing).  Each stream has a track with its
 # compute, and under it *waiting* lanes: "waiting for dependences" (received ->
 # dispatched), then "queued on worker" (dispatched -> started).
 
 # %%
-with trace() as tracer:
+with flow.trace.trace() as tracer:
     a = flow.relu(flow.tensor([[1.0, -2.0], [3.0, -4.0]]))
     b = flow.relu(a.to("cuda") - 2.0) * 2.0
     print(b.numpy())
@@ -252,7 +313,7 @@ else:
     print("(pip install matplotlib to draw the timeline as a PNG with tracer.plot)")
 
 # %% [markdown]
-# ## 8. Stepping through with a debugger
+# ## 9. Stepping through with a debugger
 #
 # Normally other threads run the kernel: a VM worker, and for cuda also the ep
 # stream's thread.  A breakpoint in a kernel then stops on a thread you did not

@@ -1,152 +1,200 @@
-"""The user-facing functions (``flow.relu``, ``flow.matmul``, ``flow.zeros``...) and tensor methods.
+"""The elementwise user functions (``flow.relu``, ``flow.add``, ``flow.where``...) and tensor operators.
 
-Each is a thin call of the interpreter: ``flow.relu(x)`` is ``apply("relu", [x])``.
-Scalars become tensors on the other operand's device with numpy's weak-scalar
-dtype rule (``float32_tensor + 1`` stays float32).
+Each is a thin call of the interpreter: ``flow.relu(x)`` is ``apply("relu", [x])``
+and ``x + 2`` is ``apply("add", [x, 2])``.  Python scalars and mixed dtypes follow
+PyTorch's type promotion (``pyflow/framework/dtypes.py``): ``float32 + int64``
+is float32, ``int / int`` is float32, ``int_tensor + 2.5`` is float32.
+
+>>> import pyflow as flow
+>>> x = flow.tensor([1, -2, 3])
+>>> (x / 2).dtype, flow.clamp(x, min=0).tolist(), (x // 2).tolist(), (x % 2).tolist()
+(dtype('float32'), [1, 0, 3], [0, -1, 1], [1, 0, 1])
 """
 
 from __future__ import annotations
 
-import collections
-import threading
-
 import numpy as np
 
+from pyflow.errors import ArgumentTypeError
+from pyflow.framework.args import describe
+from pyflow.framework.dtypes import is_scalar
 from pyflow.framework.interpreter import apply
-from pyflow.framework.tensor import Tensor, as_tensor_like, tensor
+from pyflow.framework.tensor import Tensor, as_tensor_like
 
-__all__ = ["relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "neg", "add", "sub", "mul", "div",
-           "pow", "maximum", "minimum", "matmul", "where", "softmax", "log_softmax", "cat", "sum", "mean",
-           "max", "min", "argmax", "zeros", "ones", "full", "randn", "rand", "manual_seed", "cast"]
+__all__ = ["relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "neg", "sin", "cos", "floor", "ceil", "round",
+           "sign", "isnan", "isinf", "logical_not", "bitwise_not", "add", "sub", "mul", "div", "pow", "maximum",
+           "minimum", "floor_divide", "remainder", "bitwise_and", "bitwise_or", "bitwise_xor", "logical_and",
+           "logical_or", "logical_xor", "eq", "ne", "lt", "le", "gt", "ge", "matmul", "where", "clamp", "clip",
+           "softmax", "log_softmax", "cast", "is_tensor"]
 
-MaxResult = collections.namedtuple("MaxResult", ["values", "indices"])
 
-
-def _unary(name):
+def _unary(name, doc):
     def op(x: Tensor) -> Tensor:
-        return apply(name, [x])[0]
-    op.__name__ = name
-    op.__doc__ = f"Elementwise {name}."
+        return apply(name, [_tensor(x, name)])[0]
+    op.__name__, op.__qualname__, op.__doc__ = name, name, doc
     return op
 
 
-relu, sigmoid, tanh, exp, log, sqrt, abs, neg = (_unary(n) for n in
-                                                 ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "neg"))
+relu = _unary("relu", "max(x, 0), elementwise.")
+sigmoid = _unary("sigmoid", "1 / (1 + exp(-x)); integers compute in float32.")
+tanh = _unary("tanh", "Elementwise tanh; integers compute in float32.")
+exp = _unary("exp", "Elementwise exp; integers compute in float32.")
+log = _unary("log", "Natural logarithm; integers compute in float32.")
+sqrt = _unary("sqrt", "Square root; integers compute in float32.")
+sin = _unary("sin", "Elementwise sine; integers compute in float32.")
+cos = _unary("cos", "Elementwise cosine; integers compute in float32.")
+abs = _unary("abs", "Absolute value (same dtype).")   # noqa: A001 - torch's name
+neg = _unary("neg", "-x (same dtype).")
+floor = _unary("floor", "Round down (an integer tensor is returned as is, in a copy).")
+ceil = _unary("ceil", "Round up (an integer tensor is returned as is, in a copy).")
+round = _unary("round", "Round half to even, as torch.round.")   # noqa: A001
+sign = _unary("sign", "-1, 0 or 1 (same dtype).")
+isnan = _unary("isnan", "True where x is NaN.")
+isinf = _unary("isinf", "True where x is +-inf.")
+logical_not = _unary("logical_not", "True where x is zero (or False).")
+bitwise_not = _unary("bitwise_not", "~x for integers; logical not for bool.")
 
 
-def _binary(name, kernel_name):
-    def op(a, b) -> Tensor:
-        if not isinstance(a, Tensor):
-            a = as_tensor_like(a, b)
-        return apply(kernel_name, [a, as_tensor_like(b, a)])[0]
-    op.__name__ = name
-    op.__doc__ = f"Elementwise {name}, broadcasting like numpy."
+def _tensor(x, op: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise ArgumentTypeError(f"{op}: expects a tensor, got {type(x).__name__}: {x!r:.60}")
+    return x
+
+
+def _operands(a, b, op: str) -> list:
+    """Two operands, at least one a tensor; lists and arrays become tensors on the tensor's device."""
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        raise ArgumentTypeError(f"{op}: needs at least one tensor, got {type(a).__name__} and {type(b).__name__}")
+    like = a if isinstance(a, Tensor) else b
+    return [x if isinstance(x, Tensor) or is_scalar(x) else as_tensor_like(x, like) for x in (a, b)]
+
+
+def _binary(name, kernel, doc):
+    def op(input, other) -> Tensor:   # noqa: A002 - torch's argument name
+        return apply(kernel, _operands(input, other, name))[0]
+    op.__name__, op.__qualname__, op.__doc__ = name, name, doc
     return op
 
 
-add, sub, mul, div, pow, maximum, minimum = (_binary(n, k) for n, k in (
-    ("add", "add"), ("sub", "sub"), ("mul", "mul"), ("div", "div"), ("pow", "pow"), ("maximum", "max"),
-    ("minimum", "min")))
+mul = _binary("mul", "mul", "input * other, broadcasting, with PyTorch's type promotion.")
+div = _binary("div", "div", "True division: integers give float32.")
+pow = _binary("pow", "pow", "input ** other.")   # noqa: A001
+maximum = _binary("maximum", "max", "The larger of the two, elementwise (NaN propagates).")
+minimum = _binary("minimum", "min", "The smaller of the two, elementwise (NaN propagates).")
+floor_divide = _binary("floor_divide", "floor_divide", "input // other (rounded toward -inf, as Python).")
+remainder = _binary("remainder", "remainder", "input % other, with the sign of other (as Python).")
+bitwise_and = _binary("bitwise_and", "bitwise_and", "input & other (integers and bool).")
+bitwise_or = _binary("bitwise_or", "bitwise_or", "input | other (integers and bool).")
+bitwise_xor = _binary("bitwise_xor", "bitwise_xor", "input ^ other (integers and bool).")
+eq, ne, lt, le, gt, ge = (_binary(n, n, f"Elementwise comparison {n} (a bool tensor).")
+                          for n in ("eq", "ne", "lt", "le", "gt", "ge"))
+
+
+def _logical(name):
+    def op(input: Tensor, other: Tensor) -> Tensor:   # noqa: A002
+        return apply(name, [_tensor(input, name), _tensor(other, name)])[0]
+    op.__name__, op.__qualname__, op.__doc__ = name, name, f"Elementwise {name} of truth values (a bool tensor)."
+    return op
+
+
+logical_and, logical_or, logical_xor = (_logical(n) for n in ("logical_and", "logical_or", "logical_xor"))
+
+
+def add(input, other, *, alpha=1) -> Tensor:   # noqa: A002
+    """input + alpha * other."""
+    return apply("add", _operands(input, other if alpha == 1 else mul(other, alpha), "add"))[0]
+
+
+def sub(input, other, *, alpha=1) -> Tensor:   # noqa: A002
+    """input - alpha * other."""
+    return apply("sub", _operands(input, other if alpha == 1 else mul(other, alpha), "sub"))[0]
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product with numpy's matmul semantics."""
-    return apply("matmul", [a, as_tensor_like(b, a)])[0]
+    return apply("matmul", [_tensor(a, "matmul"), as_tensor_like(b, a)])[0]
 
 
-def where(condition: Tensor, a, b) -> Tensor:
-    """``a`` where ``condition`` else ``b`` (broadcasting)."""
-    like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else condition
-    return apply("where", [condition, as_tensor_like(a, like), as_tensor_like(b, like)])[0]
+def where(condition: Tensor, input, other) -> Tensor:   # noqa: A002
+    """``input`` where ``condition`` else ``other`` (broadcasting; the two promote to one dtype)."""
+    like = input if isinstance(input, Tensor) else other if isinstance(other, Tensor) else condition
+    values = [x if isinstance(x, Tensor) or is_scalar(x) else as_tensor_like(x, like) for x in (input, other)]
+    return apply("where", [_tensor(condition, "where"), *values])[0]
+
+
+def _bounds(x, min, max):   # noqa: A002
+    given = [(kind, b) for kind, b in (("min", min), ("max", max)) if b is not None]
+    if not given:
+        raise ArgumentTypeError(f"clamp: at least one of min and max must be given (for {describe(x)})")
+    return tuple(kind for kind, _ in given), [b for _, b in given]
+
+
+def clamp(input: Tensor, min=None, max=None) -> Tensor:   # noqa: A002
+    """Elementwise ``min(max(input, min), max)``; either bound may be None, a number or a tensor.
+
+    The result promotes like ``input + bound``: ``clamp(int_tensor, min=0.5)`` is float32.
+    """
+    kinds, bounds = _bounds(_tensor(input, "clamp"), min, max)
+    return apply("clamp", [input, *bounds], bounds=kinds)[0]
+
+
+clip = clamp
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return apply("softmax", [x], axis=dim)[0]
+    return apply("softmax", [_tensor(x, "softmax")], axis=dim)[0]
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return apply("log_softmax", [x], axis=dim)[0]
-
-
-def cat(tensors, dim: int = 0) -> Tensor:
-    """Concatenate along ``dim``."""
-    return apply("cat", list(tensors), axis=dim)[0]
+    return apply("log_softmax", [_tensor(x, "log_softmax")], axis=dim)[0]
 
 
 def cast(x: Tensor, dtype) -> Tensor:
-    return apply("cast", [x], dtype=np.dtype(dtype))[0]
+    """A copy of ``x`` converted to ``dtype``."""
+    return apply("cast", [_tensor(x, "cast")], dtype=dtype)[0]   # the op checks the dtype
 
 
-def sum(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001 - torch's name
-    return apply("reduce_sum", [x], axis=dim, keepdims=keepdim)[0]
+def is_tensor(obj) -> bool:
+    """Is ``obj`` a pyflow tensor?"""
+    return isinstance(obj, Tensor)
 
 
-def mean(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
-    return apply("reduce_mean", [x], axis=dim, keepdims=keepdim)[0]
+# --- the same as tensor methods and operators ----------------------------------------------------------
 
 
-def max(x: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
-    """The maximum; with ``dim``, a (values, indices) pair as in torch."""
-    values = apply("reduce_max", [x], axis=dim, keepdims=keepdim)[0]
-    if dim is None:
-        return values
-    return MaxResult(values, apply("argmax", [x], axis=dim, keepdims=keepdim)[0])
+def _method(kernel, reverse=False):
+    def op(self, other):
+        if not (isinstance(other, Tensor) or is_scalar(other) or isinstance(other, (list, tuple, np.ndarray))):
+            if kernel in ("eq", "ne"):
+                return NotImplemented   # x == None is False, as for any other object
+            raise ArgumentTypeError(f"{kernel}: cannot combine {describe(self)} with {type(other).__name__} "
+                                    f"{other!r:.40}")
+        operands = _operands(self, other, kernel)
+        return apply(kernel, operands[::-1] if reverse else operands)[0]
+    return op
 
 
-def min(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
-    return apply("reduce_min", [x], axis=dim, keepdims=keepdim)[0]
-
-
-def argmax(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
-    return apply("argmax", [x], axis=dim, keepdims=keepdim)[0]
-
-
-def _shape(shape) -> tuple:
-    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
-
-
-def full(shape, value, dtype=np.float32, device="cpu") -> Tensor:
-    return apply("fill", [], shape=tuple(shape), dtype=np.dtype(dtype), value=value, device=device)[0]
-
-
-def zeros(*shape, dtype=np.float32, device="cpu") -> Tensor:
-    return full(_shape(shape), 0, dtype, device)
-
-
-def ones(*shape, dtype=np.float32, device="cpu") -> Tensor:
-    return full(_shape(shape), 1, dtype, device)
-
-
-_rng = np.random.default_rng()
-_rng_lock = threading.Lock()
-
-
-def manual_seed(seed: int) -> None:
-    """Seed ``randn`` / ``rand``."""
-    global _rng
-    with _rng_lock:
-        _rng = np.random.default_rng(seed)
-
-
-def randn(*shape, dtype=np.float32, device="cpu") -> Tensor:
-    """Standard normal samples (drawn on the host, then copied to ``device``)."""
-    with _rng_lock:
-        values = _rng.standard_normal(_shape(shape))
-    return tensor(values.astype(dtype), device=device)
-
-
-def rand(*shape, dtype=np.float32, device="cpu") -> Tensor:
-    with _rng_lock:
-        values = _rng.random(_shape(shape))
-    return tensor(values.astype(dtype), device=device)
-
-
-# --- the same as tensor methods ------------------------------------------------------------
-
-for _name in ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "softmax", "log_softmax", "sum", "mean",
-              "max", "min", "argmax", "matmul"):
+for _dunder, _kernel in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"), ("pow", "pow"),
+                         ("floordiv", "floor_divide"), ("mod", "remainder"), ("and", "bitwise_and"),
+                         ("or", "bitwise_or"), ("xor", "bitwise_xor")):
+    setattr(Tensor, f"__{_dunder}__", _method(_kernel))
+    setattr(Tensor, f"__r{_dunder}__", _method(_kernel, reverse=True))
+for _dunder in ("eq", "ne", "lt", "le", "gt", "ge"):
+    setattr(Tensor, f"__{_dunder}__", _method(_dunder))
+Tensor.__matmul__ = lambda self, other: matmul(self, other)
+Tensor.__rmatmul__ = lambda self, other: matmul(as_tensor_like(other, self), self)
+Tensor.__neg__ = neg
+Tensor.__abs__ = abs
+Tensor.__invert__ = bitwise_not
+for _name in ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "neg", "sin", "cos", "floor", "ceil",
+              "round", "sign", "isnan", "isinf", "logical_not", "bitwise_not", "add", "sub", "mul", "div", "pow",
+              "maximum", "minimum", "floor_divide", "remainder", "bitwise_and", "bitwise_or", "bitwise_xor",
+              "logical_and", "logical_or", "logical_xor", "eq", "ne", "lt", "le", "gt", "ge", "matmul", "clamp",
+              "clip", "softmax", "log_softmax"):
     setattr(Tensor, _name, globals()[_name])
-Tensor.float = lambda self: cast(self, np.float32)
-Tensor.double = lambda self: cast(self, np.float64)
-Tensor.long = lambda self: cast(self, np.int64)
-Tensor.int = lambda self: cast(self, np.int32)
+Tensor.float = lambda self: self.to(dtype=np.float32)
+Tensor.double = lambda self: self.to(dtype=np.float64)
+Tensor.half = lambda self: self.to(dtype=np.float16)
+Tensor.long = lambda self: self.to(dtype=np.int64)
+Tensor.int = lambda self: self.to(dtype=np.int32)
+Tensor.bool = lambda self: self.to(dtype=np.bool_)

@@ -3,25 +3,49 @@
 For one op call, in OneFlow's order:
 
 1. **GetDefaultDevice** - the first input's device; with no inputs, the
-   ``device`` attribute, else cpu.  Every input must be on that device; mixing
-   devices is an error that says to use ``.to()``.
+   ``device`` attribute (which must exist on this machine), else cpu.  Every
+   input must be on that device; mixing devices is an error that says to use
+   ``.to()``.
 2. **InferDeviceAndStream** - the device's default (compute) stream, unless the op
    defines its own (copies between devices use host2device / device2host).
-3. **Shape/dtype inference** (``OpDef.infer``) - here, at the call: a bad shape
-   raises now, naming op, shapes, dtypes and devices, and no instruction exists.
-4. Create the output tensors (no memory yet: the VM allocates when it prepares
-   the instruction) and **PhysicalRun** an ``InstructionsBuilder.call``.
+3. **Type promotion** (``OpDef.promote_inputs``, PyTorch's rule in
+   ``dtypes.py``) and **shape/dtype inference** (``OpDef.infer``) - here, at the
+   call: bad input raises now, naming op, shapes, dtypes and devices.  Nothing
+   has been issued yet, so a rejected call leaves no instruction behind.
+4. Issue: Python scalars become tensors, operands are cast to the common dtype,
+   the output tensors are created (no memory yet: the VM allocates when it
+   prepares the instruction), and **PhysicalRun** issues an
+   ``InstructionsBuilder.call``.
+
+**Writing into existing tensors** (``out=``): in-place ops (``x.add_(y)``,
+``x += y``, ``x[idx] = v``) pass the tensors to write.  The OpCall then *writes*
+their storage, so the VM orders it after every earlier reader (WAR) and writer
+(WAW).  PyTorch's rule applies: the result must broadcast to the output's shape
+and be castable to its dtype (``int_tensor.add_(1.5)`` is a ``DTypeError``); when
+it has another shape or dtype, the op writes a temporary that a ``cast`` then
+copies into the output.  An input that overlaps an output's memory without
+being the very same view (``x[1:] += x[:-1]``) is copied first, decided on the
+blobs' layouts alone (no data is read).  Every write bumps the storage's version
+counter (``tensor._version``).
 """
 
 from __future__ import annotations
 
+import math
+
 from pyflow import vm
 from pyflow.device import Device, DeviceType, default_stream
-from pyflow.errors import AxisError, DeviceError, DTypeError, IndexOutOfRangeError, ShapeError
+from pyflow.errors import ArgumentTypeError, AxisError, DeviceError, DTypeError, IndexOutOfRangeError, ShapeError
+from pyflow.framework import args
+from pyflow.framework.args import describe
+from pyflow.framework.dtypes import DEFAULT_FLOAT, can_cast, category, is_scalar, result_type, to_scalar
 from pyflow.framework.op_registry import TensorMeta, get_op
+from pyflow.kernels.layout import padded_strides
 from pyflow.kernels.registry import get_kernel
 
 __all__ = ["apply", "get_default_device", "kernel_target", "describe"]
+
+_CHECK_ERRORS = (ShapeError, DTypeError, AxisError, IndexOutOfRangeError, ArgumentTypeError, DeviceError)
 
 
 def kernel_target(device: Device) -> str:
@@ -42,33 +66,141 @@ def get_default_device(op_name: str, inputs, device_attr=None) -> Device:
     return device
 
 
-def describe(t) -> str:
-    """A tensor as error messages name it: ``float32[2, 3] on cuda:0``."""
-    return f"{t.dtype}{list(t.shape)} on {t.device}"
-
-
 def _describe(inputs) -> str:
-    return "; ".join(describe(t) for t in inputs)
+    return "; ".join(describe(t) if hasattr(t, "shape") else repr(t) for t in inputs)
 
 
-def apply(name: str, inputs, **attrs) -> list:
-    """Run op ``name`` eagerly on ``inputs`` (tensors); returns the output tensors."""
+def _promoted_dtypes(op, inputs) -> list:
+    """The dtype each input has for the kernel (PyTorch's promotion over ``op.promote_inputs``)."""
+    dtypes = [None if is_scalar(x) else x.dtype for x in inputs]
+    together = range(len(inputs)) if op.promote_inputs == "all" else [i for i in op.promote_inputs
+                                                                         if i < len(inputs)]
+    if together:
+        common = result_type(*(inputs[i] for i in together))
+        if op.floating and category(common) < category(DEFAULT_FLOAT):
+            common = DEFAULT_FLOAT
+        for i in together:
+            dtypes[i] = common
+    for i, x in enumerate(inputs):
+        if dtypes[i] is None:
+            raise ArgumentTypeError(f"op {op.name!r}: input {i} must be a tensor, got {x!r}")
+    return dtypes
+
+
+def _internal_overlap(t) -> bool:
+    """Do two elements of ``t`` share memory (a stride-0, expanded dim)?"""
+    return math.prod(t.shape) > 1 and any(s == 0 and n > 1 for n, s in zip(t.shape, t._blob.strides))
+
+
+def _check_out(name, out, metas, device) -> None:
+    """PyTorch's rules for writing an op's results into existing tensors."""
     from pyflow.framework.tensor import Tensor
 
+    if len(out) != len(metas):
+        raise ArgumentTypeError(f"op {name!r}: {len(out)} output tensor(s) given, the op makes {len(metas)}")
+    for o, meta in zip(out, metas):
+        if not isinstance(o, Tensor):
+            raise ArgumentTypeError(f"op {name!r}: out= must be tensors, got {type(o).__name__}")
+        if o.device is not device:
+            raise DeviceError(f"op {name!r}: the output {describe(o)} is not on the op's device {device}")
+        if not args.broadcasts_to(meta.shape, o.shape):
+            raise ShapeError(f"op {name!r}: the result's shape {list(meta.shape)} does not broadcast to the "
+                             f"output {describe(o)} (in place, the output keeps its shape)")
+        if not can_cast(meta.dtype, o.dtype):
+            raise DTypeError(f"op {name!r}: the result type {meta.dtype} can't be cast to the output {describe(o)}")
+        if _internal_overlap(o):
+            raise ShapeError(f"op {name!r}: several elements of the output {describe(o)} share one memory "
+                             "location (an expanded view); write to a .clone() instead")
+
+
+def _span(blob) -> tuple:
+    """The first and last storage element a blob's layout can touch."""
+    last = blob.offset + sum((n - 1) * s for n, s in zip(blob.shape, blob.strides))
+    return blob.offset, last
+
+
+def _same_view(a, b) -> bool:
+    return (a.storage is b.storage and a.shape == b.shape and a.strides == b.strides
+            and a.offset == b.offset and a.dtype == b.dtype)
+
+
+def may_overlap(a, b) -> bool:
+    """Could blobs ``a`` and ``b`` touch a common element?  (The layouts' ranges intersect.)"""
+    if a.storage is not b.storage or not math.prod(a.shape) or not math.prod(b.shape):
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 <= b1 and b0 <= a1
+
+
+def broadcast_view(t, shape):
+    """``t`` seen with ``shape`` (stride 0 on broadcast dims): a view, no copy."""
+    shape = tuple(shape)
+    if tuple(t.shape) == shape:
+        return t
+    return t._view(shape, padded_strides(t.shape, t._blob.strides, shape), t._blob.offset)
+
+
+def _kernel(op, stream):
+    if not op.kernel:
+        return None
+    target = kernel_target(stream.device)
+    if isinstance(op.kernel, tuple):
+        return tuple(get_kernel(k, target) for k in op.kernel)
+    return get_kernel(op.kernel, target)
+
+
+def apply(name: str, inputs, *, out=None, **attrs) -> list:
+    """Run op ``name`` eagerly on ``inputs``; returns the output tensors.
+
+    ``inputs`` are tensors, and Python scalars where the op promotes.  ``out``: a
+    list of existing tensors to write the results into (see the module docstring).
+    """
+    from pyflow.framework.tensor import Tensor, tensor
+
     op = get_op(name)
-    if op.infer_device_and_stream is not None:
-        device, stream = op.infer_device_and_stream(inputs, attrs)
-    else:
-        device = get_default_device(name, inputs, attrs.get("device"))
-        stream = default_stream(device)
+    inputs = list(inputs)
+    tensors = [x for x in inputs if isinstance(x, Tensor)]
+    for x in inputs:
+        if not isinstance(x, Tensor) and not is_scalar(x):
+            raise ArgumentTypeError(f"op {name!r}: expects tensors (or numbers), got {type(x).__name__}: {x!r:.60}")
+    if "device" in attrs:
+        attrs["device"] = args.device(attrs["device"], name)
     try:
-        metas = op.infer([TensorMeta(tuple(t.shape), t.dtype) for t in inputs], attrs)
-    except (ShapeError, DTypeError, AxisError, IndexOutOfRangeError) as error:
+        if op.infer_device_and_stream is not None:
+            device, stream = op.infer_device_and_stream(tensors, attrs)
+        else:
+            device = get_default_device(name, tensors, attrs.get("device"))
+            stream = default_stream(device)
+        dtypes = _promoted_dtypes(op, inputs)
+        values = [to_scalar(x, d, name) if is_scalar(x) else None for x, d in zip(inputs, dtypes)]
+        metas = op.infer([TensorMeta(tuple(getattr(x, "shape", ())), d) for x, d in zip(inputs, dtypes)], attrs)
+        if out is not None:
+            out = list(out)
+            _check_out(name, out, metas, device)
+    except _CHECK_ERRORS as error:
         if inputs:
             raise type(error)(f"{error} [op {name!r}, inputs: {_describe(inputs)}]") from None
         raise
-    outputs = [Tensor._empty(device, meta.shape, meta.dtype) for meta in metas]
-    kernel = get_kernel(op.kernel, kernel_target(stream.device)) if op.kernel else None
+    kernel = _kernel(op, stream)
+
+    # --- everything is checked: from here on, instructions are issued -------------------------------
+    for i, (x, dtype) in enumerate(zip(inputs, dtypes)):
+        if values[i] is not None:
+            inputs[i] = tensor(values[i], device=device)
+        elif x.dtype != dtype:
+            inputs[i] = apply("cast", [x], dtype=dtype)[0]
+    outputs, written = [], []   # written: the out= tensors the kernel writes itself
+    for i, meta in enumerate(metas):
+        o = out[i] if out is not None else None
+        if o is not None and o.shape == meta.shape and o.dtype == meta.dtype:
+            written.append(o)
+            outputs.append(o)
+        else:
+            outputs.append(Tensor._empty(device, meta.shape, meta.dtype))
+    for i, x in enumerate(inputs):
+        if any(may_overlap(x._blob, o._blob) and not (op.same_view_in_place and _same_view(x._blob, o._blob))
+               for o in written):
+            inputs[i] = apply("contiguous", [x])[0]   # a copy: the op must read x before it changes
     kernel_attrs = {k: attrs[k] for k in op.kernel_attrs if k in attrs}
 
     def run(out_arrays, in_arrays, native_stream):
@@ -76,4 +208,11 @@ def apply(name: str, inputs, **attrs) -> list:
 
     vm.run(lambda builder: builder.call(name, run, [t._blob for t in inputs], [t._blob for t in outputs],
                                         stream, op.mutable_inputs))
-    return outputs
+    if out is None:
+        return outputs
+    for o, result in zip(out, outputs):
+        if result is o:
+            o._bump_version()
+        else:   # another shape or dtype: the result is broadcast and cast into o
+            apply("cast", [broadcast_view(result, o.shape)], dtype=o.dtype, out=[o])
+    return out

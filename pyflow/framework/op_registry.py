@@ -4,9 +4,17 @@ An ``OpDef`` says everything the interpreter needs to run an op eagerly:
 
 * ``infer(input_metas, attrs) -> output_metas`` - shapes and dtypes.  It runs at the
   call, so bad input raises there, before any instruction exists;
-* ``kernel`` - the name in ``pyflow.kernels.registry`` (per device target), and
+* ``kernel`` - the name in ``pyflow.kernels.registry`` (per device target; a tuple
+  of names gives ``launch`` a tuple of kernels; ``""``: none), and
   ``launch(kernel, outputs, inputs, attrs, stream)``, how to call it (default:
   ``kernel(*outputs, *inputs, **attrs, stream=stream)``);
+* ``promote_inputs`` - the inputs that take part in PyTorch's type promotion
+  (``pyflow/framework/dtypes.py``): the interpreter casts them (and Python
+  scalars given in their place) to the common dtype before the kernel;
+  ``floating``: an integer or bool common dtype becomes float32 (true
+  division, ``sin`` of an int);
+* ``same_view_in_place`` - an output may be the very view an input reads
+  (elementwise ops): ``x.add_(y)`` needs no copy of ``x``;
 * ``infer_device_and_stream(inputs, attrs) -> (device, stream)`` - only for ops
   that choose their own (copies between devices); others use the default rules;
 * ``mutable_inputs`` - inputs the op writes;
@@ -48,6 +56,9 @@ class OpDef:
     launch: Callable = default_launch
     infer_device_and_stream: Callable | None = None
     mutable_inputs: tuple = ()
+    promote_inputs: tuple = ()
+    floating: bool = False
+    same_view_in_place: bool = False
     sbp_signatures: object = None
     kernel_attrs: tuple = ()  # the attrs passed on to the kernel (others only steer inference)
     doc: str = ""

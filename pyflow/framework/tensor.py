@@ -2,36 +2,41 @@
 
 A tensor is a shape, a dtype and a device over a storage.  Ops never run here:
 they go through the interpreter, which issues VM instructions and returns at
-once.  Only reading values (``numpy()``, ``item()``, ``repr``) waits.
+once.  Only reading values (``numpy()``, ``item()``, ``repr``, ``np.asarray``) waits.
 
-* **Views** share the storage and its dependence object.  ``transpose``,
-  ``permute``, basic slicing ``x[1:3, ::2]`` and ``reshape`` of a contiguous tensor
-  copy nothing.
+* **Views** share the storage, its dependence object and its version counter
+  (``pyflow/framework/views.py``, ``indexing.py``).
+* **In-place writes** (``add_``, ``+=``, ``x[idx] = v``: ``inplace.py``) are VM
+  instructions that write the storage; each bumps ``_version``.
 * **Memory** is given back when the last tensor (or view) of a storage is garbage
-  collected.  A finalizer queues the storage, and the next PhysicalRun issues a
-  ReleaseTensor instruction for it.  (A finalizer must not take locks, so it only
-  puts into a ``queue.SimpleQueue``.)
+  collected.  A weakref callback queues the storage (``vm.watch``), and the next
+  PhysicalRun issues a ReleaseTensor instruction for it.
+* **Failures**: reading a tensor whose producing op failed (or anything it was
+  computed from) raises that op's ``OpError``, every time; see
+  ``pyflow/vm/failure.py``.
+
+This module holds the class, its attributes, reading values and moving between
+devices and dtypes; the op methods (``x.sum()``, ``x.add_(y)``, ``x.view(...)``)
+are attached by the modules that define them (see ``pyflow/framework/__init__.py``).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 import threading
-import weakref
 
 import numpy as np
 
 from pyflow import vm
 from pyflow.device import Device, DeviceType
-from pyflow.errors import DTypeError, IndexOutOfRangeError, ShapeError
+from pyflow.errors import ArgumentTypeError, DTypeError, ShapeError
+from pyflow.framework import args
+from pyflow.framework.dtypes import BOOL, DEFAULT_FLOAT, DEFAULT_INT, as_dtype, is_scalar, names, result_type
 from pyflow.framework.interpreter import apply, describe
-from pyflow.kernels.layout import contiguous_strides, normalize_axis
+from pyflow.kernels.layout import contiguous_strides
 from pyflow.vm.eager_blob_object import EagerBlobObject
 
 __all__ = ["Tensor", "tensor", "as_tensor_like"]
-
-_DEFAULT_FLOAT = np.dtype(np.float32)
 
 
 class _StorageHandle:
@@ -41,26 +46,55 @@ class _StorageHandle:
 
     def __init__(self, storage):
         self.storage = storage
-        weakref.finalize(self, vm.get_vm().release_queue.put, storage)
+        vm.get_vm().watch(self, storage)
+
+
+class _Version:
+    """How many in-place writes a storage has had (shared by all its views; autograd will check it)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = 0
 
 
 class Tensor:
-    """An eager tensor on a device (``flow.tensor(...)``, or the result of an op)."""
+    """An eager tensor on a device (``flow.tensor(...)``, or the result of an op).
 
-    __slots__ = ("_blob", "_handle", "__weakref__")
+    ``flow.Tensor(2, 3)`` is, as ``torch.Tensor(2, 3)``, an uninitialised float32
+    tensor (``flow.Tensor([1, 2])``: float32 data); ``flow.Tensor`` is also the
+    class for ``isinstance`` checks.
+    """
+
+    __slots__ = ("_blob", "_handle", "_versions", "__weakref__")
     __array_priority__ = 100  # numpy scalars defer to our operators
 
-    def __init__(self, blob: EagerBlobObject, handle: _StorageHandle):
-        self._blob = blob
-        self._handle = handle
+    def __init__(self, *size, dtype=None, device=None):
+        if len(size) == 1 and isinstance(size[0], (list, np.ndarray)):
+            made = tensor(size[0], dtype=dtype or DEFAULT_FLOAT, device=device or "cpu")
+        else:
+            from pyflow.framework.creation import empty
+
+            made = empty(*(size or (0,)), dtype=dtype or DEFAULT_FLOAT, device=device)   # Tensor(): shape (0,)
+        self._blob, self._handle, self._versions = made._blob, made._handle, made._versions
+
+    @classmethod
+    def _wrap(cls, blob: EagerBlobObject, handle: _StorageHandle, versions: _Version) -> "Tensor":
+        """The tensor of ``blob`` (how every op makes its results; skips ``__init__``)."""
+        t = object.__new__(cls)
+        t._blob, t._handle, t._versions = blob, handle, versions
+        return t
 
     @classmethod
     def _empty(cls, device, shape, dtype) -> "Tensor":
         blob = EagerBlobObject.empty(Device(device), shape, dtype)
-        return cls(blob, _StorageHandle(blob.storage))
+        return cls._wrap(blob, _StorageHandle(blob.storage), _Version())
 
     def _view(self, shape, strides, offset) -> "Tensor":
-        return Tensor(self._blob.view(shape, strides, offset), self._handle)
+        return Tensor._wrap(self._blob.view(shape, strides, offset), self._handle, self._versions)
+
+    def _bump_version(self) -> None:
+        self._versions.value += 1
 
     # --- attributes ---------------------------------------------------------------------
 
@@ -77,8 +111,17 @@ class Tensor:
         return self._blob.device
 
     @property
+    def is_cuda(self) -> bool:
+        return self.device.device_type is DeviceType.cuda
+
+    @property
     def ndim(self) -> int:
         return len(self._blob.shape)
+
+    @property
+    def _version(self) -> int:
+        """In-place writes to this tensor's storage so far (through any view)."""
+        return self._versions.value
 
     def dim(self) -> int:
         return self.ndim
@@ -86,8 +129,17 @@ class Tensor:
     def numel(self) -> int:
         return math.prod(self._blob.shape)
 
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
     def size(self, dim: int | None = None):
-        return self.shape if dim is None else self.shape[normalize_axis(dim, self.ndim, "size")]
+        """The shape; ``size(d)``: the size of dim ``d``."""
+        return self.shape if dim is None else self.shape[args.dim(dim, self.ndim, "size", self)]
+
+    def stride(self, dim: int | None = None):
+        """Strides in elements (``stride(d)``: of dim ``d``)."""
+        strides = self._blob.strides
+        return strides if dim is None else strides[args.dim(dim, self.ndim, "stride", self)]
 
     def is_contiguous(self) -> bool:
         blob = self._blob
@@ -96,38 +148,59 @@ class Tensor:
     # --- reading values (the only waits) ---------------------------------------------------
 
     def numpy(self) -> np.ndarray:
-        """A numpy copy of the values; waits for the ops that produce them."""
-        on_cuda = self.device.device_type is DeviceType.cuda
-        source = self if self.is_contiguous() or not on_cuda else self.contiguous()
+        """A numpy copy of the values; waits for the ops that produce them.
+
+        ``OpError`` if the op that wrote them, or one they were computed from, failed.
+        """
+        on_host = self.device.device_type is DeviceType.cpu
+        source = self if on_host or self.is_contiguous() else self.contiguous()
         box: dict = {}
         done = threading.Event()
 
         def read(ep_stream, blob):  # captures no tensor: the instruction must not keep one alive
             try:
-                array = blob.array()
-                if on_cuda:
-                    host = np.empty(blob.shape, blob.dtype)
-                    ep_stream.memcpy_d2h(host, array)
-                else:
-                    host = np.array(array, copy=True)
-                ep_stream.sync()  # the copy landed; earlier kernel errors surface here
-                box["value"] = host
+                if not on_host:
+                    ep_stream.sync()  # the kernels that write the blob have run (or failed) by now
+                if blob.storage.failure is None:
+                    array = blob.array()
+                    if on_host:  # a CPU stream runs inline
+                        box["value"] = np.array(array, copy=True)
+                    else:
+                        host = np.empty(blob.shape, blob.dtype)
+                        ep_stream.memcpy_d2h(host, array)
+                        ep_stream.sync()
+                        box["value"] = host
+                box["failure"] = blob.storage.failure
+            except BaseException as error:  # noqa: BLE001 - handed to the reader below
+                box["error"] = error
             finally:
                 done.set()
 
         machine = vm.get_vm()
         vm.run(lambda builder: builder.access_blob_by_callback(source._blob, read, "const", name="numpy"))
         machine.wait_until(done.is_set, f"numpy() of {self!r:.60}", drive=machine.sync_mode)
-        machine.raise_errors()
+        if "error" in box:
+            raise box["error"]
+        failure = box["failure"]
+        if failure is not None:
+            failure.reported = True
+            raise failure.to_error(reading=f"reading {describe(self)}")
         return box["value"]
 
     def item(self):
         if self.numel() != 1:
-            raise ShapeError(f"item() needs a tensor with one element, got shape {self.shape}")
+            raise ShapeError(f"item() needs a tensor with one element, got shape {self.shape} ({describe(self)})")
         return self.numpy().reshape(()).item()
 
     def tolist(self):
         return self.numpy().tolist()
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """numpy's protocol (``np.asarray(x)``): the values, always a fresh copy."""
+        if copy is False:
+            raise ValueError("a pyflow tensor cannot be seen by numpy without a copy (use copy=None)")
+        values = self.numpy()
+        return values if dtype is None else values.astype(dtype, copy=False)
 
     def __repr__(self) -> str:
         return f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, device='{self.device}')"
@@ -149,195 +222,127 @@ class Tensor:
     def __int__(self) -> int:
         return int(self.item())
 
+    def __index__(self) -> int:
+        """An integer tensor with one element, used as a size or an index."""
+        if self.dtype.kind not in "iu":
+            raise TypeError(f"only integer tensors can be used as an index, not {describe(self)}")
+        return int(self.item())
+
     __hash__ = object.__hash__  # == is elementwise, identity stays the hash
 
     # --- moving and copying -----------------------------------------------------------------
 
-    def to(self, device=None, dtype=None) -> "Tensor":
-        """A copy on ``device`` and/or with ``dtype`` (self if nothing changes)."""
-        if isinstance(device, (np.dtype, type)) and dtype is None:
-            device, dtype = None, device
+    def to(self, *where, device=None, dtype=None, copy: bool = False, non_blocking: bool = False) -> "Tensor":
+        """A copy on ``device`` and/or with ``dtype`` (``self`` if nothing changes and not ``copy``).
+
+        ``x.to("cuda")``, ``x.to(flow.float64)``, ``x.to("cpu", flow.int32)``, ``x.to(other)``
+        (other's device and dtype).  The device must exist and the dtype be supported:
+        both are checked before anything is issued.
+        """
+        for value in where:
+            if isinstance(value, Tensor):
+                device, dtype = value.device, value.dtype
+            elif isinstance(value, (np.dtype, type)):
+                dtype = value
+            else:
+                device = value
+        where = f"to (of {describe(self)})"
+        target = args.device(device, where) if device is not None else self.device
+        dtype = as_dtype(dtype, where) if dtype is not None else self.dtype
         result = self
-        if dtype is not None and np.dtype(dtype) != self.dtype:
-            (result,) = apply("cast", [result], dtype=np.dtype(dtype))
-        if device is not None and Device(device) is not self.device:
-            target = Device(device)
+        if dtype != self.dtype:
+            (result,) = apply("cast", [result], dtype=dtype)
+        if target is not self.device:
             if result.device.device_type is not DeviceType.cpu and target.device_type is not DeviceType.cpu:
                 result = result.to("cpu")  # between two accelerators: through the host
             if not result.is_contiguous():
                 result = result.contiguous()
             (result,) = apply("copy", [result], device=target)
+        if copy and result is self:
+            result = self.clone()
         return result
 
     def cpu(self) -> "Tensor":
         return self.to("cpu")
 
-    def cuda(self, index: int = 0) -> "Tensor":
-        return self.to(Device("cuda", index))
+    def cuda(self, index: int | None = None) -> "Tensor":
+        return self.to(Device("cuda", index or 0))
 
-    def contiguous(self) -> "Tensor":
-        if self.is_contiguous():
-            return self
+    def type_as(self, other: "Tensor") -> "Tensor":
+        """This tensor with ``other``'s dtype."""
+        return self.to(dtype=other.dtype)
+
+    def clone(self) -> "Tensor":
+        """A copy with its own storage (contiguous), on the same device."""
         return apply("contiguous", [self])[0]
 
-    # --- views --------------------------------------------------------------------------------
+    def detach(self) -> "Tensor":
+        """The same storage, outside any autograd history (pyflow has none yet: a view)."""
+        return self._view(self.shape, self._blob.strides, self._blob.offset)
 
-    def permute(self, *dims) -> "Tensor":
-        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
-        perm = tuple(normalize_axis(d, self.ndim, f"permute of {describe(self)}") for d in dims)
-        if sorted(perm) != list(range(self.ndim)):
-            raise ShapeError(f"permute: {dims} is not a permutation of the {self.ndim} dims of {describe(self)}")
-        blob = self._blob
-        return self._view([blob.shape[d] for d in perm], [blob.strides[d] for d in perm], blob.offset)
-
-    def transpose(self, dim0: int, dim1: int) -> "Tensor":
-        perm = list(range(self.ndim))
-        what = f"transpose of {describe(self)}"
-        a, b = normalize_axis(dim0, self.ndim, what), normalize_axis(dim1, self.ndim, what)
-        perm[a], perm[b] = perm[b], perm[a]
-        return self.permute(perm)
-
-    @property
-    def T(self) -> "Tensor":
-        return self.permute(tuple(reversed(range(self.ndim))))
-
-    def reshape(self, *shape) -> "Tensor":
-        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        try:
-            shape = _resolve_shape(shape, self.numel())
-        except ShapeError as error:
-            raise ShapeError(f"{error} (reshape of {describe(self)})") from None
-        source = self.contiguous()
-        return source._view(shape, contiguous_strides(shape), source._blob.offset)
-
-    view = reshape
-
-    def flatten(self) -> "Tensor":
-        return self.reshape(-1)
-
-    def __getitem__(self, index) -> "Tensor":
-        return _basic_index(self, index)
-
-    # --- ops as methods ---------------------------------------------------------------------------
-
-    def _binary(self, name, other, reverse=False):
-        other = as_tensor_like(other, self)
-        return apply(name, [other, self] if reverse else [self, other])[0]
-
-    def __add__(self, other): return self._binary("add", other)
-    def __radd__(self, other): return self._binary("add", other, reverse=True)
-    def __sub__(self, other): return self._binary("sub", other)
-    def __rsub__(self, other): return self._binary("sub", other, reverse=True)
-    def __mul__(self, other): return self._binary("mul", other)
-    def __rmul__(self, other): return self._binary("mul", other, reverse=True)
-    def __truediv__(self, other): return self._binary("div", other)
-    def __rtruediv__(self, other): return self._binary("div", other, reverse=True)
-    def __pow__(self, other): return self._binary("pow", other)
-    def __rpow__(self, other): return self._binary("pow", other, reverse=True)
-    def __matmul__(self, other): return apply("matmul", [self, as_tensor_like(other, self)])[0]
-    def __rmatmul__(self, other): return apply("matmul", [as_tensor_like(other, self), self])[0]
-    def __neg__(self): return apply("neg", [self])[0]
-    def __abs__(self): return apply("abs", [self])[0]
-    def __lt__(self, other): return self._binary("lt", other)
-    def __le__(self, other): return self._binary("le", other)
-    def __gt__(self, other): return self._binary("gt", other)
-    def __ge__(self, other): return self._binary("ge", other)
-    def __eq__(self, other): return self._binary("eq", other)  # noqa: D105 - elementwise, as in torch
-    def __ne__(self, other): return self._binary("ne", other)
+    def contiguous(self) -> "Tensor":
+        """``self`` if contiguous, else a contiguous copy."""
+        return self if self.is_contiguous() else self.clone()
 
 
-def _resolve_shape(shape, numel: int) -> tuple:
-    shape = [int(n) for n in shape]
-    unknown = [i for i, n in enumerate(shape) if n == -1]
-    if len(unknown) > 1 or any(n < -1 for n in shape):
-        raise ShapeError(f"reshape: invalid shape {tuple(shape)}")
-    if unknown:
-        known = math.prod(n for n in shape if n != -1)
-        if known == 0 or numel % known:
-            raise ShapeError(f"reshape: cannot infer -1 in {tuple(shape)} for {numel} elements")
-        shape[unknown[0]] = numel // known
-    if math.prod(shape) != numel:
-        raise ShapeError(f"reshape: shape {tuple(shape)} does not hold {numel} elements")
-    return tuple(shape)
-
-
-def _basic_index(t: Tensor, index) -> Tensor:
-    """Integers, slices (positive steps), ``...`` and ``None``: a view, like numpy's basic indexing."""
-    if not isinstance(index, tuple):
-        index = (index,)
-    if sum(i is Ellipsis for i in index) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    explicit = sum(i is not None and i is not Ellipsis for i in index)
-    if explicit > t.ndim:
-        raise IndexOutOfRangeError(f"indexing {describe(t)}: too many indices ({index}) for rank {t.ndim}")
-    if Ellipsis in index:
-        at = index.index(Ellipsis)
-        index = index[:at] + (slice(None),) * (t.ndim - explicit) + index[at + 1:]
-    blob = t._blob
-    shape, strides, offset, dim = [], [], blob.offset, 0
-    for item in index:
-        if item is None:
-            shape.append(1)
-            strides.append(0)
-            continue
-        size, stride = blob.shape[dim], blob.strides[dim]
-        if isinstance(item, numbers.Integral) and not isinstance(item, bool):
-            if not -size <= item < size:
-                raise IndexOutOfRangeError(f"indexing {describe(t)}: index {item} is out of bounds for "
-                                           f"dimension {dim} with size {size}")
-            offset += (item % size) * stride
-        elif isinstance(item, slice):
-            start, stop, step = item.indices(size)
-            if step <= 0:
-                raise IndexError(f"slice step must be positive, got {item.step}")
-            shape.append(len(range(start, stop, step)))
-            strides.append(stride * step)
-            offset += start * stride if shape[-1] else 0
-        else:
-            raise TypeError(f"unsupported index {item!r}: integers, slices, ... and None only")
-        dim += 1
-    shape += blob.shape[dim:]
-    strides += blob.strides[dim:]
-    return t._view(shape, strides, offset)
-
-
-def _infer_dtype(data, dtype):
+def _as_array(data, dtype) -> np.ndarray:
+    """A C-contiguous numpy copy of ``data`` with the dtype torch would give it."""
+    op = "tensor"
     if dtype is not None:
-        return np.dtype(dtype)
+        dtype = as_dtype(dtype, op)
     if isinstance(data, (np.ndarray, np.generic)):
-        return data.dtype
-    probe = np.asarray(data)
-    if probe.dtype.kind == "f":
-        return _DEFAULT_FLOAT  # Python floats become float32, as in torch / oneflow
-    if probe.dtype.kind in "iu":
-        return np.dtype(np.int64)
-    if probe.dtype.kind == "b":
-        return np.dtype(np.bool_)
-    raise DTypeError(f"tensor(): cannot make a tensor from {type(data).__name__} data of dtype {probe.dtype}")
+        probe = np.asarray(data)
+        if dtype is None:
+            dtype = as_dtype(probe.dtype, op)   # numpy's dtype is kept, if supported
+    else:
+        try:
+            probe = np.asarray(data)
+        except ValueError as error:  # ragged nested lists
+            raise ShapeError(f"{op}: the data has no rectangular shape ({error})") from None
+    if probe.dtype.kind not in "biuf":
+        raise DTypeError(f"{op}: cannot make a tensor from {type(data).__name__} data of dtype {probe.dtype}; "
+                         f"supported dtypes: {names()}")
+    if dtype is None:  # Python numbers: torch's defaults
+        dtype = {"f": DEFAULT_FLOAT, "b": BOOL}.get(probe.dtype.kind, DEFAULT_INT)
+    try:
+        with np.errstate(all="raise"):
+            return np.array(probe, dtype=dtype, copy=True, order="C")
+    except (ValueError, OverflowError, FloatingPointError) as error:
+        raise DTypeError(f"{op}: cannot convert the data to {dtype}: {error}") from None
 
 
 def tensor(data, dtype=None, device="cpu") -> Tensor:
-    """A new tensor holding a copy of ``data`` (numpy array, nested lists, scalar) on ``device``."""
+    """A new tensor holding a copy of ``data`` (numpy array, nested lists, scalar, tensor) on ``device``.
+
+    Python floats become float32, ints int64, bools bool (torch's defaults); a
+    numpy array keeps its dtype.
+
+    >>> tensor([[1, 2], [3, 4]]).dtype, tensor(np.zeros(2, np.float16)).dtype
+    (dtype('int64'), dtype('float16'))
+    """
     if isinstance(data, Tensor):
-        return data.to(device=device, dtype=dtype)
-    array = np.array(data, dtype=_infer_dtype(data, dtype), copy=True, order="C")
+        return data.to(device=device, dtype=dtype, copy=True)
+    device = args.device(device, "tensor")
+    array = _as_array(data, dtype)
     result = Tensor._empty(device, array.shape, array.dtype)
 
     def fill(ep_stream, blob):
         target = blob.array()
-        if blob.device.device_type is DeviceType.cuda:
-            ep_stream.memcpy_h2d(target, array)
-        else:
+        if blob.device.device_type is DeviceType.cpu:
             target[...] = array
+        else:  # in stream order (an asynchronous device)
+            ep_stream.memcpy_h2d(target, array)
 
     vm.run(lambda builder: builder.access_blob_by_callback(result._blob, fill, "mut", name="tensor"))
     return result
 
 
 def as_tensor_like(value, like: Tensor) -> Tensor:
-    """``value`` as a tensor on ``like``'s device; Python scalars take numpy's weak-scalar dtype."""
+    """``value`` as a tensor on ``like``'s device (a Python scalar: ``like``'s dtype if it converts)."""
     if isinstance(value, Tensor):
         return value
-    if isinstance(value, (bool, int, float)):
-        return tensor(value, dtype=np.result_type(like.dtype, value), device=like.device)
-    return tensor(value, device=like.device)
+    if is_scalar(value):
+        return tensor(value, dtype=result_type(like, value), device=like.device)
+    if isinstance(value, (list, tuple, np.ndarray, np.generic)):
+        return tensor(value, device=like.device)
+    raise ArgumentTypeError(f"expected a tensor or a number, got {type(value).__name__}: {value!r:.60}")

@@ -1,4 +1,4 @@
-"""Matrix product (numpy's matmul semantics: vectors, batches, broadcasting)."""
+"""Matrix product (numpy's matmul semantics: vectors, batches, broadcasting; dtypes promoted as in torch)."""
 
 from __future__ import annotations
 
@@ -13,4 +13,4 @@ def _infer_matmul(inputs, attrs):
     return [TensorMeta(matmul_shape(a.shape, b.shape), matmul_result_dtype(a.dtype, b.dtype))]
 
 
-register_op(OpDef("matmul", _infer_matmul, doc="a @ b"))
+register_op(OpDef("matmul", _infer_matmul, promote_inputs=(0, 1), doc="a @ b"))

@@ -1,9 +1,17 @@
-"""Ops that move data: ``cat`` (concatenate along an axis)."""
+"""Ops that move data: ``cat``, ``index_select``, ``dim_gather`` (torch.gather), ``index_copy`` (in place).
+
+Index tensors must be int32 or int64 (``kernels/dtypes.py``'s index dtypes).  An
+index out of range is found by the kernel (``check=True``): the op fails and
+reading its result raises ``OpError`` naming the bad index, as PyTorch reports a
+device-side assert on CUDA.  Everything else is checked at the call.
+"""
 
 from __future__ import annotations
 
 from pyflow.errors import DTypeError, ShapeError
+from pyflow.framework.dtypes import names
 from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
+from pyflow.kernels.dtypes import INDEX_DTYPES
 from pyflow.kernels.layout import normalize_axis
 
 __all__ = []
@@ -17,8 +25,6 @@ def _infer_cat(inputs, attrs):
         raise ShapeError("cat: zero-dimensional tensors cannot be concatenated")
     axis = normalize_axis(attrs.get("axis", 0), len(first.shape), "cat")
     for other in inputs[1:]:
-        if other.dtype != first.dtype:
-            raise DTypeError(f"cat: dtypes differ ({first.dtype} and {other.dtype}); cast first")
         if len(other.shape) != len(first.shape) or any(
                 a != b for d, (a, b) in enumerate(zip(other.shape, first.shape)) if d != axis):
             shapes = ", ".join(str(t.shape) for t in inputs)
@@ -32,5 +38,56 @@ def _launch_cat(kernel, outputs, inputs, attrs, stream):
     kernel(outputs[0], inputs, axis=attrs["axis"], stream=stream)
 
 
+def _check_index(op, index):
+    if index.dtype not in INDEX_DTYPES:
+        raise DTypeError(f"{op}: the index must be {names(INDEX_DTYPES)}, got {index.dtype}")
+
+
+def _infer_index_select(inputs, attrs):
+    x, index = inputs
+    axis = normalize_axis(attrs["axis"], len(x.shape), "index_select")
+    _check_index("index_select", index)
+    if len(index.shape) != 1:
+        raise ShapeError(f"index_select: the index must be 1-D, got shape {list(index.shape)}")
+    return [TensorMeta(x.shape[:axis] + index.shape + x.shape[axis + 1:], x.dtype)]
+
+
+def _infer_dim_gather(inputs, attrs):
+    x, index = inputs
+    axis = normalize_axis(attrs["axis"], len(x.shape), "gather")
+    _check_index("gather", index)
+    if len(index.shape) != len(x.shape) or any(i > n for d, (i, n) in enumerate(zip(index.shape, x.shape))
+                                              if d != axis):
+        raise ShapeError(f"gather: the index of shape {list(index.shape)} must have the rank of the input "
+                         f"{list(x.shape)} and no larger size except along dim {axis}")
+    return [TensorMeta(index.shape, x.dtype)]
+
+
+def _infer_index_copy(inputs, attrs):
+    target, index, source = inputs
+    axis = normalize_axis(attrs["axis"], len(target.shape), "index_copy")
+    _check_index("index_copy", index)
+    if len(index.shape) != 1:
+        raise ShapeError(f"index_copy: the index must be 1-D, got shape {list(index.shape)}")
+    expected = target.shape[:axis] + index.shape + target.shape[axis + 1:]
+    if source.shape != expected:
+        raise ShapeError(f"index_copy: the source has shape {list(source.shape)}, expected {list(expected)}")
+    if source.dtype != target.dtype:
+        raise DTypeError(f"index_copy: the source is {source.dtype}, the target {target.dtype}")
+    return [TensorMeta(target.shape, target.dtype)]
+
+
+def _launch_index_copy(kernel, outputs, inputs, attrs, stream):
+    """inputs[0] is the target itself (so a failure upstream of it propagates); the kernel writes it."""
+    kernel(outputs[0], inputs[1], inputs[2], axis=attrs["axis"], stream=stream)
+
+
 register_op(OpDef("cat", _infer_cat, kernel="concat", launch=_launch_cat, kernel_attrs=("axis",),
-                  doc="concatenate along attrs['axis']"))
+                  promote_inputs="all", doc="concatenate along attrs['axis'] (dtypes promoted)"))
+register_op(OpDef("index_select", _infer_index_select, kernel_attrs=("axis",),
+                  doc="x[..., index, ...] along attrs['axis'] (a 1-D index)"))
+register_op(OpDef("dim_gather", _infer_dim_gather, kernel_attrs=("axis",),
+                  doc="torch.gather: out[i][j] = x[index[i][j]][j] along attrs['axis']"))
+register_op(OpDef("index_copy", _infer_index_copy, launch=_launch_index_copy, kernel_attrs=("axis",),
+                  same_view_in_place=True,
+                  doc="in place, with out=[target]: target[..., index[j], ...] = source[..., j, ...]"))

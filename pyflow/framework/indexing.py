@@ -1,0 +1,285 @@
+"""``x[index]`` and ``x[index] = value``: basic indexing (a view), boolean masks and integer tensors.
+
+* **Basic** - ints, slices with a positive step, ``...`` and ``None``: a view of the
+  same storage (numpy's basic indexing).  Assigning to it is ``view.fill_(v)`` or
+  ``view.copy_(v)``.
+* **Advanced** - one integer tensor (or list, or numpy array), or one boolean mask
+  covering some dims, together with any basic items.  The result has numpy's
+  shape: the index's dims replace the indexed dim (or, when ints and the index
+  are separated by a slice, come first).  Reading is an ``index_select`` (a
+  copy); writing is an in-place ``index_copy``, a VM write of ``x``.
+* **Boolean masks read the mask**: the result's size is the number of True
+  values, so ``x[mask]`` (and ``x[mask] = v``) first copies the mask to the host
+  and waits for it, as PyTorch does on CUDA.  The positions of the True values
+  then index the merged mask dims.
+* **Indices out of range**: in a list or a numpy array they are found at the
+  call; in a tensor (whose values live on the device) by the kernel, which
+  fails the op: reading its result (for a write, the tensor) raises ``OpError``.
+
+Everything else is checked before anything is issued: the index's dtype, the
+mask's shape, the number of indices, the value's type and shape.
+
+>>> import pyflow as flow
+>>> x = flow.tensor([[1.0, -2.0], [-3.0, 4.0]])
+>>> x[x > 0].tolist(), x[flow.tensor([1, 0, 1])].shape, x[:, [1]].tolist()
+([1.0, 4.0], (3, 2), [[-2.0], [4.0]])
+>>> x[x < 0] = 0.0
+>>> x.tolist()
+[[1.0, 0.0], [0.0, 4.0]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import numpy as np
+
+from pyflow.errors import ArgumentTypeError, DTypeError, IndexOutOfRangeError, ShapeError
+from pyflow.framework import args
+from pyflow.framework.args import describe
+from pyflow.framework.dtypes import BOOL, DEFAULT_INT, is_scalar, to_scalar
+from pyflow.framework.functional import where
+from pyflow.framework.inplace import _writable
+from pyflow.framework.interpreter import apply
+from pyflow.framework.tensor import Tensor, tensor
+from pyflow.framework.views import view_strides
+from pyflow.kernels.dtypes import INDEX_DTYPES
+
+__all__ = ["getitem", "setitem"]
+
+
+@dataclasses.dataclass
+class _Advanced:
+    """The one tensor-like item of an index: what it is, and where it lands in the basic view."""
+
+    source: object          # a Tensor or a numpy array
+    is_mask: bool
+    ndim: int               # dims of x it consumes (a mask's rank; 1 for integers)
+    position: int = 0       # the first of those dims in the basic view
+    to_front: bool = False  # numpy puts the index's dims first (ints and the index are apart)
+
+
+def _advanced(item, t) -> _Advanced:
+    where = f"indexing {describe(t)}"
+    if isinstance(item, Tensor):
+        dtype, ndim = item.dtype, item.ndim
+    else:
+        try:
+            item = np.asarray(item)
+        except ValueError as error:
+            raise ShapeError(f"{where}: the index list is not rectangular ({error})") from None
+        if item.size == 0 and item.dtype.kind == "f":
+            item = item.astype(DEFAULT_INT)   # [] is an empty integer index, as in torch
+        dtype, ndim = item.dtype, item.ndim
+    if dtype == BOOL:
+        return _Advanced(item, True, ndim)
+    if dtype.kind not in "iu":
+        raise DTypeError(f"{where}: tensors used as indices must be integer or bool, got {dtype}")
+    return _Advanced(item, False, 1)
+
+
+def _parse(t: Tensor, index):
+    """(basic items over t's dims, the advanced item or None), checked; nothing is issued."""
+    where = f"indexing {describe(t)}"
+    items = list(index) if isinstance(index, tuple) else [index]
+    advanced = None
+    for i, item in enumerate(items):
+        if item is None or item is Ellipsis or isinstance(item, slice):
+            continue
+        if isinstance(item, (bool, np.bool_)):
+            raise ArgumentTypeError(f"{where}: a bool ({item!r}) is not an index; use a bool tensor as a mask")
+        if isinstance(item, numbers.Integral):
+            items[i] = int(item)
+        elif isinstance(item, (Tensor, list, np.ndarray)):
+            if advanced is not None:
+                raise ArgumentTypeError(f"{where}: pyflow supports one tensor (or list) per index, got {index!r:.80}")
+            advanced = items[i] = _advanced(item, t)
+        else:
+            raise ArgumentTypeError(f"{where}: unsupported index {item!r} ({type(item).__name__}); use ints, "
+                                    "slices, ..., None, an integer tensor or a bool mask")
+    if sum(item is Ellipsis for item in items) > 1:
+        raise IndexOutOfRangeError(f"{where}: an index can only have a single ellipsis ('...')")
+    used = sum(item.ndim if isinstance(item, _Advanced) else 1 for item in items
+               if item is not None and item is not Ellipsis)
+    if used > t.ndim:
+        raise IndexOutOfRangeError(f"{where}: too many indices ({used}) for a tensor of rank {t.ndim}")
+    if any(item is Ellipsis for item in items):
+        at = next(i for i, item in enumerate(items) if item is Ellipsis)
+        items[at:at + 1] = [slice(None)] * (t.ndim - used)
+    if advanced is not None:
+        _place(t, items, advanced)
+    return items, advanced
+
+
+def _place(t, items, advanced: _Advanced) -> None:
+    """Where the advanced item's dims are in the basic view; numpy's rule for putting them first."""
+    dims_before, x_dim = 0, 0
+    for item in items:
+        if item is advanced:
+            break
+        dims_before += 0 if isinstance(item, int) else 1
+        x_dim += 0 if item is None else 1
+    advanced.position = dims_before
+    source = advanced.source
+    if advanced.is_mask:
+        mask_shape, covered = tuple(source.shape), t.shape[x_dim:x_dim + advanced.ndim]
+        if mask_shape != covered:
+            raise IndexOutOfRangeError(f"indexing {describe(t)}: the mask's shape {list(mask_shape)} does not match "
+                                       f"the indexed dims {list(covered)} (starting at dim {x_dim})")
+    elif isinstance(source, np.ndarray) and source.size:   # indices on the host: checked now, not by the kernel
+        size = t.shape[x_dim]
+        bad = source[(source < -size) | (source >= size)]
+        if bad.size:
+            raise IndexOutOfRangeError(f"indexing {describe(t)}: index {int(bad[0])} is out of bounds for "
+                                       f"dimension {x_dim} with size {size}")
+    joined = [i for i, item in enumerate(items) if isinstance(item, int) or item is advanced]
+    advanced.to_front = joined != list(range(joined[0], joined[-1] + 1))
+
+
+def _basic(t: Tensor, items) -> Tensor:
+    """The view of ints, slices and None (an advanced item stands for ``ndim`` full slices)."""
+    blob = t._blob
+    shape, strides, offset, dim = [], [], blob.offset, 0
+    for item in items:
+        if item is None:
+            shape.append(1)
+            strides.append(0)
+            continue
+        if isinstance(item, _Advanced):
+            shape += blob.shape[dim:dim + item.ndim]
+            strides += blob.strides[dim:dim + item.ndim]
+            dim += item.ndim
+            continue
+        size, stride = blob.shape[dim], blob.strides[dim]
+        if isinstance(item, int):
+            if not -size <= item < size:
+                raise IndexOutOfRangeError(f"indexing {describe(t)}: index {item} is out of bounds for "
+                                           f"dimension {dim} with size {size}")
+            offset += (item % size) * stride
+        else:
+            start, stop, step = (args.as_int(v, "indexing", "a slice bound") if v is not None else None
+                                 for v in (item.start, item.stop, item.step))
+            if step is not None and step <= 0:
+                raise ShapeError(f"indexing {describe(t)}: slice step must be positive, got {step}")
+            start, stop, step = slice(start, stop, step).indices(size)
+            shape.append(len(range(start, stop, step)))
+            strides.append(stride * step)
+            offset += start * stride if shape[-1] else 0
+        dim += 1
+    return t._view(shape + list(blob.shape[dim:]), strides + list(blob.strides[dim:]), offset)
+
+
+def _positions(advanced: _Advanced, device, wrap: int | None = None) -> Tensor:
+    """The advanced item as a 1-D int index on ``device`` (a mask: the flat positions of its True values).
+
+    ``wrap``: the indexed dim's size, to turn negative indices ``-wrap..-1`` into positions (index_copy
+    takes none; index_select wraps them itself).
+    """
+    source = advanced.source
+    if advanced.is_mask:
+        values = source.numpy() if isinstance(source, Tensor) else source   # a Tensor mask: a sync
+        return tensor(np.flatnonzero(values).astype(DEFAULT_INT), device=device)
+    if not isinstance(source, Tensor):
+        source = source.astype(DEFAULT_INT)
+        return tensor(np.where(source < 0, source + wrap, source) if wrap else source, device=device).reshape(-1)
+    index = source if source.dtype in INDEX_DTYPES else source.to(dtype=DEFAULT_INT)
+    index = index.to(device).reshape(-1)
+    return where(index < 0, index + wrap, index) if wrap else index
+
+
+def _index_shape(advanced: _Advanced, positions: Tensor) -> tuple:
+    return tuple(positions.shape) if advanced.is_mask else tuple(advanced.source.shape)
+
+
+def _merged(view: Tensor, advanced: _Advanced, count: int) -> tuple:
+    p, k = advanced.position, advanced.ndim
+    return view.shape[:p] + (count,) + view.shape[p + k:]
+
+
+def _to_front(t: Tensor, advanced: _Advanced, ndim_index: int, inverse=False) -> Tensor:
+    """Permute the index's dims (at ``position``) to the front, or back (``inverse``)."""
+    p = advanced.position
+    order = list(range(p, p + ndim_index)) + [d for d in range(t.ndim) if not p <= d < p + ndim_index]
+    if inverse:
+        order = [order.index(d) for d in range(t.ndim)]
+    return t.permute(order)
+
+
+def getitem(self: Tensor, index) -> Tensor:
+    """``self[index]``: a view for basic indexing, a copy (``index_select``) for a tensor or a mask."""
+    items, advanced = _parse(self, index)
+    view = _basic(self, items)
+    if advanced is None:
+        return view
+    if advanced.ndim == 0:   # a 0-d mask: a new dim of size 1 (True) or 0 (False)
+        view, advanced.ndim = view.unsqueeze(advanced.position), 1
+        advanced.source = advanced.source.reshape(1)
+    positions = _positions(advanced, self.device)
+    source = view.reshape(_merged(view, advanced, math.prod(view.shape[advanced.position:][:advanced.ndim])))
+    result = apply("index_select", [source, positions], axis=advanced.position)[0]
+    index_shape = _index_shape(advanced, positions)
+    p = advanced.position
+    result = result.view(view.shape[:p] + index_shape + view.shape[p + advanced.ndim:])
+    return _to_front(result, advanced, len(index_shape)) if advanced.to_front else result
+
+
+def _value(value, t: Tensor):
+    """A scalar converted to ``t``'s dtype, or a tensor; checked before anything is issued."""
+    if is_scalar(value):
+        return to_scalar(value, t.dtype, "setitem")
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return tensor(value, device=t.device)
+    raise ArgumentTypeError(f"setitem of {describe(t)}: the value must be a number or a tensor, got "
+                            f"{type(value).__name__}")
+
+
+def setitem(self: Tensor, index, value) -> None:
+    """``self[index] = value``: an in-place write of ``self`` (``fill_``/``copy_``, or ``index_copy``)."""
+    items, advanced = _parse(self, index)
+    view = _basic(self, items)
+    _writable(view, "setitem")
+    if isinstance(value, Tensor) and advanced is None and not args.broadcasts_to(value.shape, view.shape):
+        raise ShapeError(f"setitem: the value {describe(value)} does not broadcast to {describe(view)}")
+    value = _value(value, self)
+    if advanced is None:
+        (view.copy_ if isinstance(value, Tensor) else view.fill_)(value)
+        return
+    if advanced.ndim == 0:
+        view, advanced.ndim = view.unsqueeze(advanced.position), 1
+        advanced.source = advanced.source.reshape(1)
+    positions = _positions(advanced, self.device, wrap=view.shape[advanced.position])
+    p, k, count = advanced.position, advanced.ndim, positions.shape[0]
+    index_shape = _index_shape(advanced, positions)
+    result_shape = view.shape[:p] + index_shape + view.shape[p + k:]
+    shown = result_shape
+    if advanced.to_front:   # the shape self[index] has: the index's dims first
+        n = len(index_shape)
+        shown = result_shape[p:p + n] + result_shape[:p] + result_shape[p + n:]
+    if isinstance(value, Tensor):
+        if not args.broadcasts_to(value.shape, shown):
+            raise ShapeError(f"setitem: the value {describe(value)} does not broadcast to the indexed "
+                             f"shape {list(shown)} of {describe(self)}")
+        source = value.to(self.device, self.dtype).expand(shown)
+    else:
+        source = apply("fill", [], shape=(), dtype=self.dtype, value=value, device=self.device)[0].expand(shown)
+    if advanced.to_front:
+        source = _to_front(source, advanced, len(index_shape), inverse=True)
+    source = source.reshape(_merged(view, advanced, count))
+    merged = _merged(view, advanced, math.prod(view.shape[p:p + k]))
+    strides = view_strides(view.shape, view._blob.strides, merged)
+    if strides is not None:   # the mask's dims merge in place: write self directly
+        target = view._view(merged, strides, view._blob.offset)
+        apply("index_copy", [target, positions, source], out=[target], axis=p)
+    else:                     # they do not: write a contiguous copy, then copy it back
+        copy = view.clone()
+        target = copy.view(merged)
+        apply("index_copy", [target, positions, source], out=[target], axis=p)
+        view.copy_(copy)
+
+
+Tensor.__getitem__ = getitem
+Tensor.__setitem__ = setitem

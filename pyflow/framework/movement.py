@@ -1,0 +1,78 @@
+"""Joining and picking: ``cat``, ``stack``, ``gather``, ``index_select``, ``repeat``.
+
+``cat``, ``gather`` and ``index_select`` are one op each.  ``stack`` is ``cat`` of
+the tensors with a new dim (as PyTorch builds it), and ``repeat`` is an
+``expand`` (a stride-0 view) copied into a new contiguous tensor by ``reshape``.
+(``split``, ``chunk`` and ``narrow`` are views: ``pyflow/framework/views.py``.)
+
+>>> import pyflow as flow
+>>> a, b = flow.tensor([1, 2]), flow.tensor([3, 4])
+>>> flow.stack([a, b], dim=1).tolist(), a.repeat(2, 2).tolist()
+([[1, 3], [2, 4]], [[1, 2, 1, 2], [1, 2, 1, 2]])
+>>> flow.gather(flow.tensor([[1, 2], [3, 4]]), 1, flow.tensor([[1], [0]])).tolist()
+[[2], [3]]
+"""
+
+from __future__ import annotations
+
+from pyflow.errors import ShapeError
+from pyflow.framework import args
+from pyflow.framework.args import describe
+from pyflow.framework.functional import _tensor
+from pyflow.framework.interpreter import apply
+from pyflow.framework.tensor import Tensor
+
+__all__ = ["cat", "concat", "stack", "gather", "index_select", "repeat"]
+
+
+def cat(tensors, dim: int = 0) -> Tensor:
+    """Concatenate along ``dim`` (dtypes promote, as in torch)."""
+    tensors = args.tensor_list(tensors, "cat")
+    if tensors[0].ndim:
+        dim = args.dim(dim, tensors[0].ndim, "cat", tensors[0])
+    return apply("cat", tensors, axis=dim)[0]
+
+
+concat = cat
+
+
+def stack(tensors, dim: int = 0) -> Tensor:
+    """Join tensors of one shape along a new dim ``dim``: ``cat`` of each with that dim added."""
+    tensors = args.tensor_list(tensors, "stack")
+    first = tensors[0]
+    for t in tensors[1:]:
+        if t.shape != first.shape:
+            listed = ", ".join(describe(x) for x in tensors)
+            raise ShapeError(f"stack: every tensor must have the same shape, got {listed}")
+    dim = args.dim(dim, first.ndim + 1, "stack", first)
+    return cat([t.unsqueeze(dim) for t in tensors], dim)
+
+
+def gather(input: Tensor, dim: int, index: Tensor) -> Tensor:   # noqa: A002 - torch's name
+    """``out[i][j] = input[index[i][j]][j]`` for ``dim`` 0 (any rank): torch.gather."""
+    x, index = _tensor(input, "gather"), _tensor(index, "gather")
+    return apply("dim_gather", [x, index], axis=args.dim(dim, x.ndim, "gather", x))[0]
+
+
+def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:   # noqa: A002
+    """The slices ``index`` (a 1-D integer tensor) of ``input`` along ``dim``."""
+    x, index = _tensor(input, "index_select"), _tensor(index, "index_select")
+    return apply("index_select", [x, index], axis=args.dim(dim, x.ndim, "index_select", x))[0]
+
+
+def repeat(self: Tensor, *repeats) -> Tensor:
+    """The tensor tiled ``repeats`` times along each dim (more repeats than dims add leading dims)."""
+    repeats = args.sizes(repeats, "repeat")
+    if len(repeats) < self.ndim:
+        raise ShapeError(f"repeat: {len(repeats)} repeats for {describe(self)}; give at least one per dim")
+    shape = (1,) * (len(repeats) - self.ndim) + tuple(self.shape)
+    tiled = self.reshape(shape)
+    interleaved = [n for pair in zip(repeats, shape) for n in pair]   # (r0, s0, r1, s1, ...)
+    spread = tiled.reshape([n for s in shape for n in (1, s)]).expand(interleaved)
+    result = spread.reshape([r * s for r, s in zip(repeats, shape)])
+    return result.clone() if result._blob.storage is self._blob.storage else result   # always a new tensor
+
+
+Tensor.repeat = repeat
+Tensor.gather = lambda self, dim, index: gather(self, dim, index)
+Tensor.index_select = lambda self, dim, index: index_select(self, dim, index)
