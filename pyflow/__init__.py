@@ -16,15 +16,25 @@ runs everything on the caller's thread, for stepping through with pdb;
 Importing pyflow starts no thread and never needs a GPU.
 """
 
+from pyflow import _exit  # noqa: F401, I001 - first: its exit handler must run after every later one
+
 import numpy as _np
 
 from pyflow import errors, trace, vm
 from pyflow.device import Device, DeviceType, Stream, StreamType
-from pyflow.framework.functional import (abs, add, argmax, cast, cat, div, exp, full, log, log_softmax,
-                                         manual_seed, matmul, max, maximum, mean, min, minimum, mul, neg,
-                                         ones, pow, rand, randn, relu, sigmoid, softmax, sqrt, sub, sum, tanh,
-                                         where, zeros)
+from pyflow.framework.creation import (arange, empty, empty_like, eye, from_numpy, full, full_like, linspace,
+                                       manual_seed, ones, ones_like, rand, rand_like, randint, randn, randn_like,
+                                       zeros, zeros_like)
+from pyflow.framework.functional import (abs, add, bitwise_and, bitwise_not, bitwise_or, bitwise_xor, cast, ceil,
+                                         clamp, clip, cos, div, eq, exp, floor, floor_divide, ge, gt, is_tensor,
+                                         isinf, isnan, le, log, log_softmax, logical_and, logical_not, logical_or,
+                                         logical_xor, lt, matmul, maximum, minimum, mul, ne, neg, pow, relu,
+                                         remainder, round, sigmoid, sign, sin, softmax, sqrt, sub, tanh, where)
+from pyflow.framework.movement import cat, concat, gather, index_select, stack
+from pyflow.framework.reductions import (all, allclose, any, argmax, argmin, cumsum, max, mean, min, norm,
+                                         return_types, std, sum, topk, var)
 from pyflow.framework.tensor import Tensor, tensor
+from pyflow.framework.views import FUNCTIONS as _VIEW_FUNCTIONS
 from pyflow.kernels.backend import describe as backend_description
 from pyflow.kernels.backend import is_gpu, is_simulator
 from pyflow.vm import sync
@@ -33,11 +43,33 @@ __version__ = "0.1.0"
 
 from pyflow import cocktailer  # noqa: E402 - seed 001, the uTask compiler
 from pyflow import device  # the package, callable: flow.device("cuda:0") -> Device, as in OneFlow  # noqa: E402
-float32, float64, int32, int64, bool = (_np.dtype(t) for t in ("float32", "float64", "int32", "int64", "bool"))
-float, double, long = float32, float64, int64
+from pyflow import nn  # noqa: E402 - flow.nn.functional
+from pyflow import distributed, env  # noqa: E402 - flow.distributed.run, flow.env.get_rank()
+from pyflow.framework.placement import placement  # noqa: E402
+from pyflow.framework.sbp import sbp  # noqa: E402
+float16, float32, float64 = (_np.dtype(t) for t in ("float16", "float32", "float64"))
+uint8, int8, int16, int32, int64, bool = (_np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "int64", "bool"))
+half, float, double, short, int, long = float16, float32, float64, int16, int32, int64
+reshape, flatten, permute, transpose, unsqueeze, squeeze, narrow, split, chunk, clone = (
+    _VIEW_FUNCTIONS[_name] for _name in ("reshape", "flatten", "permute", "transpose", "unsqueeze", "squeeze",
+                                         "narrow", "split", "chunk", "clone"))
 
-__all__ = ["tensor", "Tensor", "cocktailer", "device", "Device", "DeviceType", "Stream", "StreamType", "errors", "vm", "trace", "sync",
-           "zeros", "ones", "full", "randn", "rand", "manual_seed", "relu", "sigmoid", "tanh", "exp", "log",
-           "sqrt", "abs", "neg", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "matmul", "where",
-           "softmax", "log_softmax", "cat", "cast", "sum", "mean", "max", "min", "argmax", "float32", "float64",
-           "int32", "int64", "bool", "is_gpu", "is_simulator", "backend_description", "__version__"]
+__all__ = ["tensor", "Tensor", "cocktailer", "device", "Device", "DeviceType", "Stream", "StreamType", "errors",
+           "vm", "trace", "sync", "nn", "env", "distributed", "placement", "sbp",
+           # creation
+           "zeros", "ones", "full", "empty", "eye", "arange", "linspace", "zeros_like", "ones_like", "full_like",
+           "empty_like", "rand", "randn", "rand_like", "randn_like", "randint", "from_numpy", "manual_seed",
+           # elementwise
+           "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "neg", "sin", "cos", "floor", "ceil", "round",
+           "sign", "isnan", "isinf", "logical_not", "bitwise_not", "add", "sub", "mul", "div", "pow", "maximum",
+           "minimum", "floor_divide", "remainder", "bitwise_and", "bitwise_or", "bitwise_xor", "logical_and",
+           "logical_or", "logical_xor", "eq", "ne", "lt", "le", "gt", "ge", "matmul", "where", "clamp", "clip",
+           "softmax", "log_softmax", "cast", "is_tensor",
+           # shapes, joining, reductions
+           "reshape", "flatten", "permute", "transpose", "unsqueeze", "squeeze", "narrow", "split", "chunk", "clone",
+           "cat", "concat", "stack", "gather", "index_select", "sum", "mean", "max", "min", "argmax", "argmin",
+           "var", "std", "norm", "cumsum", "topk", "all", "any", "allclose", "return_types",
+           # dtypes
+           "float16", "half", "float32", "float", "float64", "double", "uint8", "int8", "int16", "short", "int32",
+           "int", "int64", "long", "bool",
+           "is_gpu", "is_simulator", "backend_description", "__version__"]

@@ -1,0 +1,132 @@
+"""The transport: how ranks exchange data (OneFlow's CommNet and collective communication).
+
+Ranks meet only here.  A transport moves numpy arrays (device tensors are
+copied to the host first, as OneFlow's CPU collectives do) between the ranks of
+a *group* (a tuple of ranks in parallel_id order):
+
+* point to point: ``send(array, dst, tag)`` / ``recv(src, tag)``;
+* collectives: ``all_reduce``, ``reduce_scatter``, ``all_gather``,
+  ``all_to_all``, ``broadcast``, ``reduce``, ``barrier``.
+
+**Every collective checks first, across the group, that all ranks are at the
+same collective**: each passes a ``CollectiveDesc`` (op, shape, dtype, SBP and
+placement text, and the user's Python line), and a mismatch raises
+``CollectiveMismatchError`` on every rank, listing what each rank was doing
+instead of deadlocking as MPI or NCCL would.  Collectives are matched by a
+per-group sequence number that the *issuing* thread takes (``next_seq``), so
+ranks may execute them in any order.
+
+The base class builds every collective from one primitive, ``exchange``: each
+rank of the group contributes a payload, and every rank gets the list of all
+payloads (after the descriptors were checked).  ``InProcessTransport`` (ranks
+as threads) implements just that; a transport on a real engine (MPI) can
+override each collective with the engine's own.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import itertools
+import threading
+
+import numpy as np
+
+__all__ = ["CollectiveDesc", "Transport"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveDesc:
+    """What the ranks of a collective must agree on, and where each rank issued it."""
+
+    op: str                        # "all_gather", "to_global S(0)->B", ...
+    shape: tuple = ()              # the logical shape
+    dtype: str = ""
+    detail: str = ""               # SBP and placement, as text
+    site: tuple = ("<pyflow>", 0)  # the user's (filename, lineno): reported, not compared
+
+    def key(self) -> tuple:
+        return (self.op, tuple(self.shape), self.dtype, self.detail)
+
+    def describe(self) -> str:
+        from pyflow.vm.failure import describe_site
+
+        what = " ".join(p for p in (self.op, f"{self.dtype}{list(self.shape)}" if self.dtype else "",
+                                    self.detail) if p)
+        return f"{what} (at {describe_site(self.site)})"
+
+
+class Transport(abc.ABC):
+    """One rank's end of the connections to the others."""
+
+    rank: int
+    world_size: int
+
+    def __init__(self) -> None:
+        self._seq: dict = {}
+        self._seq_lock = threading.Lock()
+
+    def next_seq(self, group: tuple) -> int:
+        """The number of this rank's next collective in ``group`` (taken when it is issued)."""
+        with self._seq_lock:
+            counter = self._seq.setdefault(tuple(group), itertools.count())
+            return next(counter)
+
+    # --- the primitives a transport provides --------------------------------------------
+
+    @abc.abstractmethod
+    def exchange(self, group: tuple, seq: int, desc: CollectiveDesc, payload) -> list:
+        """Every rank of ``group`` contributes ``payload``; return all payloads in group order.
+
+        Checks first that every rank's ``desc`` matches (``CollectiveMismatchError``).
+        """
+
+    @abc.abstractmethod
+    def send(self, array: np.ndarray, dst: int, tag: int) -> None:
+        """Send ``array`` to rank ``dst`` (returns once it is on its way; the array may be reused)."""
+
+    @abc.abstractmethod
+    def recv(self, src: int, tag: int) -> np.ndarray:
+        """The array rank ``src`` sent with ``tag`` (waits for it)."""
+
+    # --- collectives, built on exchange ------------------------------------------------------
+
+    def all_gather(self, piece: np.ndarray, group, seq, desc, axis: int = 0) -> np.ndarray:
+        """The pieces of every rank, concatenated along ``axis`` in group order."""
+        return np.concatenate(self.exchange(group, seq, desc, piece), axis=axis)
+
+    def all_reduce(self, array: np.ndarray, group, seq, desc) -> np.ndarray:
+        """The elementwise sum over the group (the same on every rank)."""
+        return _sum(self.exchange(group, seq, desc, array))
+
+    def reduce_scatter(self, array: np.ndarray, group, seq, desc, bounds, axis: int = 0) -> np.ndarray:
+        """This rank's slice ``bounds[i]`` (along ``axis``) of the sum over the group."""
+        total = _sum(self.exchange(group, seq, desc, array))
+        start, stop = bounds[group.index(self.rank)]
+        return np.ascontiguousarray(total[(slice(None),) * axis + (slice(start, stop),)])
+
+    def all_to_all(self, pieces: list, group, seq, desc) -> list:
+        """``pieces[i]`` goes to ``group[i]``; returns what each rank of the group sent here."""
+        me = group.index(self.rank)
+        return [np.array(sent[me], copy=True) for sent in self.exchange(group, seq, desc, pieces)]
+
+    def broadcast(self, array, root: int, group, seq, desc) -> np.ndarray:
+        """``root``'s array on every rank of the group."""
+        payloads = self.exchange(group, seq, desc, array if self.rank == root else None)
+        return np.array(payloads[group.index(root)], copy=True)
+
+    def reduce(self, array: np.ndarray, root: int, group, seq, desc):
+        """The sum over the group on ``root`` (None elsewhere)."""
+        total = _sum(self.exchange(group, seq, desc, array))
+        return total if self.rank == root else None
+
+    def barrier(self, group, seq, desc) -> None:
+        """Return once every rank of the group got here."""
+        self.exchange(group, seq, desc, None)
+
+
+def _sum(arrays: list) -> np.ndarray:
+    total = np.array(arrays[0], copy=True)
+    for other in arrays[1:]:
+        total += other
+    return total
