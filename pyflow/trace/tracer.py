@@ -10,7 +10,7 @@ into an ``InstructionRecord``:
     started    -> launched   : compute (on a GPU: the kernel is queued, not finished)
     launched   -> released   : done-waiting (an ep event, e.g. device2host), then release
 
-``with trace() as tracer:`` (``flow.trace()``) records exactly the instructions
+``with trace() as tracer:`` (``flow.trace()``, ``flow.trace.trace()``) records exactly the instructions
 received inside the block, on the current VM, and waits for them on exit.
 """
 
