@@ -38,6 +38,7 @@ class RankContext:
     local_rank: int = 0
     transport: object = None  # pyflow.distributed.Transport; None in a world of one
     vm: object = None         # this rank's pyflow.vm.VirtualMachine (made on first use)
+    generator: object = None  # this rank's numpy random Generator (flow.manual_seed; made on first use)
 
     def __repr__(self) -> str:
         return f"RankContext(rank={self.rank}, world_size={self.world_size}, local_rank={self.local_rank})"

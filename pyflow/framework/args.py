@@ -31,7 +31,10 @@ __all__ = ["describe", "as_int", "sizes", "broadcasts_to", "dim", "dims", "devic
 
 
 def describe(t) -> str:
-    """A tensor as error messages name it: ``float32[2, 3] on cuda:0``."""
+    """A tensor as error messages name it: ``float32[2, 3] on cuda:0`` (global: its placement and SBP)."""
+    info = getattr(t, "_global", None)
+    if info is not None:
+        return f"{t.dtype}{list(t.shape)} on {info.placement} sbp={info.sbp}"
     return f"{t.dtype}{list(t.shape)} on {t.device}"
 
 

@@ -10,6 +10,12 @@ and then issues:
 * ``arange``, ``linspace``, ``rand``, ``randn``, ``randint``: the values are computed
   on the host with numpy, then copied to the device (as ``flow.tensor`` does).
 
+``zeros``, ``ones``, ``full``, ``rand`` and ``randn`` take ``placement=`` and
+``sbp=`` instead of ``device=`` to make a **global** tensor: the values are the
+logical tensor's, made on every rank (random ones from each rank's generator,
+and parallel_id 0's win, as ``flow.tensor(data, placement=, sbp=)``).  The random
+generator belongs to the rank (``manual_seed`` seeds the calling rank's).
+
 >>> import pyflow as flow
 >>> flow.arange(5).tolist(), flow.arange(0, 1, 0.25).dtype, flow.eye(2, 3).tolist()
 ([0, 1, 2, 3, 4], dtype('float32'), [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
@@ -24,27 +30,38 @@ import threading
 
 import numpy as np
 
+from pyflow import env
 from pyflow.errors import ArgumentTypeError, ShapeError
 from pyflow.framework import args
 from pyflow.framework.dtypes import DEFAULT_FLOAT, DEFAULT_INT, as_dtype, is_scalar, scalar_dtype, to_scalar
-from pyflow.framework.interpreter import apply
+from pyflow.framework.interpreter import apply, global_interpreter
 from pyflow.framework.tensor import Tensor, tensor
 
 __all__ = ["zeros", "ones", "full", "empty", "eye", "arange", "linspace", "zeros_like", "ones_like", "full_like",
            "empty_like", "rand_like", "randn_like", "rand", "randn", "randint", "from_numpy", "manual_seed"]
 
 
-def _filled(op: str, size: tuple, fill_value, dtype, device) -> Tensor:
+def _global(op: str, values: np.ndarray, device, placement, sbp) -> Tensor:
+    """The global tensor whose logical values are ``values`` (made on every rank)."""
+    if device is not None:
+        raise ArgumentTypeError(f"{op}: give device= for a local tensor or placement= and sbp= for a global one, "
+                                "not both")
+    return global_interpreter().tensor(values, values.dtype, placement, sbp)
+
+
+def _filled(op: str, size: tuple, fill_value, dtype, device, placement=None, sbp=None) -> Tensor:
     """One ``fill`` op, every argument checked first (errors name ``op``, the function the user called)."""
     shape = args.sizes(size, op)
     dtype = as_dtype(dtype, op) if dtype is not None else scalar_dtype(_number(fill_value, op))
     value = to_scalar(fill_value, dtype, op)
+    if placement is not None or sbp is not None:
+        return _global(op, np.full(shape, value, dtype), device, placement, sbp)
     return apply("fill", [], shape=shape, dtype=dtype, value=value, device=args.device(device, op))[0]
 
 
-def full(size, fill_value, *, dtype=None, device=None) -> Tensor:
+def full(size, fill_value, *, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
     """A tensor of ``size`` filled with ``fill_value`` (dtype: the value's, as torch: int64, float32, bool)."""
-    return _filled("full", (size,), fill_value, dtype, device)
+    return _filled("full", (size,), fill_value, dtype, device, placement, sbp)
 
 
 def _number(value, op):
@@ -53,14 +70,14 @@ def _number(value, op):
     return value
 
 
-def zeros(*size, dtype=None, device=None) -> Tensor:
+def zeros(*size, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
     """A tensor of zeros (float32 unless ``dtype``)."""
-    return _filled("zeros", size, 0, DEFAULT_FLOAT if dtype is None else dtype, device)
+    return _filled("zeros", size, 0, DEFAULT_FLOAT if dtype is None else dtype, device, placement, sbp)
 
 
-def ones(*size, dtype=None, device=None) -> Tensor:
+def ones(*size, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
     """A tensor of ones (float32 unless ``dtype``)."""
-    return _filled("ones", size, 1, DEFAULT_FLOAT if dtype is None else dtype, device)
+    return _filled("ones", size, 1, DEFAULT_FLOAT if dtype is None else dtype, device, placement, sbp)
 
 
 def empty(*size, dtype=None, device=None) -> Tensor:
@@ -141,34 +158,40 @@ def linspace(start, end, steps: int, *, dtype=None, device=None) -> Tensor:
     return _host_values(np.linspace(start, end, steps), dtype, device, "linspace")
 
 
-_rng = np.random.default_rng()
 _rng_lock = threading.Lock()
 
 
+def _generator() -> np.random.Generator:
+    """The calling rank's random generator (a rank owns one, as a OneFlow process does)."""
+    ctx = env.current()
+    if ctx.generator is None:
+        ctx.generator = np.random.default_rng()
+    return ctx.generator
+
+
 def manual_seed(seed: int) -> None:
-    """Seed ``rand``, ``randn``, ``randint`` and their ``*_like`` forms."""
-    global _rng
-    with _rng_lock:
-        _rng = np.random.default_rng(args.as_int(seed, "manual_seed", "seed"))
+    """Seed ``rand``, ``randn``, ``randint`` and their ``*_like`` forms (the calling rank's generator)."""
+    env.current().generator = np.random.default_rng(args.as_int(seed, "manual_seed", "seed"))
 
 
-def _draw(op, size, draw, dtype, device) -> Tensor:
+def _draw(op, size, draw, dtype, device, placement=None, sbp=None) -> Tensor:
     shape = args.sizes(size, op)
     dtype = as_dtype(dtype or DEFAULT_FLOAT, op)
-    device = args.device(device, op)
     with _rng_lock:
-        values = draw(_rng, shape)
-    return _host_values(values, dtype, device, op)
+        values = draw(_generator(), shape)
+    if placement is not None or sbp is not None:
+        return _global(op, values.astype(dtype, copy=False), device, placement, sbp)
+    return _host_values(values, dtype, args.device(device, op), op)
 
 
-def rand(*size, dtype=None, device=None) -> Tensor:
+def rand(*size, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
     """Uniform samples in [0, 1) (drawn on the host, then copied to ``device``)."""
-    return _draw("rand", size, lambda rng, shape: rng.random(shape), dtype, device)
+    return _draw("rand", size, lambda rng, shape: rng.random(shape), dtype, device, placement, sbp)
 
 
-def randn(*size, dtype=None, device=None) -> Tensor:
+def randn(*size, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
     """Standard normal samples (drawn on the host, then copied to ``device``)."""
-    return _draw("randn", size, lambda rng, shape: rng.standard_normal(shape), dtype, device)
+    return _draw("randn", size, lambda rng, shape: rng.standard_normal(shape), dtype, device, placement, sbp)
 
 
 def rand_like(input: Tensor, *, dtype=None, device=None) -> Tensor:   # noqa: A002

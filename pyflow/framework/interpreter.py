@@ -43,7 +43,24 @@ from pyflow.framework.op_registry import TensorMeta, get_op
 from pyflow.kernels.layout import padded_strides
 from pyflow.kernels.registry import get_kernel
 
-__all__ = ["apply", "get_default_device", "kernel_target", "describe"]
+__all__ = ["apply", "get_default_device", "kernel_target", "describe", "global_interpreter"]
+
+# OneFlow picks an interpreter per call: EagerLocalInterpreter for local tensors,
+# EagerGlobalInterpreter when an input is global.  pyflow.distributed installs the
+# global one here (it sits above this layer: placement, SBP signatures, boxing).
+_global_interpreter = None
+
+
+def global_interpreter():
+    """The interpreter of global tensors (``pyflow.distributed.global_ops``)."""
+    if _global_interpreter is None:
+        import pyflow.distributed  # noqa: F401  (installs it)
+    return _global_interpreter
+
+
+def install_global_interpreter(interpreter) -> None:
+    global _global_interpreter
+    _global_interpreter = interpreter
 
 _CHECK_ERRORS = (ShapeError, DTypeError, AxisError, IndexOutOfRangeError, ArgumentTypeError, DeviceError)
 
@@ -160,6 +177,8 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
     op = get_op(name)
     inputs = list(inputs)
     tensors = [x for x in inputs if isinstance(x, Tensor)]
+    if any(t._global is not None for t in tensors) or any(getattr(o, "_global", None) is not None for o in out or ()):
+        return global_interpreter().apply(name, inputs, out, attrs)
     for x in inputs:
         if not isinstance(x, Tensor) and not is_scalar(x):
             raise ArgumentTypeError(f"op {name!r}: expects tensors (or numbers), got {type(x).__name__}: {x!r:.60}")

@@ -14,6 +14,12 @@ once.  Only reading values (``numpy()``, ``item()``, ``repr``, ``np.asarray``) w
 * **Failures**: reading a tensor whose producing op failed (or anything it was
   computed from) raises that op's ``OpError``, every time; see
   ``pyflow/vm/failure.py``.
+* **Global tensors** (seeds 000 §3, 004): a tensor with ``_global`` set is a
+  logical tensor on a placement, of which ``_blob`` is this rank's piece.  Its
+  ``shape`` is the logical shape; its ops, reads and methods go to the global
+  interpreter that ``pyflow.distributed`` installs
+  (``interpreter.global_interpreter``), as OneFlow picks its
+  EagerGlobalInterpreter for global inputs.
 
 This module holds the class, its attributes, reading values and moving between
 devices and dtypes; the op methods (``x.sum()``, ``x.add_(y)``, ``x.view(...)``)
@@ -32,7 +38,7 @@ from pyflow.device import Device, DeviceType
 from pyflow.errors import ArgumentTypeError, DTypeError, ShapeError
 from pyflow.framework import args
 from pyflow.framework.dtypes import BOOL, DEFAULT_FLOAT, DEFAULT_INT, as_dtype, is_scalar, names, result_type
-from pyflow.framework.interpreter import apply, describe
+from pyflow.framework.interpreter import apply, describe, global_interpreter
 from pyflow.kernels.layout import contiguous_strides
 from pyflow.vm.eager_blob_object import EagerBlobObject
 
@@ -66,7 +72,7 @@ class Tensor:
     class for ``isinstance`` checks.
     """
 
-    __slots__ = ("_blob", "_handle", "_versions", "__weakref__")
+    __slots__ = ("_blob", "_handle", "_versions", "_global", "__weakref__")
     __array_priority__ = 100  # numpy scalars defer to our operators
 
     def __init__(self, *size, dtype=None, device=None):
@@ -76,13 +82,13 @@ class Tensor:
             from pyflow.framework.creation import empty
 
             made = empty(*(size or (0,)), dtype=dtype or DEFAULT_FLOAT, device=device)   # Tensor(): shape (0,)
-        self._blob, self._handle, self._versions = made._blob, made._handle, made._versions
+        self._blob, self._handle, self._versions, self._global = made._blob, made._handle, made._versions, None
 
     @classmethod
     def _wrap(cls, blob: EagerBlobObject, handle: _StorageHandle, versions: _Version) -> "Tensor":
         """The tensor of ``blob`` (how every op makes its results; skips ``__init__``)."""
         t = object.__new__(cls)
-        t._blob, t._handle, t._versions = blob, handle, versions
+        t._blob, t._handle, t._versions, t._global = blob, handle, versions, None
         return t
 
     @classmethod
@@ -100,7 +106,9 @@ class Tensor:
 
     @property
     def shape(self) -> tuple:
-        return self._blob.shape
+        """The shape (of a global tensor: the logical shape, not this rank's piece's)."""
+        info = self._global
+        return self._blob.shape if info is None else info.shape
 
     @property
     def dtype(self) -> np.dtype:
@@ -108,7 +116,33 @@ class Tensor:
 
     @property
     def device(self) -> Device:
+        if self._global is not None:
+            raise ArgumentTypeError(f"a global tensor has no device but a placement ({self._global.placement}); "
+                                    "this rank's piece is .to_local()")
         return self._blob.device
+
+    @property
+    def is_global(self) -> bool:
+        """Is this a global tensor (a placement and an SBP) rather than a local one?"""
+        return self._global is not None
+
+    @property
+    def is_local(self) -> bool:
+        return self._global is None
+
+    @property
+    def placement(self):
+        """The placement of a global tensor (``flow.placement``)."""
+        if self._global is None:
+            raise ArgumentTypeError("a local tensor has no placement: make it global with .to_global(placement, sbp)")
+        return self._global.placement
+
+    @property
+    def sbp(self) -> tuple:
+        """The SBP of a global tensor: a tuple, one per axis of the placement's hierarchy."""
+        if self._global is None:
+            raise ArgumentTypeError("a local tensor has no sbp: make it global with .to_global(placement, sbp)")
+        return self._global.sbp
 
     @property
     def is_cuda(self) -> bool:
@@ -116,7 +150,7 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
-        return len(self._blob.shape)
+        return len(self.shape)
 
     @property
     def _version(self) -> int:
@@ -127,7 +161,7 @@ class Tensor:
         return self.ndim
 
     def numel(self) -> int:
-        return math.prod(self._blob.shape)
+        return math.prod(self.shape)
 
     def element_size(self) -> int:
         return self.dtype.itemsize
@@ -151,7 +185,10 @@ class Tensor:
         """A numpy copy of the values; waits for the ops that produce them.
 
         ``OpError`` if the op that wrote them, or one they were computed from, failed.
+        A global tensor gives its whole logical value on every rank (every rank must call it).
         """
+        if self._global is not None:
+            return global_interpreter().numpy(self)
         on_host = self.device.device_type is DeviceType.cpu
         source = self if on_host or self.is_contiguous() else self.contiguous()
         box: dict = {}
@@ -203,10 +240,16 @@ class Tensor:
         return values if dtype is None else values.astype(dtype, copy=False)
 
     def __repr__(self) -> str:
+        if self._global is not None:
+            return (f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, placement={self._global.placement}, "
+                    f"sbp={self._global.sbp})")
         return f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, device='{self.device}')"
 
     def __str__(self) -> str:
-        return f"tensor({np.array2string(self.numpy(), separator=', ')}, device='{self.device}', dtype={self.dtype})"
+        values = np.array2string(self.numpy(), separator=", ")
+        if self._global is not None:  # every rank must print it: reading a global tensor is a collective
+            return f"tensor({values}, placement={self._global.placement}, sbp={self._global.sbp}, dtype={self.dtype})"
+        return f"tensor({values}, device='{self.device}', dtype={self.dtype})"
 
     def __len__(self) -> int:
         if not self.shape:
@@ -311,15 +354,24 @@ def _as_array(data, dtype) -> np.ndarray:
         raise DTypeError(f"{op}: cannot convert the data to {dtype}: {error}") from None
 
 
-def tensor(data, dtype=None, device="cpu") -> Tensor:
+def tensor(data, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
     """A new tensor holding a copy of ``data`` (numpy array, nested lists, scalar, tensor) on ``device``.
 
     Python floats become float32, ints int64, bools bool (torch's defaults); a
-    numpy array keeps its dtype.
+    numpy array keeps its dtype.  With ``placement=`` and ``sbp=`` (instead of
+    ``device=``): a global tensor whose logical value is ``data`` (the same on
+    every rank; parallel_id 0's wins).
 
     >>> tensor([[1, 2], [3, 4]]).dtype, tensor(np.zeros(2, np.float16)).dtype
     (dtype('int64'), dtype('float16'))
     """
+    if placement is not None or sbp is not None:
+        if device is not None:
+            raise ArgumentTypeError("tensor(): give device= for a local tensor or placement= and sbp= for a "
+                                    "global one, not both")
+        values = data.numpy() if isinstance(data, Tensor) else _as_array(data, dtype)
+        return global_interpreter().tensor(values, values.dtype if dtype is None else dtype, placement, sbp)
+    device = "cpu" if device is None else device
     if isinstance(data, Tensor):
         return data.to(device=device, dtype=dtype, copy=True)
     device = args.device(device, "tensor")

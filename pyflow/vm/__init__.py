@@ -27,13 +27,13 @@ import os
 import threading
 
 from pyflow import _exit, env
-from pyflow.vm.builder import InstructionsBuilder, physical_run
+from pyflow.vm.builder import InstructionsBuilder, no_instructions, physical_run
 from pyflow.vm.eager_blob_object import EagerBlobObject, TensorStorage
 from pyflow.vm.failure import Failure
 from pyflow.vm.virtual_machine import VirtualMachine, report_unseen
 
 __all__ = ["VirtualMachine", "InstructionsBuilder", "physical_run", "EagerBlobObject", "TensorStorage",
-           "Failure", "get_vm", "current_vm", "run", "sync", "sync_mode", "shutdown"]
+           "Failure", "get_vm", "current_vm", "run", "sync", "sync_mode", "shutdown", "no_instructions"]
 
 _vm_lock = threading.Lock()
 

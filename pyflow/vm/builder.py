@@ -25,19 +25,34 @@ receive.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from pyflow.device import Device
 from pyflow.device.device import DeviceType
 from pyflow.device.stream import Stream as StreamSymbol
 from pyflow.device.stream import StreamType, allocator_stream_type, default_stream
+from pyflow.errors import DistributedError
 from pyflow.vm import interrupts
 from pyflow.vm.failure import issue_site
 from pyflow.vm.instruction import Instruction
 from pyflow.vm.policies import (AccessBlobByCallback, AllocateTensors, Barrier, OpCall, RecordEvent,
                                 ReleaseTensor, StreamRecordEvent, StreamWait, StreamWaitEvent)
 
-__all__ = ["InstructionsBuilder", "physical_run", "supports_stream_wait_between"]
+__all__ = ["InstructionsBuilder", "physical_run", "supports_stream_wait_between", "no_instructions"]
+
+_forbidden = threading.local()  # .reason: why this thread may not issue instructions now
+
+
+@contextlib.contextmanager
+def no_instructions(reason: str):
+    """Inside the block, issuing an instruction on this thread raises (metadata-only work)."""
+    previous = getattr(_forbidden, "reason", None)
+    _forbidden.reason = reason
+    try:
+        yield
+    finally:
+        _forbidden.reason = previous
 
 
 def supports_stream_wait_between(from_stream, to_stream) -> bool:
@@ -174,6 +189,9 @@ def physical_run(build, vm) -> None:
 
     In step-through mode the caller then runs the schedule rounds itself.
     """
+    reason = getattr(_forbidden, "reason", None)
+    if reason is not None:
+        raise DistributedError(f"{reason}: this needs data, which only the placement's ranks have")
     vm.check()                 # a VM thread's unexpected error is raised here, at the next call
     vm.apply_back_pressure()   # may wait: before anything is built
     with interrupts.critical(), vm.build_lock:

@@ -3,7 +3,8 @@
 * **Reads** its inputs' storages and **writes** its outputs' (and any mutable
   input's, e.g. an in-place update).
 * Stays **in stream order** (the stream-sequential dependence) when the op has
-  mutable inputs or is a source op with no inputs.  This bounds runaway
+  mutable inputs, is a source op with no inputs, or runs on a collective (ccl)
+  stream (collectives must run in the order they were issued).  This bounds runaway
   allocation, as in OneFlow.  Consecutive such calls on one stream may be
   *fused* into one instruction.
 * **Prepare** (scheduler thread) allocates the outputs from the stream's
@@ -24,6 +25,7 @@ already bound (the framework builds it); the VM never looks inside.
 
 from __future__ import annotations
 
+from pyflow.device.stream import StreamType
 from pyflow.vm.failure import first_failure
 from pyflow.vm.policies.base import InstructionPolicy
 
@@ -54,7 +56,8 @@ class OpCall(InstructionPolicy):
         self._writes = _unique(written)
         self._reads = [d for d in _unique(b.dep for b in self.inputs) if all(d is not w for w in self._writes)]
         self._written_blobs = self.outputs + [b for i, b in enumerate(self.inputs) if i in mutable]
-        self._sequential = stream.schedule_dep if (sequential or mutable or not self.inputs) else None
+        in_order = sequential or mutable or not self.inputs or stream.stream_type is StreamType.ccl
+        self._sequential = stream.schedule_dep if in_order else None
         self.fuse_type = "enable" if self._sequential is not None else "none"
 
     def input_dependences(self) -> list:

@@ -1,0 +1,121 @@
+"""Collectives as VM instructions: the ``collective`` op on the CPU's ccl stream (seed 000's kCcl stream).
+
+OneFlow runs a collective (NCCL all-reduce, all-gather...) as an instruction on
+a stream of type ``ccl``, ordered with the other instructions by the tensors it
+reads and writes.  pyflow does the same: ``collective(call, inputs, shape,
+dtype, desc)`` issues one OpCall whose kernel is ``call(*input arrays)``, a
+transport call (``transport.all_gather(...)``) that returns the output.
+
+* The transport moves host arrays, so a collective's inputs and outputs are
+  cpu tensors; boxing copies device tensors to the host and back around it.
+* Every collective of a rank runs on one worker thread (cpu, thread uid
+  ``CCL_THREAD_UID``), in the order the rank issued them, and on a ccl stream,
+  which keeps its instructions in order (a stream-sequential dependence).  The
+  sequence number that matches it with the other ranks' is taken when it is
+  issued (``transport.next_seq``), on the user's thread, in program order.
+* A collective that fails (divergent ranks, a dead rank, the watchdog) fails
+  its op: its output raises the error when read, on every rank.
+
+``exchange(group, desc, payload)`` is the same, for metadata the caller needs
+at once (the local shapes of a local -> global conversion): it waits.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from pyflow import env, vm
+from pyflow.device import Device, Stream, StreamType
+from pyflow.distributed.transport import CollectiveDesc
+from pyflow.framework.interpreter import apply
+from pyflow.framework.op_registry import OP_REGISTRY, OpDef, TensorMeta, register_op
+from pyflow.vm.failure import issue_site
+from pyflow.vm.policies import InstructionPolicy
+
+__all__ = ["CCL_THREAD_UID", "ccl_stream", "collective", "exchange", "describe_call"]
+
+CCL_THREAD_UID = 3  # the rank's collective worker (uids 0-2 are taken: see pyflow/device/stream.py)
+
+
+def ccl_stream() -> Stream:
+    """The stream every collective of a rank runs on."""
+    return Stream.new(Device("cpu"), StreamType.ccl, thread_uid=CCL_THREAD_UID)
+
+
+def _infer(inputs, attrs):
+    return [TensorMeta(tuple(attrs["shape"]), np.dtype(attrs["dtype"]))]
+
+
+def _device_and_stream(inputs, attrs):
+    return Device("cpu"), ccl_stream()
+
+
+def _launch(kernel, outputs, inputs, attrs, stream):
+    result = attrs["call"](*inputs)
+    out = outputs[0]
+    if tuple(result.shape) != tuple(out.shape):
+        raise RuntimeError(f"collective {attrs['desc'].describe()}: the transport returned shape "
+                           f"{tuple(result.shape)}, expected {tuple(out.shape)}")
+    out[...] = result
+
+
+if "collective" not in OP_REGISTRY:
+    register_op(OpDef("collective", _infer, kernel="", launch=_launch, infer_device_and_stream=_device_and_stream,
+                      kernel_attrs=("call", "desc"),
+                      doc="a transport call (all-gather, all-reduce...) on the cpu ccl stream"))
+
+
+def describe_call(op: str, shape, dtype, detail: str = "") -> CollectiveDesc:
+    """The descriptor every rank of a collective must agree on, with the user's line."""
+    return CollectiveDesc(op, tuple(shape), str(np.dtype(dtype)) if dtype else "", detail, issue_site())
+
+
+def collective(call, inputs, shape, dtype, desc: CollectiveDesc):
+    """Issue ``call(*arrays of inputs) -> array of shape/dtype`` as one collective instruction."""
+    inputs = [x if x.device.type == "cpu" else x.to("cpu") for x in inputs]
+    return apply("collective", inputs, shape=tuple(shape), dtype=np.dtype(dtype), call=call, desc=desc)[0]
+
+
+class Exchange(InstructionPolicy):
+    """Run ``fn()`` on the ccl worker, in order with the rank's collectives (a stream-sequential write)."""
+
+    name = "exchange"
+
+    def __init__(self, fn, vm_stream):
+        self.fn, self._sequential = fn, vm_stream.schedule_dep
+
+    @property
+    def stream_sequential_dependence(self):
+        return self._sequential
+
+    def compute(self, instruction) -> None:
+        self.fn()
+
+
+def exchange(group: tuple, desc: CollectiveDesc, payload) -> list:
+    """Every rank of ``group`` contributes ``payload`` (any Python value); all payloads, in order.
+
+    Runs in order with the rank's other collectives (on the ccl worker) and waits for it.
+    """
+    transport = env.current().transport
+    group = tuple(group)
+    seq = transport.next_seq(group)
+    box, done = {}, threading.Event()
+
+    def run():
+        try:
+            box["payloads"] = transport.exchange(group, seq, desc, payload)
+        except BaseException as error:  # noqa: BLE001 - raised in the caller below
+            box["error"] = error
+        finally:
+            done.set()
+
+    machine = vm.get_vm()
+    stream = ccl_stream()
+    vm.run(lambda builder: builder._append(stream, Exchange(run, machine.get_vm_stream(stream))))
+    machine.wait_until(done.is_set, f"exchange {desc.describe()}", drive=machine.sync_mode)
+    if "error" in box:
+        raise box["error"]
+    return box["payloads"]

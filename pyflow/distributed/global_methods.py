@@ -1,0 +1,171 @@
+"""How the tensor methods that are not ops treat a global tensor (installed on ``Tensor`` at import).
+
+Ops (``x + y``, ``x.sum()``, ``flow.matmul``...) reach the global interpreter by
+themselves.  The rest of the Tensor API works on global tensors too:
+
+* ``to_global`` / ``to_local`` (``global_tensor.py``);
+* ``permute``, ``transpose``, ``.T``: the piece is permuted and each split
+  follows its dim - no data moves;
+* ``.to(device type)``, ``.cpu()``, ``.cuda()``: the same ranks on another
+  device type (boxing's device copy); ``.to(dtype)`` is an op;
+* every other view and indexing method (``reshape``, ``view``, ``squeeze``,
+  ``x[...]``, ``split``...): computed on the broadcast tensor (every rank of the
+  placement holds it all), and the result is broadcast too.  A rank outside the
+  placement computes the result's shape on a data-less stand-in and gets an
+  empty piece; a method that needs data there is an error naming it.
+* ``x[index] = value``: computed on the broadcast tensor, then boxed back into
+  ``x``'s own layout and pieces.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from pyflow import env
+from pyflow.device import Device
+from pyflow.distributed.boxing import Layout
+from pyflow.distributed.global_tensor import box, layout_of, make_global, to_global, to_local
+from pyflow.framework.args import describe
+from pyflow.framework.placement import placement as Placement
+from pyflow.framework.sbp import SbpParallel
+from pyflow.framework.tensor import Tensor
+from pyflow.vm import no_instructions
+
+__all__ = ["install"]
+
+_B = SbpParallel("broadcast")
+_ON_BROADCAST = ("view", "reshape", "flatten", "unsqueeze", "squeeze", "expand", "expand_as", "narrow", "split",
+                 "chunk", "__getitem__", "view_as", "reshape_as", "contiguous", "clone", "detach", "repeat")
+
+
+def _broadcast(x: Tensor) -> Tensor:
+    layout = Layout(x._global.placement, (_B,) * len(x._global.placement.hierarchy))
+    return x if layout_of(x) == layout else box(x, layout, f"{describe(x)} -> broadcast for a view")
+
+
+def _ghost(x: Tensor) -> Tensor:
+    """A data-less local stand-in with ``x``'s logical shape (no memory until an op writes it)."""
+    return Tensor._empty(Device("cpu"), x.shape, x.dtype)
+
+
+def _wrap_results(result, placement):
+    sbp = (_B,) * len(placement.hierarchy)
+    member = placement.has(env.get_rank())
+    if isinstance(result, Tensor):
+        return make_global(result if member else None, placement, sbp, result.shape, result.dtype)
+    if isinstance(result, (tuple, list)):
+        return type(result)(_wrap_results(r, placement) for r in result)
+    return result
+
+
+def _on_broadcast(method, name: str):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self._global is None:
+            return method(self, *args, **kwargs)
+        placement = self._global.placement
+        if placement.has(env.get_rank()):
+            return _wrap_results(method(to_local(_broadcast(self)), *args, **kwargs), placement)
+        with no_instructions(f"{name} of a global tensor on rank {env.get_rank()}, outside its placement"):
+            return _wrap_results(method(_ghost(self), *args, **kwargs), placement)
+    return wrapper
+
+
+def _permute(method):
+    @functools.wraps(method)
+    def wrapper(self, *dims):
+        if self._global is None:
+            return method(self, *dims)
+        info = self._global
+        ghost = method(_ghost(self), *dims)  # the permuted logical shape, checked by the local method
+        order = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        order = tuple(d % len(info.shape) for d in order)
+        sbp = tuple(SbpParallel("split", order.index(s.dim)) if s.is_split else s for s in info.sbp)
+        piece = method(to_local(self), *dims) if info.placement.has(env.get_rank()) else None
+        return make_global(piece, info.placement, sbp, ghost.shape, self.dtype)
+    return wrapper
+
+
+def _transpose(self, dim0, dim1):
+    order = list(range(self.ndim))
+    a, b = dim0 % max(self.ndim, 1), dim1 % max(self.ndim, 1)
+    order[a], order[b] = order[b], order[a]
+    return self.permute(order)
+
+
+def _to(method):
+    @functools.wraps(method)
+    def wrapper(self, *where, **kwargs):
+        if self._global is None:
+            return method(self, *where, **kwargs)
+        device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+        kwargs.pop("copy", None), kwargs.pop("non_blocking", None)
+        for value in where:
+            if isinstance(value, Tensor):
+                dtype = value.dtype
+            elif isinstance(value, (str, Device)):
+                device = value
+            else:
+                dtype = value
+        result = self if dtype is None else _cast(self, dtype)
+        if device is not None:
+            kind = Device(device).type
+            info = result._global
+            if kind != info.placement.type:
+                target = Placement(kind, info.placement.ranks)
+                result = to_global(result, target, info.sbp)
+        return result
+    return wrapper
+
+
+def _cast(x: Tensor, dtype) -> Tensor:
+    from pyflow.framework.dtypes import as_dtype
+    from pyflow.framework.interpreter import apply
+
+    dtype = as_dtype(dtype, f"to (of {describe(x)})")
+    return x if dtype == x.dtype else apply("cast", [x], dtype=dtype)[0]
+
+
+def _setitem(method):
+    @functools.wraps(method)
+    def wrapper(self, index, value):
+        if self._global is None:
+            return method(self, index, value)
+        placement = self._global.placement
+        whole = _broadcast(self)
+        if whole is self:  # already broadcast: write its pieces directly
+            if placement.has(env.get_rank()):
+                method(to_local(self), index, to_local(value) if isinstance(value, Tensor) else value)
+            return None
+        if placement.has(env.get_rank()):
+            updated = to_local(whole).clone()
+            method(updated, index, to_local(_broadcast(value)) if isinstance(value, Tensor) else value)
+        else:
+            updated = None
+        result = make_global(updated, placement, whole._global.sbp, self.shape, self.dtype)
+        written = box(result, layout_of(self), f"x[...] = v into {describe(self)}")
+        if placement.has(env.get_rank()):
+            to_local(self).copy_(to_local(written))
+        return None
+    return wrapper
+
+
+def install() -> None:
+    """Make Tensor's methods global-aware (idempotent)."""
+    if getattr(Tensor, "_global_methods_installed", False):
+        return
+    Tensor.to_global = to_global
+    Tensor.to_local = to_local
+    for name in _ON_BROADCAST:
+        if hasattr(Tensor, name):
+            setattr(Tensor, name, _on_broadcast(getattr(Tensor, name), name))
+    Tensor.permute = _permute(Tensor.permute)
+    Tensor.transpose = lambda self, dim0, dim1: (_transpose(self, dim0, dim1) if self._global is not None
+                                                 else _local_transpose(self, dim0, dim1))
+    Tensor.T = property(lambda self: self.permute(tuple(reversed(range(self.ndim)))))
+    Tensor.to = _to(Tensor.to)
+    Tensor.__setitem__ = _setitem(Tensor.__setitem__)
+    Tensor._global_methods_installed = True
+
+
+_local_transpose = Tensor.transpose

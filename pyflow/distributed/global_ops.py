@@ -1,0 +1,99 @@
+"""The global interpreter (OneFlow's EagerGlobalInterpreter): one op call on global tensors.
+
+``pyflow.framework.interpreter.apply`` hands an op here when an input is global.
+On every rank, in the same order:
+
+1. **checks**: no local tensor mixed in, every input on one placement;
+2. **logical inference**: the op's own inference (and type promotion) on the
+   logical shapes and dtypes, so every rank knows the result's shape;
+3. **SBP signature**: the cheapest of the op's candidates for the inputs' current
+   SBPs (``signatures.py``; ``last_signature`` keeps the choice for tests and
+   tutorials);
+4. **boxing**: every input is boxed to the signature's SBP (``boxing.py``);
+5. **the op, piece by piece**: the local interpreter runs it on this rank's
+   pieces; a rank outside the placement runs nothing;
+6. the outputs are global, with the signature's output SBPs.  With ``out=``
+   (in-place ops), each result is boxed to its output's layout and copied into
+   its piece.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyflow import env
+from pyflow.distributed.boxing import Layout
+from pyflow.distributed.global_tensor import box, global_numpy, global_tensor, layout_of, make_global, to_local
+from pyflow.distributed.signatures import choose_signature
+from pyflow.errors import ArgumentTypeError, AxisError, DeviceError, DTypeError, IndexOutOfRangeError, ShapeError
+from pyflow.framework import interpreter
+from pyflow.framework.args import describe
+from pyflow.framework.op_registry import TensorMeta, get_op
+from pyflow.framework.tensor import Tensor
+
+__all__ = ["GlobalInterpreter"]
+
+_CHECK_ERRORS = (ShapeError, DTypeError, AxisError, IndexOutOfRangeError, ArgumentTypeError, DeviceError)
+
+
+class GlobalInterpreter:
+    """Runs ops on global tensors; installed into ``pyflow.framework.interpreter``."""
+
+    def __init__(self):
+        self.last_signature = None  # (op name, Signature) of the latest call, for tests and tutorials
+
+    def numpy(self, x: Tensor) -> np.ndarray:
+        return global_numpy(x)
+
+    def tensor(self, values: np.ndarray, dtype, placement, sbp) -> Tensor:
+        """A global tensor whose logical value is ``values`` (the same on every rank)."""
+        return global_tensor(values, dtype, placement, sbp)
+
+    def apply(self, name: str, inputs, out, attrs) -> list:
+        op = get_op(name)
+        inputs = list(inputs)
+        tensors = [x for x in inputs if isinstance(x, Tensor)]
+        local = [t for t in tensors + list(out or ()) if t._global is None]
+        if local:
+            raise DeviceError(f"op {name!r}: global and local tensors mixed ({'; '.join(describe(t) for t in inputs if isinstance(t, Tensor))}); "
+                              "make the local ones global with .to_global(placement, sbp)")
+        placements = {t._global.placement for t in tensors}
+        if len(placements) > 1:
+            listed = "; ".join(describe(t) for t in tensors)
+            raise DeviceError(f"op {name!r}: inputs on different placements ({listed}); box them onto one with "
+                              ".to_global(placement=...) first")
+        placement = placements.pop()
+        try:
+            dtypes = interpreter._promoted_dtypes(op, inputs)
+            metas = op.infer([TensorMeta(tuple(getattr(x, "shape", ())), d) for x, d in zip(inputs, dtypes)], attrs)
+        except _CHECK_ERRORS as error:
+            raise type(error)(f"{error} [op {name!r}, inputs: {'; '.join(describe(t) for t in tensors)}]") from None
+        shapes = [tuple(x.shape) if isinstance(x, Tensor) else None for x in inputs]
+        current = [x._global.sbp if isinstance(x, Tensor) else None for x in inputs]
+        signature = choose_signature(name, shapes, [np.dtype(d) for d in dtypes], [m.shape for m in metas], attrs,
+                                     current, placement.hierarchy)
+        self.last_signature = (name, signature)
+        boxed = []
+        for x, nd in zip(inputs, signature.inputs):
+            if isinstance(x, Tensor) and x._global.sbp != nd:
+                x = box(x, Layout(placement, nd), f"op {name!r}: input {describe(x)} -> {nd}")
+            boxed.append(x)
+        if placement.has(env.get_rank()):
+            pieces = interpreter.apply(name, [to_local(x) if isinstance(x, Tensor) else x for x in boxed], **attrs)
+        else:
+            pieces = [None] * len(metas)
+        results = [make_global(p, placement, nd, m.shape, m.dtype)
+                   for p, nd, m in zip(pieces, signature.outputs, metas)]
+        if out is None:
+            return results
+        return [self._write(o, r) for o, r in zip(out, results)]
+
+    def _write(self, target: Tensor, result: Tensor) -> Tensor:
+        """In place on a global tensor: the result, boxed to ``target``'s layout, into its piece."""
+        if tuple(result.shape) != tuple(target.shape):
+            raise ShapeError(f"in place: the result {describe(result)} does not have the shape of {describe(target)}")
+        if layout_of(result) != layout_of(target):
+            result = box(result, layout_of(target), f"in place into {describe(target)}")
+        if target._global.placement.has(env.get_rank()):
+            to_local(target).copy_(to_local(result))
+        return target
