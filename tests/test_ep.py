@@ -89,7 +89,7 @@ def test_device_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ep.device_count("cpu") == 1
     if not is_gpu():
         monkeypatch.delenv("PYFLOW_SIM_DEVICES", raising=False)
-        assert ep.device_count("cuda") == 2
+        assert ep.device_count("cuda") == 8
         monkeypatch.setenv("PYFLOW_SIM_DEVICES", "3")
         assert ep.device_count("cuda") == 3
         assert ep.get_device("cuda:2").device_index == 2
@@ -100,8 +100,8 @@ def test_device_counts(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.skipif(is_gpu(), reason="message of the simulated device count")
 def test_out_of_range_index_names_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYFLOW_SIM_DEVICES", raising=False)
-    with pytest.raises(DeviceError, match=r"cuda:5 does not exist: 2 cuda devices \(simulated"):
-        ep.get_device("cuda:5")
+    with pytest.raises(DeviceError, match=r"cuda:9 does not exist: 8 cuda devices \(simulated"):
+        ep.get_device("cuda:9")
     with pytest.raises(DeviceError, match="cpu:1 does not exist: 1 cpu device"):
         ep.get_device("cpu:1")
     with pytest.raises(DeviceError, match="unknown device type"):

@@ -130,9 +130,9 @@ def test_an_inplace_op_is_one_instruction_that_writes_the_storage(device, monkey
     calls = []
     original = InstructionsBuilder.call
 
-    def spy(self, name, run, inputs, outputs, stream, mutable_inputs=(), sequential=False):
+    def spy(self, name, run, inputs, outputs, stream, *args, **kwargs):
         calls.append((name, [b.storage for b in inputs], [b.storage for b in outputs]))
-        return original(self, name, run, inputs, outputs, stream, mutable_inputs, sequential)
+        return original(self, name, run, inputs, outputs, stream, *args, **kwargs)
 
     x = flow.ones(3, device=device)
     y = flow.ones(3, device=device)

@@ -2,9 +2,12 @@
 ``oneflow::Device`` (``Symbol<Device>``), the interned (type, index) pair behind
 ``flow.tensor(..., device="cuda:1")``.
 
-Lowest layer of pyflow: imports nothing from pyflow but ``pyflow.errors``.
-Whether an index really exists (cuda:7 on a 1-GPU machine) is *not* checked here;
-the ep registry (``pyflow.device.ep.get_device``) checks that.
+Lowest layer of pyflow: imports nothing from pyflow but ``pyflow.errors`` and
+``pyflow.env`` (the rank context).  Whether an index really exists (cuda:9 on a
+1-GPU machine) is *not* checked here; the ep registry
+(``pyflow.device.ep.get_device``) checks that.  A device type without an index
+means the calling rank's own device, as in OneFlow: ``Device("cuda")`` is
+``cuda:<local rank>`` (``cuda:0`` outside ``flow.distributed.run``; the one cpu is ``cpu:0``).
 
 >>> Device("cuda:1")
 device(type='cuda', index=1)
@@ -73,7 +76,7 @@ class Device:
     Accepted spellings (all return the *same* object for the same key)::
 
         Device("cuda:1")   Device("cuda", 1)   Device(DeviceType.cuda, 1)
-        Device("cuda")     # index 0
+        Device("cuda")     # the calling rank's: index = its local rank (0 outside ranks)
         Device(existing_device)
 
     Attributes: ``type`` (``"cuda"``), ``device_type`` (``DeviceType.cuda``), ``index``.
@@ -94,12 +97,13 @@ class Device:
             return spec
         if isinstance(spec, DeviceType):
             device_type = DeviceType.parse(spec)
-            idx = 0 if index is None else _check_index(index, spec.name)
+            idx = _default_index(device_type) if index is None else _check_index(index, spec.name)
         elif isinstance(spec, str):
             device_type, parsed = _parse_spec(spec)
             if parsed is not None and index is not None:
                 raise DeviceError(f"index given twice: {spec!r} already names index {parsed}, got index={index!r}")
-            idx = parsed if parsed is not None else (0 if index is None else _check_index(index, spec))
+            idx = parsed if parsed is not None else (
+                _default_index(device_type) if index is None else _check_index(index, spec))
         else:
             raise DeviceError(
                 f"cannot make a device from {type(spec).__name__} {spec!r}: expected a string like "
@@ -164,6 +168,16 @@ class Device:
 
     def __deepcopy__(self, memo: dict) -> "Device":
         return self
+
+
+def _default_index(device_type: DeviceType) -> int:
+    """The index a bare device type means: the calling rank's local rank (OneFlow's Device::New(type));
+    the one cpu is always cpu:0."""
+    if device_type is DeviceType.cpu:
+        return 0
+    from pyflow import env
+
+    return env.current().local_rank
 
 
 def _parse_spec(spec: str) -> tuple[DeviceType, int | None]:

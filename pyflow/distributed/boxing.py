@@ -164,7 +164,7 @@ class _Collective(Step):
         desc = ctx.desc(type(self).__name__, group)
         shape = self.out_shape(ctx)
         call = self.call(transport, group, seq, desc, ctx)
-        return _on_device(collective(call, [piece], shape, ctx.dtype, desc), self.layout, ctx.rank)
+        return _on_device(collective(call, [piece], shape, ctx.dtype, desc, group, seq), self.layout, ctx.rank)
 
 
 @dataclasses.dataclass
@@ -332,7 +332,7 @@ class Exchange(Step):
             return out
 
         inputs = [piece] if (piece is not None and mine is not None and sends) else []
-        result = collective(call, inputs, out_shape, dtype, desc)
+        result = collective(call, inputs, out_shape, dtype, desc, union, seq)
         return _on_device(result, dst, rank) if target is not None else None
 
 

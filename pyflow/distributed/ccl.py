@@ -14,7 +14,9 @@ transport call (``transport.all_gather(...)``) that returns the output.
   sequence number that matches it with the other ranks' is taken when it is
   issued (``transport.next_seq``), on the user's thread, in program order.
 * A collective that fails (divergent ranks, a dead rank, the watchdog) fails
-  its op: its output raises the error when read, on every rank.
+  its op: its output raises the error when read, on every rank.  A rank whose
+  input failed still shows up (with a ``FailedPiece``), so its peers fail at
+  once, naming it, instead of waiting for it.
 
 ``exchange(group, desc, payload)`` is the same, for metadata the caller needs
 at once (the local shapes of a local -> global conversion): it waits.
@@ -61,9 +63,14 @@ def _launch(kernel, outputs, inputs, attrs, stream):
     out[...] = result
 
 
+def _abandon(attrs, failure) -> None:
+    """An input failed: still show up at the collective, so the peers fail too instead of waiting."""
+    attrs["abandon"](f"its input failed: {failure.describe()}")
+
+
 if "collective" not in OP_REGISTRY:
     register_op(OpDef("collective", _infer, kernel="", launch=_launch, infer_device_and_stream=_device_and_stream,
-                      kernel_attrs=("call", "desc"),
+                      kernel_attrs=("call", "desc"), on_failed_inputs=_abandon,
                       doc="a transport call (all-gather, all-reduce...) on the cpu ccl stream"))
 
 
@@ -72,10 +79,16 @@ def describe_call(op: str, shape, dtype, detail: str = "") -> CollectiveDesc:
     return CollectiveDesc(op, tuple(shape), str(np.dtype(dtype)) if dtype else "", detail, issue_site())
 
 
-def collective(call, inputs, shape, dtype, desc: CollectiveDesc):
-    """Issue ``call(*arrays of inputs) -> array of shape/dtype`` as one collective instruction."""
+def collective(call, inputs, shape, dtype, desc: CollectiveDesc, group: tuple, seq: int):
+    """Issue ``call(*arrays of inputs) -> array of shape/dtype`` as one collective instruction.
+
+    ``group`` and ``seq`` are the collective's: if an input fails, the rank still takes part
+    (``Transport.abandon``), so its peers' collectives fail instead of waiting for it.
+    """
+    transport = env.current().transport
     inputs = [x if x.device.type == "cpu" else x.to("cpu") for x in inputs]
-    return apply("collective", inputs, shape=tuple(shape), dtype=np.dtype(dtype), call=call, desc=desc)[0]
+    return apply("collective", inputs, shape=tuple(shape), dtype=np.dtype(dtype), call=call, desc=desc,
+                 abandon=lambda reason: transport.abandon(group, seq, desc, reason))[0]
 
 
 class Exchange(InstructionPolicy):

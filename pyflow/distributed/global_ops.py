@@ -19,6 +19,8 @@ On every rank, in the same order:
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from pyflow import env
@@ -40,7 +42,12 @@ class GlobalInterpreter:
     """Runs ops on global tensors; installed into ``pyflow.framework.interpreter``."""
 
     def __init__(self):
-        self.last_signature = None  # (op name, Signature) of the latest call, for tests and tutorials
+        self._last = weakref.WeakKeyDictionary()  # rank context -> (op name, Signature)
+
+    @property
+    def last_signature(self):
+        """(op name, Signature) of the calling rank's latest global op (for tutorials and tests)."""
+        return self._last.get(env.current())
 
     def numpy(self, x: Tensor) -> np.ndarray:
         return global_numpy(x)
@@ -72,7 +79,7 @@ class GlobalInterpreter:
         current = [x._global.sbp if isinstance(x, Tensor) else None for x in inputs]
         signature = choose_signature(name, shapes, [np.dtype(d) for d in dtypes], [m.shape for m in metas], attrs,
                                      current, placement.hierarchy)
-        self.last_signature = (name, signature)
+        self._last[env.current()] = (name, signature)
         boxed = []
         for x, nd in zip(inputs, signature.inputs):
             if isinstance(x, Tensor) and x._global.sbp != nd:

@@ -29,6 +29,7 @@ import dataclasses
 import numpy as np
 
 from pyflow import env
+from pyflow.device import Device
 from pyflow.distributed.boxing import BoxingContext, Layout, choose, run_plan
 from pyflow.distributed.ccl import collective, describe_call, exchange
 from pyflow.errors import ArgumentTypeError, DTypeError, ShapeError
@@ -53,9 +54,8 @@ def layout_of(x: Tensor) -> Layout:
 
 
 def _empty_piece(dtype, placement: Placement):
-    from pyflow.framework.creation import empty
-
-    return empty(0, dtype=dtype, device=placement.device() if placement.has(env.get_rank()) else "cpu")
+    """The piece of a rank outside the placement: empty, and made without any instruction."""
+    return Tensor._empty(Device("cpu"), (0,), dtype)
 
 
 def make_global(piece: Tensor | None, placement: Placement, sbp: tuple, shape: tuple, dtype) -> Tensor:
@@ -190,7 +190,7 @@ def _broadcast_from_coordinate_zero(x, placement: Placement, nd: tuple, logical:
         payloads = transport.exchange(group, seq, desc, arrays[0] if arrays else None)
         return np.array(payloads[group.index(source_of(rank))], copy=True).reshape(me)
 
-    result = collective(call, [x] if mine_is_source else [], me, dtype, desc)
+    result = collective(call, [x] if mine_is_source else [], me, dtype, desc, group, seq)
     return result if result.device is placement.device() else result.to(placement.device())
 
 

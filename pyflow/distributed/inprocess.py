@@ -7,8 +7,10 @@ until every rank of the group has.  Then, on every rank:
 
 * the descriptors are compared: different collectives (divergent code) raise
   ``CollectiveMismatchError`` listing each rank's op and Python line;
-* otherwise the rank takes the list of payloads (no copies: ranks never write
-  what others contributed; the collectives in ``transport.py`` make new arrays).
+* otherwise the rank takes the list of payloads.  Each was copied when it was
+  contributed: a rank may reuse its memory as soon as its own collective
+  returns, while a slower peer still reads what it sent;
+  a ``FailedPiece`` among them (a rank whose input failed) fails it, naming that rank.
 
 Nothing hangs.  While it waits, a rank checks the world: another rank failed
 (``abort``) -> ``RankAbortedError`` at once; a rank the round waits for has
@@ -27,7 +29,9 @@ import os
 import threading
 import time
 
-from pyflow.distributed.transport import CollectiveDesc, Transport
+import numpy as np
+
+from pyflow.distributed.transport import CollectiveDesc, FailedPiece, Transport
 from pyflow.errors import CollectiveMismatchError, CollectiveTimeoutError, RankAbortedError
 
 __all__ = ["InProcessWorld", "InProcessTransport"]
@@ -127,7 +131,12 @@ class InProcessWorld:
             table = "\n".join(f"  rank {r}: {entry.descs[r].describe()}" for r in group)
             raise CollectiveMismatchError(f"the ranks of group {list(group)} reached different collectives "
                                           f"(#{seq}); each rank was doing:\n{table}")
-        return [entry.payloads[r] for r in group]
+        payloads = [entry.payloads[r] for r in group]
+        failed = [p for p in payloads if isinstance(p, FailedPiece) and p.rank != rank]
+        if failed:
+            raise RankAbortedError(f"rank {failed[0].rank} could not take part in collective #{seq} of group "
+                                   f"{list(group)} ({desc.describe()}): {failed[0].reason}")
+        return payloads
 
     def _check_divergence(self, rank: int, key: tuple, entry: _Round, desc: CollectiveDesc) -> None:
         """A missing rank that returned, or that waits in another round needing us, never comes."""
@@ -178,6 +187,17 @@ class InProcessWorld:
             return box.popleft()
 
 
+def _copied(payload):
+    """``payload`` with every numpy array in it copied (what a network would do by sending it)."""
+    if isinstance(payload, np.ndarray):
+        return payload.copy()
+    if isinstance(payload, dict):
+        return {k: _copied(v) for k, v in payload.items()}
+    if isinstance(payload, (list, tuple)):
+        return type(payload)(_copied(v) for v in payload)
+    return payload
+
+
 class InProcessTransport(Transport):
     """One rank's end of an ``InProcessWorld``."""
 
@@ -186,7 +206,7 @@ class InProcessTransport(Transport):
         self.world, self.rank, self.world_size = world, rank, world.world_size
 
     def exchange(self, group, seq, desc, payload) -> list:
-        return self.world.exchange(self.rank, tuple(group), seq, desc, payload)
+        return self.world.exchange(self.rank, tuple(group), seq, desc, _copied(payload))
 
     def send(self, array, dst: int, tag: int) -> None:
         self.world.send(self.rank, dst, tag, array.copy())

@@ -97,6 +97,6 @@ def run(fn, world_size: int, args=(), timeout: float | None = None) -> list:
         error = errors[first]
         others = sorted(r for r in errors if r != first)
         also = f" (rank(s) {others} stopped too)" if others else ""
-        raise RankError(f"rank {first} of {world.world_size} failed: {type(error).__name__}: {error}{also}",
+        raise RankError(f"rank {first} of {world.world_size} failed{also}: {type(error).__name__}: {error}",
                         rank=first) from error
     return results

@@ -81,13 +81,9 @@ def _elementwise(name, shapes, out_shapes) -> list:
             ins.append(S(k) if k >= 0 and shape[k] == out[d] and out[d] != 1 else B)
         if any(s is not None and s.is_split for s in ins):
             found.append(Signature(tuple(ins), (S(d),)))
-    tensors = [i for i, s in enumerate(shapes) if s is not None]
-    for rule in _PARTIAL_RULES.get(name, []):
-        if len(rule) == len(tensors) and not (name in ("add", "sub") and len(tensors) < len(shapes)):
-            ins = [None] * len(shapes)
-            for i, s in zip(tensors, rule):
-                ins[i] = s
-            found.append(Signature(tuple(ins), (P,)))
+    for rule in _PARTIAL_RULES.get(name, []):  # a Python scalar is the same on every rank: a B
+        if len(rule) == len(shapes) and all(s is not None or r.is_broadcast for s, r in zip(shapes, rule)):
+            found.append(Signature(tuple(None if s is None else r for s, r in zip(shapes, rule)), (P,)))
     return found
 
 

@@ -32,7 +32,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["CollectiveDesc", "Transport"]
+__all__ = ["CollectiveDesc", "FailedPiece", "Transport"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,17 @@ class CollectiveDesc:
         what = " ".join(p for p in (self.op, f"{self.dtype}{list(self.shape)}" if self.dtype else "",
                                     self.detail) if p)
         return f"{what} (at {describe_site(self.site)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class FailedPiece:
+    """What a rank contributes to a collective it cannot take part in (its input failed).
+
+    Its peers do not wait for it in vain: their collective fails too, naming it.
+    """
+
+    rank: int
+    reason: str
 
 
 class Transport(abc.ABC):
@@ -88,6 +99,13 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def recv(self, src: int, tag: int) -> np.ndarray:
         """The array rank ``src`` sent with ``tag`` (waits for it)."""
+
+    def abandon(self, group: tuple, seq: int, desc: CollectiveDesc, reason: str) -> None:
+        """Take part in a collective with a ``FailedPiece``: the peers' collective fails, naming this rank."""
+        try:
+            self.exchange(group, seq, desc, FailedPiece(self.rank, reason))
+        except Exception:  # noqa: BLE001 - this rank's op has failed already; the peers know now
+            pass
 
     # --- collectives, built on exchange ------------------------------------------------------
 

@@ -49,7 +49,7 @@ def _global(op: str, values: np.ndarray, device, placement, sbp) -> Tensor:
     return global_interpreter().tensor(values, values.dtype, placement, sbp)
 
 
-def _filled(op: str, size: tuple, fill_value, dtype, device, placement=None, sbp=None) -> Tensor:
+def _filled(op: str, size: tuple, fill_value, dtype, device=None, placement=None, sbp=None) -> Tensor:
     """One ``fill`` op, every argument checked first (errors name ``op``, the function the user called)."""
     shape = args.sizes(size, op)
     dtype = as_dtype(dtype, op) if dtype is not None else scalar_dtype(_number(fill_value, op))
@@ -102,23 +102,33 @@ def _like(x, op) -> Tensor:
     return x
 
 
+def _where_like(x: Tensor, device) -> dict:
+    """Where a ``*_like`` result goes: ``device``, else ``x``'s device, or ``x``'s placement and SBP."""
+    if device is None and x.is_global:
+        return {"placement": x.placement, "sbp": x.sbp}
+    return {"device": device or x.device}
+
+
 def zeros_like(input: Tensor, *, dtype=None, device=None) -> Tensor:   # noqa: A002 - torch's name
     x = _like(input, "zeros_like")
-    return _filled("zeros_like", x.shape, 0, x.dtype if dtype is None else dtype, device or x.device)
+    return _filled("zeros_like", x.shape, 0, x.dtype if dtype is None else dtype, **_where_like(x, device))
 
 
 def ones_like(input: Tensor, *, dtype=None, device=None) -> Tensor:   # noqa: A002
     x = _like(input, "ones_like")
-    return _filled("ones_like", x.shape, 1, x.dtype if dtype is None else dtype, device or x.device)
+    return _filled("ones_like", x.shape, 1, x.dtype if dtype is None else dtype, **_where_like(x, device))
 
 
 def full_like(input: Tensor, fill_value, *, dtype=None, device=None) -> Tensor:   # noqa: A002
     x = _like(input, "full_like")
-    return _filled("full_like", x.shape, fill_value, x.dtype if dtype is None else dtype, device or x.device)
+    return _filled("full_like", x.shape, fill_value, x.dtype if dtype is None else dtype, **_where_like(x, device))
 
 
 def empty_like(input: Tensor, *, dtype=None, device=None) -> Tensor:   # noqa: A002
+    """Uninitialised, like ``input`` (of a global tensor: zeros, with its placement and SBP)."""
     x = _like(input, "empty_like")
+    if device is None and x.is_global:
+        return zeros_like(x, dtype=dtype)
     return empty(x.shape, dtype=dtype or x.dtype, device=device or x.device)
 
 
@@ -196,12 +206,12 @@ def randn(*size, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
 
 def rand_like(input: Tensor, *, dtype=None, device=None) -> Tensor:   # noqa: A002
     x = _like(input, "rand_like")
-    return rand(x.shape, dtype=dtype or x.dtype, device=device or x.device)
+    return rand(x.shape, dtype=dtype or x.dtype, **_where_like(x, device))
 
 
 def randn_like(input: Tensor, *, dtype=None, device=None) -> Tensor:   # noqa: A002
     x = _like(input, "randn_like")
-    return randn(x.shape, dtype=dtype or x.dtype, device=device or x.device)
+    return randn(x.shape, dtype=dtype or x.dtype, **_where_like(x, device))
 
 
 def randint(low, high=None, size=None, *, dtype=None, device=None) -> Tensor:

@@ -225,8 +225,9 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
     def run(out_arrays, in_arrays, native_stream):
         op.launch(kernel, out_arrays, in_arrays, kernel_attrs, native_stream)
 
+    on_failed = None if op.on_failed_inputs is None else (lambda failure: op.on_failed_inputs(attrs, failure))
     vm.run(lambda builder: builder.call(name, run, [t._blob for t in inputs], [t._blob for t in outputs],
-                                        stream, op.mutable_inputs))
+                                        stream, op.mutable_inputs, on_failed_inputs=on_failed))
     if out is None:
         return outputs
     for o, result in zip(out, outputs):

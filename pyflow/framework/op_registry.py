@@ -18,6 +18,9 @@ An ``OpDef`` says everything the interpreter needs to run an op eagerly:
 * ``infer_device_and_stream(inputs, attrs) -> (device, stream)`` - only for ops
   that choose their own (copies between devices); others use the default rules;
 * ``mutable_inputs`` - inputs the op writes;
+* ``on_failed_inputs(attrs, failure)`` - what the op still owes others when an
+  input failed and it cannot run (a collective tells its peers, so they do not
+  wait for it); by default nothing;
 * ``sbp_signatures`` - room for the lazy compiler's SBP candidates (a later issue).
 
 >>> sorted(OP_REGISTRY)[:3]
@@ -56,6 +59,7 @@ class OpDef:
     launch: Callable = default_launch
     infer_device_and_stream: Callable | None = None
     mutable_inputs: tuple = ()
+    on_failed_inputs: Callable | None = None
     promote_inputs: tuple = ()
     floating: bool = False
     same_view_in_place: bool = False

@@ -24,8 +24,10 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
+
 from pyflow import env
-from pyflow.device import Device
+from pyflow.device import Device, ep
 from pyflow.errors import DeviceError
 
 __all__ = ["placement"]
@@ -35,8 +37,8 @@ _TYPES = ("cpu", "cuda")
 
 def _flatten(ranks, depth: int = 0) -> tuple[list, tuple]:
     """(flat list, hierarchy) of a list or a nested list of equal-length lists of ints."""
-    if isinstance(ranks, range):
-        ranks = list(ranks)
+    if isinstance(ranks, (range, np.ndarray)):
+        ranks = ranks.tolist() if isinstance(ranks, np.ndarray) else list(ranks)
     if not isinstance(ranks, (list, tuple)) or not ranks:
         raise DeviceError(f"placement ranks must be a non-empty list (or nested list) of ints, got {ranks!r}")
     if all(isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in ranks):
@@ -109,12 +111,16 @@ class placement:  # noqa: N801 - OneFlow's and PyTorch's lowercase name
         return rank in self._ids
 
     def device(self, rank: int | None = None) -> Device:
-        """The device a rank uses for this placement (``cuda:<local rank>`` or ``cpu``)."""
+        """The device a rank uses for this placement: ``cpu``, or ``cuda:<local rank>``.
+
+        With fewer GPUs than ranks on the machine (ranks as threads on a 1-GPU box)
+        the ranks share them: ``cuda:<local rank % GPUs>``.
+        """
         if self._type == "cpu":
             return Device("cpu")
         ctx = env.current()
-        rank = ctx.rank if rank is None else rank
-        return Device("cuda", rank - ctx.rank + ctx.local_rank)
+        local = ctx.local_rank + ((ctx.rank if rank is None else rank) - ctx.rank)
+        return Device("cuda", local % ep.device_count("cuda"))
 
     def coordinates(self, parallel_id: int) -> tuple:
         """``parallel_id``'s index along each hierarchy axis (row-major)."""

@@ -164,7 +164,8 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: boo
     x = _tensor(input, "topk")
     axis = args.dim(dim, x.ndim, "topk", x)
     k = args.as_int(k, "topk", "k")
-    if x.is_cuda and k > MAX_TOPK:
+    on_cuda = x.placement.type == "cuda" if x.is_global else x.is_cuda
+    if on_cuda and k > MAX_TOPK:
         raise ShapeError(f"topk: k={k} is more than the CUDA kernel's limit {MAX_TOPK} for {describe(x)}; "
                          "move the tensor to the cpu for a larger k")
     values, indices = apply("topk", [x], k=k, axis=axis, largest=bool(largest))

@@ -309,7 +309,8 @@ class Tensor:
         return self.to("cpu")
 
     def cuda(self, index: int | None = None) -> "Tensor":
-        return self.to(Device("cuda", index or 0))
+        """A copy on ``cuda:index`` (no index: this rank's GPU, ``cuda:<local rank>``)."""
+        return self.to(Device("cuda", index))
 
     def type_as(self, other: "Tensor") -> "Tensor":
         """This tensor with ``other``'s dtype."""

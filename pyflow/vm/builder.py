@@ -80,7 +80,8 @@ class InstructionsBuilder:
 
     # --- ops ---------------------------------------------------------------------------
 
-    def call(self, name: str, run, inputs, outputs, stream, mutable_inputs=(), sequential=False) -> None:
+    def call(self, name: str, run, inputs, outputs, stream, mutable_inputs=(), sequential=False,
+             on_failed_inputs=None) -> None:
         """An op on ``stream``: ``run(out_arrays, in_arrays, native_stream)`` computes it."""
         allocator_type = allocator_stream_type(stream.stream_type)
         if allocator_type is not None and allocator_type is not stream.stream_type:
@@ -91,7 +92,8 @@ class InstructionsBuilder:
             if blob.storage.producer_stream is None:
                 blob.storage.producer_stream = stream
         vm_stream = self.vm.get_vm_stream(stream)
-        self._append(stream, OpCall(name, run, inputs, outputs, vm_stream, mutable_inputs, sequential))
+        self._append(stream, OpCall(name, run, inputs, outputs, vm_stream, mutable_inputs, sequential,
+                                    on_failed_inputs))
 
     def allocate_tensors(self, blobs, stream) -> None:
         self.soft_sync_stream(blobs, stream)

@@ -113,6 +113,8 @@ class EagerBlobObject:
 
     def _make_array(self):
         allocation = self.storage.allocation
+        if self.storage.nbytes == 0:  # an empty tensor needs no memory (it may never have had any)
+            return _empty_array(self.device, self.shape, self.dtype)
         if allocation is None:
             raise RuntimeError(f"{self!r} has no memory (was the instruction that produces it skipped?)")
         if allocation.raw is None:  # zero bytes: nothing to view, an empty array of the right kind

@@ -63,7 +63,7 @@ class Stream:
         """The ep stream for the VM's current mode (inline in step-through mode)."""
         inline = self.vm.sync_mode
         stream = self._ep_streams.get(inline)
-        if stream is None:
+        if stream is None or stream.destroyed:  # (pyflow.device.ep.shutdown() destroys every ep stream)
             local_name = self.name.split("/", 1)[1]  # the ep device already names the device
             stream = self.ep_device.create_stream(local_name + ("/inline" if inline else ""), inline=inline)
             self._ep_streams[inline] = stream

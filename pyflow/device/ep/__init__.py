@@ -6,7 +6,8 @@ One cached ``ep.Device`` per (type, index), created on first use. Providers:
 ==========  ==========================================================================
 cpu         ``cpu.CpuDevice`` (exactly one device, cpu:0)
 cuda        ``cuda.CudaDevice`` when ``is_gpu()``, else ``emulated.EmulatedDevice``
-            with ``FakeCUDAArray`` arrays; ``PYFLOW_SIM_DEVICES`` (default 2) devices
+            with ``FakeCUDAArray`` arrays; ``PYFLOW_SIM_DEVICES`` (default 8, a simulated
+            8-GPU node, so in-process ranks each get their own) devices
 mock        ``emulated.EmulatedDevice`` with numpy arrays; ``PYFLOW_MOCK_DEVICES``
             (default 2) devices
 ==========  ==========================================================================
@@ -79,7 +80,7 @@ def device_count(device_type: "DeviceType | str") -> int:
         return _env_count("PYFLOW_MOCK_DEVICES", 2)
     if is_gpu():
         return _cuda_gpu_count()
-    return _env_count("PYFLOW_SIM_DEVICES", 2)
+    return _env_count("PYFLOW_SIM_DEVICES", 8)
 
 
 def _describe_count(device_type: DeviceType, count: int) -> str:

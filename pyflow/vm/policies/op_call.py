@@ -15,7 +15,9 @@
 * **Failure** travels with the task: when the task runs (in stream order, so
   every earlier kernel has run and every failure among the inputs is known) it
   first looks at its inputs; if one failed, it skips the kernel and its outputs
-  carry the first input's failure (deterministic, whatever the timing).  A
+  carry the first input's failure (deterministic, whatever the timing); an op
+  that owes others something (a collective's peers wait for it) does that
+  first (``on_failed_inputs``).  A
   kernel that raises fails this op alone (``vm.fail``).  A success that
   overwrites a whole storage clears an old failure there.
 
@@ -46,9 +48,11 @@ class OpCall(InstructionPolicy):
 
     handles_failed_inputs = True  # checked in stream order, inside the task
 
-    def __init__(self, name: str, run, inputs, outputs, stream, mutable_inputs=(), sequential: bool = False):
+    def __init__(self, name: str, run, inputs, outputs, stream, mutable_inputs=(), sequential: bool = False,
+                 on_failed_inputs=None):
         self.name = name
         self.run = run
+        self.on_failed_inputs = on_failed_inputs  # called with the failure when an input failed
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         mutable = set(mutable_inputs)
@@ -91,6 +95,11 @@ class OpCall(InstructionPolicy):
         def task():  # runs in stream order: every kernel this one depends on has run
             upstream = first_failure(self.inputs) or (None if runnable else first_failure(self.outputs))
             if upstream is not None:
+                if self.on_failed_inputs is not None:
+                    try:
+                        self.on_failed_inputs(upstream)  # e.g. a collective releases its peers
+                    except Exception:  # noqa: BLE001 - the op fails with its input's failure anyway
+                        pass
                 vm.propagate(self, upstream)
                 return
             try:

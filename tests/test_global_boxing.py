@@ -1,0 +1,362 @@
+"""Global tensors: placement, SBP, local <-> global, and the eager boxing chain (seeds 000 §3, 004).
+
+The central property: for random logical tensors (uneven and zero-size ones
+included), random placements (1 to 4 ranks, 1-D and 2-D, cpu and cuda) and
+random SBPs, converting keeps the logical value (``numpy()`` on every rank),
+and every rank's piece is its balanced slice (S), the whole (B), or a share of
+a sum (P).  Chains of three random conversions round-trip.  Each builder of the
+chain is the one chosen for its case, and P layouts follow OneFlow's rules.
+Bad placements and SBPs are errors at the call, on every rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pyflow as flow
+from pyflow import env
+from pyflow.distributed.boxing import Layout, choose
+from pyflow.errors import AxisError, DeviceError, RankError, ShapeError
+from pyflow.framework.sbp import SbpParallel, balanced_split, piece_slices
+
+run = flow.distributed.run
+S, B, P = flow.sbp.split, flow.sbp.broadcast, flow.sbp.partial_sum
+
+
+# --- placement and SBP ------------------------------------------------------------------------------------
+
+
+def in_world(n, fn):
+    """``fn()`` as rank 0 of a world of ``n`` (placements check their ranks against the world)."""
+    with env.bound(env.RankContext(rank=0, world_size=n)):
+        return fn()
+
+
+def test_placements_sort_their_ranks_and_compare_by_value():
+    def body():
+        a, b = flow.placement("cuda", [0, 2, 1, 3]), flow.placement("cuda", [3, 2, 1, 0])
+        grid = flow.placement("cpu", [[0, 1], [2, 3]])
+        return a, b, grid, flow.placement.all("cuda")
+    a, b, grid, everyone = in_world(4, body)
+    assert a == b == everyone and hash(a) == hash(b) and a.ranks == [0, 1, 2, 3]
+    assert a != grid and grid.hierarchy == (2, 2) and grid.ranks == [[0, 1], [2, 3]]
+    assert a.type == "cuda" and repr(a) == 'placement(type="cuda", ranks=[0, 1, 2, 3])'
+    assert [a.parallel_id(r) for r in range(4)] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("make, error", [
+    (lambda: flow.placement("tpu", [0]), DeviceError),
+    (lambda: flow.placement("cuda", [0, 4]), DeviceError),
+    (lambda: flow.placement("cuda", [1, 1]), DeviceError),
+    (lambda: flow.placement("cuda", []), DeviceError),
+    (lambda: flow.placement("cuda", [[0, 1], [2]]), DeviceError),
+    (lambda: flow.placement("cuda", [0.5]), DeviceError),
+    (lambda: flow.sbp.split(1.0), AxisError),
+    (lambda: flow.sbp.split(-1), AxisError),
+], ids=["type", "outside-the-world", "duplicate", "empty", "ragged", "float-rank", "float-dim", "negative-dim"])
+def test_bad_placements_and_sbps_are_errors_at_the_call(make, error):
+    with pytest.raises(error):
+        in_world(4, make)
+
+
+def test_sbp_values_print_as_oneflow_and_broadcast_is_also_callable():
+    assert (repr(S(1)), repr(B), repr(P)) == ("sbp.split(dim=1)", "sbp.broadcast", "sbp.partial_sum")
+    assert B() is B and P() is P and S(0) == S(0) != S(1)
+
+
+@given(total=st.integers(0, 40), parts=st.integers(1, 8))
+def test_the_balanced_splitter_covers_in_order_with_the_first_parts_one_longer(total, parts):
+    bounds = balanced_split(total, parts)
+    assert bounds[0][0] == 0 and bounds[-1][1] == total and len(bounds) == parts
+    sizes = [b - a for a, b in bounds]
+    assert all(b[1] == c[0] for b, c in zip(bounds, bounds[1:]))
+    assert sizes == sorted(sizes, reverse=True) and max(sizes) - min(sizes) <= 1
+
+
+# --- local -> global ---------------------------------------------------------------------------------------
+
+
+def test_local_to_global_concatenates_splits_takes_rank_0_for_b_and_sums_p():
+    def body():
+        r = flow.env.get_rank()
+        local = flow.tensor(np.full((2, 3), float(r + 1), np.float32))
+        p = flow.placement("cpu", [0, 1, 2])
+        return [local.to_global(p, sbp).numpy() for sbp in (S(0), S(1), B, P)]
+
+    s0, s1, b, p = run(body, world_size=3)[2]
+    np.testing.assert_array_equal(s0, np.repeat([1.0, 2.0, 3.0], 2)[:, None] * np.ones((1, 3)))
+    np.testing.assert_array_equal(s1, np.repeat([[1.0, 2.0, 3.0]], 3, axis=1).reshape(1, 9).repeat(2, 0))
+    np.testing.assert_array_equal(b, np.ones((2, 3)))
+    np.testing.assert_array_equal(p, np.full((2, 3), 6.0))
+
+
+def test_local_pieces_that_cannot_form_a_logical_tensor_raise_on_every_rank_and_the_ranks_go_on():
+    def body():
+        r = flow.env.get_rank()
+        rows = [1, 2, 2][r]  # balanced split of 5 rows over 3 is 2, 2, 1: not 1, 2, 2
+        p = flow.placement("cpu", [0, 1, 2])
+        try:
+            flow.ones(rows, 2).to_global(p, S(0))
+        except ShapeError as error:
+            message = str(error)
+        else:
+            message = None
+        ok = flow.ones([2, 2, 1][r], 2).to_global(p, S(0)).numpy().shape  # balanced: fine
+        return message, ok
+
+    for message, ok in run(body, world_size=3):
+        assert message is not None and "balanced split" in message and "[[1, 2], [2, 2], [2, 2]]" in message
+        assert ok == (5, 2)
+
+
+# --- the property: boxing keeps the logical value, pieces are their slices -------------------------------------
+
+
+@st.composite
+def layouts(draw, world: int, ndim: int):
+    ranks = sorted(draw(st.sets(st.integers(0, world - 1), min_size=1)))
+    kind = draw(st.sampled_from(["cpu", "cuda"]))
+    if len(ranks) == 4 and draw(st.booleans()):
+        hierarchy_ranks, axes = [ranks[:2], ranks[2:]], 2
+    else:
+        hierarchy_ranks, axes = ranks, 1
+    options = [B, P] + [S(d) for d in range(ndim)]
+    sbp = tuple(draw(st.sampled_from(options)) for _ in range(axes))
+    return kind, hierarchy_ranks, sbp
+
+
+def _piece_report(x):
+    """(rank, coordinates or None, the local piece) for the checks in the main thread."""
+    info, rank = x._global, flow.env.get_rank()
+    coords = info.placement.coordinates(info.placement.parallel_id(rank)) if info.placement.has(rank) else None
+    return rank, coords, x.to_local().numpy()
+
+
+def check_pieces(reports, logical, kind, ranks, sbp):
+    hierarchy = (2, 2) if isinstance(ranks[0], list) else (len(ranks),)
+    total = np.zeros_like(logical, dtype=np.float64)
+    p_axes = [a for a, s in enumerate(sbp) if s.is_partial]
+    for rank, coords, piece in reports:
+        if coords is None:
+            assert piece.size == 0, f"rank {rank} is outside the placement but holds {piece.shape}"
+            continue
+        region = piece_slices(logical.shape, sbp, hierarchy, coords)
+        assert piece.shape == logical[region].shape, f"rank {rank}: piece {piece.shape}, slice {region}"
+        if not p_axes:
+            np.testing.assert_array_equal(piece, logical[region], err_msg=f"rank {rank}")
+        elif all(c == 0 for a, c in enumerate(coords) if sbp[a].is_broadcast):
+            total[region] += piece
+    if p_axes:
+        np.testing.assert_allclose(total, logical, rtol=1e-5, err_msg="the P pieces do not sum to the value")
+
+
+@settings(max_examples=25)
+@given(data=st.data())
+def test_boxing_keeps_the_logical_value_and_every_piece_is_its_slice(data):
+    world = data.draw(st.integers(1, 4), label="world")
+    shape = tuple(data.draw(st.lists(st.integers(0, 5), min_size=1, max_size=2), label="shape"))
+    src = data.draw(layouts(world, len(shape)), label="src")
+    dst = data.draw(layouts(world, len(shape)), label="dst")
+    logical = np.random.default_rng(7).integers(-9, 9, shape).astype(np.float32)
+
+    def body():
+        x = flow.tensor(logical, placement=flow.placement(src[0], src[1]), sbp=src[2])
+        y = x.to_global(flow.placement(dst[0], dst[1]), dst[2])
+        return _piece_report(x), _piece_report(y), y.numpy(), y.shape, y.sbp
+
+    results = run(body, world_size=world)
+    for _, _, value, y_shape, y_sbp in results:
+        np.testing.assert_array_equal(value, logical)
+        assert y_shape == logical.shape and y_sbp == dst[2]
+    check_pieces([r[0] for r in results], logical, *src)
+    check_pieces([r[1] for r in results], logical, *dst)
+
+
+@settings(max_examples=10)
+@given(data=st.data())
+def test_three_random_conversions_round_trip(data):
+    world = data.draw(st.integers(2, 4), label="world")
+    shape = tuple(data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=2), label="shape"))
+    chain = [data.draw(layouts(world, len(shape)), label=f"layout {i}") for i in range(4)]
+    logical = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+
+    def body():
+        x = flow.tensor(logical, placement=flow.placement(chain[0][0], chain[0][1]), sbp=chain[0][2])
+        y = x
+        for kind, ranks, sbp in chain[1:] + chain[:1]:
+            y = y.to_global(flow.placement(kind, ranks), sbp)
+        return y.numpy(), _piece_report(y), y.placement == x.placement and y.sbp == x.sbp
+
+    results = run(body, world_size=world)
+    for value, _, same in results:
+        np.testing.assert_allclose(value, logical, rtol=1e-5)
+        assert same
+    check_pieces([r[1] for r in results], logical, *chain[0])
+
+
+def test_the_same_placement_and_sbp_return_the_same_tensor():
+    def body():
+        x = flow.ones(4, placement=flow.placement("cpu", [0, 1]), sbp=S(0))
+        return x.to_global(flow.placement("cpu", [0, 1]), S(0)) is x and x.to_global(sbp=(S(0),)) is x
+
+    assert run(body, world_size=2) == [True, True]
+
+
+# --- the chain: which builder boxes which pair ---------------------------------------------------------------------
+
+
+def _layout(kind, ranks, *sbp):
+    return Layout(flow.placement(kind, ranks), tuple(sbp))
+
+
+CHOICES = [
+    (("cuda", [0, 1], S(0)), ("cuda", [0, 1], S(0)), "identity"),
+    (("cuda", [0, 1], S(0)), ("cpu", [0, 1], S(0)), "device copy"),
+    (("cuda", [0, 1], P), ("cuda", [0, 1], B), "all-reduce"),
+    (("cuda", [0, 1], P), ("cuda", [0, 1], S(1)), "reduce-scatter"),
+    (("cuda", [0, 1], S(1)), ("cuda", [0, 1], B), "all-gather"),
+    (("cuda", [0, 1], S(0)), ("cuda", [0, 1], S(1)), "all-to-all"),
+    (("cuda", [0, 1], B), ("cuda", [0, 1], S(0)), "local slice"),
+    (("cuda", [0, 1], B), ("cuda", [0, 1], P), "local partial"),
+    (("cuda", [0, 1], S(0)), ("cuda", [0, 1], P), "local partial"),
+    (("cuda", [0, 1], S(0)), ("cpu", [0, 1], B), "copy around"),
+    (("cuda", [[0, 1], [2, 3]], S(0), B), ("cuda", [[0, 1], [2, 3]], S(0), S(1)), "nd dim reduce"),
+    (("cuda", [[0, 1], [2, 3]], B, S(1)), ("cuda", [[0, 1], [2, 3]], S(0), S(1)), "nd dim reduce"),
+    (("cuda", [[0, 1], [2, 3]], S(0), S(0)), ("cuda", [[0, 1], [2, 3]], B, S(0)), "generic exchange"),
+    (("cuda", [0, 1], S(0)), ("cuda", [2, 3], S(1)), "generic exchange"),
+    (("cuda", [0], B), ("cuda", [0, 1, 2, 3], B), "generic exchange"),
+    (("cuda", [0, 1, 2, 3], S(0)), ("cpu", [3], B), "generic exchange"),
+]
+
+
+@pytest.mark.parametrize("src, dst, builder", CHOICES, ids=[f"{b}-{i}" for i, (_, _, b) in enumerate(CHOICES)])
+def test_each_builder_is_the_one_chosen_for_its_case(src, dst, builder):
+    assert in_world(4, lambda: choose(_layout(*src), _layout(*dst), (4, 6)).name) == builder
+
+
+CASES_BY_BUILDER = {b for _, _, b in CHOICES}
+
+
+def test_every_builder_of_the_chain_has_a_case():
+    from pyflow.distributed.boxing import CHAIN
+
+    assert {b.name for b in CHAIN} == CASES_BY_BUILDER
+
+
+@pytest.mark.parametrize("src, dst, builder", [c for c in CHOICES if c[2] != "identity"],
+                         ids=[f"{b}-{i}" for i, (_, _, b) in enumerate(CHOICES) if b != "identity"])
+def test_each_builder_keeps_the_value(src, dst, builder):
+    logical = np.arange(24, dtype=np.float32).reshape(4, 6)
+
+    def body():
+        x = flow.tensor(logical, placement=flow.placement(src[0], src[1]), sbp=tuple(src[2:]))
+        y = x.to_global(flow.placement(dst[0], dst[1]), tuple(dst[2:]))
+        return y.numpy(), _piece_report(y)
+
+    results = run(body, world_size=4)
+    for value, _ in results:
+        np.testing.assert_array_equal(value, logical)
+    check_pieces([r[1] for r in results], logical, dst[0], dst[1], tuple(dst[2:]))
+
+
+# --- OneFlow's P layouts --------------------------------------------------------------------------------------------
+
+
+def _pieces_of(src_ranks, src_sbp, dst_ranks, dst_sbp, world=4):
+    logical = np.arange(1, 17, dtype=np.float32).reshape(4, 4)
+
+    def body():
+        x = flow.tensor(logical, placement=flow.placement("cpu", src_ranks), sbp=src_sbp)
+        return x.to_global(flow.placement("cpu", dst_ranks), dst_sbp).to_local().numpy()
+
+    return logical, run(body, world_size=world)
+
+
+def test_b_to_p_and_one_to_p_keep_the_value_on_the_first_rank_and_zeros_elsewhere():
+    for src_ranks in ([0, 1, 2, 3], [2], [1, 3]):
+        logical, pieces = _pieces_of(src_ranks, B, [1, 2, 3], P)
+        np.testing.assert_array_equal(pieces[1], logical)
+        for r in (2, 3):
+            np.testing.assert_array_equal(pieces[r], np.zeros((4, 4)))
+        assert pieces[0].size == 0
+
+
+def test_s_to_p_on_one_placement_keeps_each_slice_in_place():
+    logical, pieces = _pieces_of([0, 1], S(0), [0, 1], P)
+    np.testing.assert_array_equal(pieces[0], np.where(np.arange(4)[:, None] < 2, logical, 0))
+    np.testing.assert_array_equal(pieces[1], np.where(np.arange(4)[:, None] >= 2, logical, 0))
+
+
+def test_s_to_p_across_placements_sends_slice_i_to_the_same_rank_or_to_parallel_id_i_mod_m():
+    logical, pieces = _pieces_of([0, 1, 3], S(1), [2, 3], P)
+    cols = [(0, 2), (2, 3), (3, 4)]  # the balanced split of 4 columns over 3 ranks
+    expected = {2: np.zeros((4, 4)), 3: np.zeros((4, 4))}
+    for parallel_id, (rank, (lo, hi)) in enumerate(zip([0, 1, 3], cols)):
+        target = rank if rank in (2, 3) else [2, 3][parallel_id % 2]
+        expected[target][:, lo:hi] = logical[:, lo:hi]
+    for r in (2, 3):
+        np.testing.assert_array_equal(pieces[r], expected[r])
+
+
+# --- collectives on delayed streams, and what a missing wait does ------------------------------------------------------
+
+
+def _cuda_program(seed):
+    rng = np.random.default_rng(seed)
+    logical = rng.standard_normal((4, 3)).astype(np.float32)
+
+    def body():
+        p = flow.placement("cuda", [0, 1])
+        x = flow.tensor(logical, placement=p, sbp=S(0)) * 2.0   # a kernel writes each piece
+        y = x.to_global(sbp=B) + 1.0                            # d2h, all-gather, h2d, a kernel
+        return y.numpy()
+
+    return logical * 2 + 1, body
+
+
+def test_collectives_between_kernels_give_the_right_answer_under_random_stream_delays():
+    for seed in range(6):
+        expected, body = _cuda_program(seed)
+        with flow.device.ep.emulation(max_delay=0.002, seed=seed):
+            for value in run(body, world_size=2):
+                np.testing.assert_allclose(value, expected, rtol=1e-6)
+
+
+def test_without_soft_sync_waits_collectives_read_pieces_before_their_kernels_ran():
+    from pyflow.vm.builder import InstructionsBuilder
+
+    wrong = 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(InstructionsBuilder, "_soft_sync_between", lambda self, deps, src, dst: None)
+        for seed in range(12):
+            expected, body = _cuda_program(seed)
+            with flow.device.ep.emulation(max_delay=0.003, seed=seed):
+                try:
+                    values = run(body, world_size=2)
+                except RankError:
+                    wrong += 1
+                    continue
+            wrong += any(not np.allclose(v, expected, rtol=1e-6) for v in values)
+    assert wrong, "no wrong answer with SoftSyncStream's waits removed: the test cannot see a missing wait"
+
+
+# --- printing ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ranks, sbp", [([0, 1, 2, 3], (S(0),)), ([[0, 1], [2, 3]], (S(0), P)), ([1, 2], (P,)),
+                                        ([3], (B,))], ids=["1d", "2d", "partial", "one-rank"])
+def test_any_global_tensor_prints_its_values_on_every_rank(ranks, sbp):
+    logical = np.arange(6, dtype=np.float32).reshape(3, 2)
+
+    def body():
+        x = flow.tensor(logical, placement=flow.placement("cpu", ranks), sbp=sbp)
+        return str(x), repr(x)
+
+    for text, rep in run(body, world_size=4):
+        assert "[[0., 1.]," in text and "[4., 5.]]" in text and "placement=" in text
+        assert "shape=[3, 2]" in rep and f"sbp={tuple(sbp)}" in rep

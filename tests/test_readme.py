@@ -1,0 +1,28 @@
+"""The README's Python examples run as written (each top-level ```python block, in a fresh namespace).
+
+Indented blocks are fragments inside a list (a ``breakpoint()`` guard, for one);
+they are shown, not run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pathlib
+import re
+
+import pytest
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = [(text[: text.index("\n")] if "\n" in text else text, text)
+          for text in re.findall(r"^```python\n(.*?)^```", README.read_text(), re.S | re.M)]
+
+
+def test_the_readme_has_examples_to_run():
+    assert len(BLOCKS) >= 5
+
+
+@pytest.mark.parametrize("first_line, code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+def test_each_readme_example_runs(first_line, code):
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(code, f"README.md ({first_line})", "exec"), {"__name__": "readme"})  # noqa: S102
