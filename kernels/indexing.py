@@ -232,7 +232,7 @@ def ptx_cases():
 
     from pyflow.kernels.compile_check import array, tuple_of
 
-    i64, t1, t3 = types.int64, tuple_of(1), tuple_of(3)
+    i64, t3 = types.int64, tuple_of(3)
     status = array("int64")
     cases = []
     for data, idx in (("float32", "int32"), ("float64", "int64"), ("bool", "int64"), ("float16", "int32"),

@@ -23,7 +23,6 @@ from __future__ import annotations
 import _thread
 import gc
 import random
-import re
 import subprocess
 import sys
 import textwrap
@@ -37,7 +36,7 @@ from hypothesis import strategies as st
 
 import pyflow as flow
 from pyflow.device import StreamType, ep
-from pyflow.errors import DTypeError, OpError, OutOfMemoryError, ShapeError, VMHangError, VMThreadError
+from pyflow.errors import OpError, OutOfMemoryError, ShapeError, VMThreadError
 from pyflow.framework.interpreter import apply
 from pyflow.framework.op_registry import OP_REGISTRY, OpDef, TensorMeta, get_op
 

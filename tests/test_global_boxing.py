@@ -11,7 +11,6 @@ Bad placements and SBPs are errors at the call, on every rank.
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ import pyflow as flow
 from pyflow import env
 from pyflow.distributed.boxing import Layout, choose
 from pyflow.errors import AxisError, DeviceError, RankError, ShapeError
-from pyflow.framework.sbp import SbpParallel, balanced_split, piece_slices
+from pyflow.framework.sbp import balanced_split, piece_slices
 
 run = flow.distributed.run
 S, B, P = flow.sbp.split, flow.sbp.broadcast, flow.sbp.partial_sum

@@ -790,9 +790,9 @@ def test_four_user_threads_running_programs_at_once_get_the_sequential_results(f
 CROSS_STREAM_SEEDS = range(40)
 
 
-def run_cross_stream(seed: int) -> str | None:
-    """Run the seeded transfer-heavy program under random delays; the failure, or None."""
-    program = make_cross_stream_program(Chooser(rng=random.Random(seed)))
+def run_seeded(make, seed: int) -> str | None:
+    """Run the program ``make`` draws from ``seed`` under seeded random delays; the failure, or None."""
+    program = make(Chooser(rng=random.Random(seed)))
     restart_vm()
     try:
         with ep.emulation(max_delay=0.002, seed=seed):
@@ -802,6 +802,11 @@ def run_cross_stream(seed: int) -> str | None:
     finally:
         restart_vm()
     return None
+
+
+def run_cross_stream(seed: int) -> str | None:
+    """The seeded transfer-heavy program under random delays: the failure, or None."""
+    return run_seeded(make_cross_stream_program, seed)
 
 
 def test_transfer_heavy_programs_match_numpy_under_random_delays(fresh_vm):
@@ -850,17 +855,8 @@ READ_THEN_WRITE_SEEDS = range(40)
 
 
 def run_read_then_write(seed: int) -> str | None:
-    """Run the seeded read-then-write program under random delays; the failure, or None."""
-    program = make_read_then_write_program(Chooser(rng=random.Random(seed)))
-    restart_vm()
-    try:
-        with ep.emulation(max_delay=0.002, seed=seed):
-            check(program)
-    except AssertionError as failure:
-        return f"seed {seed}: {failure}\n{program!r}"
-    finally:
-        restart_vm()
-    return None
+    """The seeded read-then-write program under random delays: the failure, or None."""
+    return run_seeded(make_read_then_write_program, seed)
 
 
 def test_read_then_write_programs_match_numpy_under_random_delays(fresh_vm):
