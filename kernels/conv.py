@@ -191,9 +191,8 @@ def _require_4d(op: str, what: str, shape) -> tuple:
     return shape
 
 
-def conv2d_output_shape(x_shape, w_shape, stride=1, padding=0) -> tuple:
-    """(N, C_out, H_out, W_out) of ``conv2d``; ``ShapeError`` for inputs it refuses."""
-    op = "conv2d"
+def conv2d_output_shape(x_shape, w_shape, stride=1, padding=0, op: str = "conv2d") -> tuple:
+    """(N, C_out, H_out, W_out) of ``conv2d``; ``ShapeError`` (naming ``op``) for inputs it refuses."""
     x_shape, w_shape = _require_4d(op, "input", x_shape), _require_4d(op, "weight", w_shape)
     if x_shape[1] != w_shape[1]:
         raise ShapeError(f"{op}: input {x_shape} has {x_shape[1]} channels but weight {w_shape} "

@@ -72,7 +72,8 @@ def kernel_names(target: str | None = None) -> list[str]:
     return sorted({n for n, t in _table if target is None or t == target})
 
 
-FAMILIES = ("elementwise", "reduce", "softmax", "matmul", "movement", "conv", "scan", "sort", "indexing")
+FAMILIES = ("elementwise", "reduce", "softmax", "matmul", "movement", "conv", "conv_backward", "scan", "sort",
+            "indexing")
 
 
 _loaded = False
