@@ -22,9 +22,14 @@ movement        ``slice(out, x, *, starts, stops, steps)``, ``concat(out, inputs
                 ``transpose(out, x, *, dim0, dim1)``, ``gather(out, table, indices, *, check=True)``,
                 ``index_select(out, x, index, *, axis, check=True)``
 indexing        ``dim_gather(out, x, index, *, axis, check=True)``,
-                ``index_copy(out, index, source, *, axis, check=True)`` (in place)
+                ``index_copy`` / ``index_add`` / ``scatter_add(out, index, source, *, axis, check=True)``
+                (in place)
 conv / pool     ``conv2d(out, x, weight, bias, *, stride=1, padding=0)``,
                 ``max_pool2d`` / ``avg_pool2d(out, x, *, kernel_size, stride=None, padding=0)``
+conv_backward   ``conv2d_backward_input(grad_x, grad_y, weight, *, stride, padding)``,
+                ``conv2d_backward_weight(grad_w, x, grad_y, *, stride, padding)``,
+                ``max_pool2d_backward(grad_x, x, grad_y, *, kernel_size, stride, padding)``,
+                ``avg_pool2d_backward(grad_x, grad_y, *, kernel_size, stride, padding)``
 ==============  ==================================================================
 
 >>> "add" in kernel_names("cpu") and "add" in kernel_names("cuda")
