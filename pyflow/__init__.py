@@ -30,7 +30,8 @@ from pyflow.framework.functional import (abs, add, bitwise_and, bitwise_not, bit
                                          isinf, isnan, le, log, log_softmax, logical_and, logical_not, logical_or,
                                          logical_xor, lt, matmul, maximum, minimum, mul, ne, neg, pow, relu,
                                          remainder, round, sigmoid, sign, sin, softmax, sqrt, sub, tanh, where)
-from pyflow.framework.movement import cat, concat, gather, index_select, stack
+from pyflow.framework.movement import (cat, concat, gather, index_add, index_copy, index_select, scatter_add,
+                                       stack)
 from pyflow.framework.reductions import (all, allclose, any, argmax, argmin, cumsum, max, mean, min, norm,
                                          return_types, std, sum, topk, var)
 from pyflow.framework.tensor import Tensor, tensor
@@ -43,8 +44,10 @@ __version__ = "0.1.0"
 
 from pyflow import cocktailer  # noqa: E402 - seed 001, the uTask compiler
 from pyflow import device  # the package, callable: flow.device("cuda:0") -> Device, as in OneFlow  # noqa: E402
-from pyflow import nn  # noqa: E402 - flow.nn.functional
 from pyflow import distributed, env  # noqa: E402 - flow.distributed.run, flow.env.get_rank()
+from pyflow import autograd  # noqa: E402 - after distributed: it wraps the global-aware view methods
+from pyflow.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
+from pyflow import nn, optim  # noqa: E402 - after autograd: layers and optimizers record and update
 from pyflow.framework.placement import placement  # noqa: E402
 from pyflow.framework.sbp import sbp  # noqa: E402
 float16, float32, float64 = (_np.dtype(t) for t in ("float16", "float32", "float64"))
@@ -55,7 +58,8 @@ reshape, flatten, permute, transpose, unsqueeze, squeeze, narrow, split, chunk, 
                                          "narrow", "split", "chunk", "clone"))
 
 __all__ = ["tensor", "Tensor", "cocktailer", "device", "Device", "DeviceType", "Stream", "StreamType", "errors",
-           "vm", "trace", "sync", "nn", "env", "distributed", "placement", "sbp",
+           "vm", "trace", "sync", "nn", "optim", "env", "distributed", "placement", "sbp",
+           "autograd", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
            # creation
            "zeros", "ones", "full", "empty", "eye", "arange", "linspace", "zeros_like", "ones_like", "full_like",
            "empty_like", "rand", "randn", "rand_like", "randn_like", "randint", "from_numpy", "manual_seed",
@@ -67,7 +71,8 @@ __all__ = ["tensor", "Tensor", "cocktailer", "device", "Device", "DeviceType", "
            "softmax", "log_softmax", "cast", "is_tensor",
            # shapes, joining, reductions
            "reshape", "flatten", "permute", "transpose", "unsqueeze", "squeeze", "narrow", "split", "chunk", "clone",
-           "cat", "concat", "stack", "gather", "index_select", "sum", "mean", "max", "min", "argmax", "argmin",
+           "cat", "concat", "stack", "gather", "index_select", "index_copy", "index_add", "scatter_add",
+           "sum", "mean", "max", "min", "argmax", "argmin",
            "var", "std", "norm", "cumsum", "topk", "all", "any", "allclose", "return_types",
            # dtypes
            "float16", "half", "float32", "float", "float64", "double", "uint8", "int8", "int16", "short", "int32",

@@ -136,6 +136,34 @@ class OpError(PyflowError, RuntimeError):
         self.others: list = []
 
 
+# --- autograd -------------------------------------------------------------------------
+
+
+class AutogradError(PyflowError, RuntimeError):
+    """Backward cannot run: a tensor without grad_fn, a graph already freed, a saved tensor changed
+    in place, an in-place op on a leaf that requires grad, an op without a backward rule."""
+
+
+class OptimizerError(PyflowError, ValueError):
+    """Bad input to an optimizer or a scheduler (``pyflow/optim/``): a parameter that is not a trainable
+    leaf, one listed twice, a negative learning rate, a state dict that does not fit."""
+
+
+# --- nn (pyflow/nn/) ----------------------------------------------------------------
+
+
+class ArgumentValueError(PyflowError, ValueError):
+    """A layer or loss given a value it does not accept: ``p`` outside [0, 1], an unknown reduction,
+    ``groups=2`` for a Conv2d, an input of the wrong rank."""
+
+
+class StateDictError(PyflowError, KeyError):
+    """A state dict whose keys do not match the module's: lists the missing and the unexpected keys."""
+
+    def __str__(self) -> str:   # KeyError would print the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
 # --- ranks and collectives (pyflow/distributed/) --------------------------------
 
 

@@ -7,7 +7,8 @@ themselves.  The rest of the Tensor API works on global tensors too:
 * ``permute``, ``transpose``, ``.T``: the piece is permuted and each split
   follows its dim - no data moves;
 * ``.to(device type)``, ``.cpu()``, ``.cuda()``: the same ranks on another
-  device type (boxing's device copy); ``.to(dtype)`` is an op;
+  device type (boxing's device copy); ``.to(dtype)``, ``clone()`` and
+  ``contiguous()`` are ops (a partial sum stays one); ``detach()`` keeps the layout;
 * every other view and indexing method (``reshape``, ``view``, ``squeeze``,
   ``x[...]``, ``split``...): computed on the broadcast tensor (every rank of the
   placement holds it all), and the result is broadcast too.  A rank outside the
@@ -35,7 +36,7 @@ __all__ = ["install"]
 
 _B = SbpParallel("broadcast")
 _ON_BROADCAST = ("view", "reshape", "flatten", "unsqueeze", "squeeze", "expand", "expand_as", "narrow", "split",
-                 "chunk", "__getitem__", "view_as", "reshape_as", "contiguous", "clone", "detach", "repeat")
+                 "chunk", "__getitem__", "view_as", "reshape_as", "repeat")
 
 
 def _broadcast(x: Tensor) -> Tensor:

@@ -45,6 +45,7 @@ ELEMENTWISE = {"neg", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "s
 REDUCTIONS = {"reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "argmax", "argmin"}
 _PARTIAL_RULES = {  # which inputs may be P (the rest B): linear ops
     "add": [(P, P)], "sub": [(P, P)], "mul": [(P, B), (B, P)], "div": [(P, B)], "neg": [(P,)],
+    "contiguous": [(P,)], "cast": [(P,)],   # a copy of a partial sum is one (autograd clones gradients)
 }
 PROHIBITIVE = 1e18
 

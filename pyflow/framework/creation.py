@@ -59,9 +59,9 @@ def _filled(op: str, size: tuple, fill_value, dtype, device=None, placement=None
     return apply("fill", [], shape=shape, dtype=dtype, value=value, device=args.device(device, op))[0]
 
 
-def full(size, fill_value, *, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
+def full(size, fill_value, *, dtype=None, device=None, placement=None, sbp=None, requires_grad: bool = False) -> Tensor:
     """A tensor of ``size`` filled with ``fill_value`` (dtype: the value's, as torch: int64, float32, bool)."""
-    return _filled("full", (size,), fill_value, dtype, device, placement, sbp)
+    return _leaf(_filled("full", (size,), fill_value, dtype, device, placement, sbp), requires_grad)
 
 
 def _number(value, op):
@@ -70,30 +70,33 @@ def _number(value, op):
     return value
 
 
-def zeros(*size, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
+def zeros(*size, dtype=None, device=None, placement=None, sbp=None, requires_grad: bool = False) -> Tensor:
     """A tensor of zeros (float32 unless ``dtype``)."""
-    return _filled("zeros", size, 0, DEFAULT_FLOAT if dtype is None else dtype, device, placement, sbp)
+    result = _filled("zeros", size, 0, DEFAULT_FLOAT if dtype is None else dtype, device, placement, sbp)
+    return _leaf(result, requires_grad)
 
 
-def ones(*size, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
+def ones(*size, dtype=None, device=None, placement=None, sbp=None, requires_grad: bool = False) -> Tensor:
     """A tensor of ones (float32 unless ``dtype``)."""
-    return _filled("ones", size, 1, DEFAULT_FLOAT if dtype is None else dtype, device, placement, sbp)
+    result = _filled("ones", size, 1, DEFAULT_FLOAT if dtype is None else dtype, device, placement, sbp)
+    return _leaf(result, requires_grad)
 
 
-def empty(*size, dtype=None, device=None) -> Tensor:
+def empty(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """An uninitialised tensor: memory from the allocator, whatever it holds."""
     shape, dtype = args.sizes(size, "empty"), as_dtype(dtype or DEFAULT_FLOAT, "empty")
-    return apply("empty", [], shape=shape, dtype=dtype, device=args.device(device, "empty"))[0]
+    result = apply("empty", [], shape=shape, dtype=dtype, device=args.device(device, "empty"))[0]
+    return _leaf(result, requires_grad)
 
 
-def eye(n: int, m: int | None = None, *, dtype=None, device=None) -> Tensor:
+def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """The ``n x m`` identity: zeros, then ones written through the diagonal view (stride m + 1)."""
     n = args.sizes((n,), "eye")[0]
     m = n if m is None else args.sizes((m,), "eye")[0]
     result = zeros(n, m, dtype=dtype, device=device)
     if n and m:
         result._view((min(n, m),), (m + 1,), 0).fill_(1)
-    return result
+    return _leaf(result, requires_grad)
 
 
 def _like(x, op) -> Tensor:
@@ -109,37 +112,48 @@ def _where_like(x: Tensor, device) -> dict:
     return {"device": device or x.device}
 
 
-def zeros_like(input: Tensor, *, dtype=None, device=None) -> Tensor:   # noqa: A002 - torch's name
+def zeros_like(input: Tensor, *,   # noqa: A002 - torch's name
+               dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     x = _like(input, "zeros_like")
-    return _filled("zeros_like", x.shape, 0, x.dtype if dtype is None else dtype, **_where_like(x, device))
+    result = _filled("zeros_like", x.shape, 0, x.dtype if dtype is None else dtype, **_where_like(x, device))
+    return _leaf(result, requires_grad)
 
 
-def ones_like(input: Tensor, *, dtype=None, device=None) -> Tensor:   # noqa: A002
+def ones_like(input: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:   # noqa: A002
     x = _like(input, "ones_like")
-    return _filled("ones_like", x.shape, 1, x.dtype if dtype is None else dtype, **_where_like(x, device))
+    result = _filled("ones_like", x.shape, 1, x.dtype if dtype is None else dtype, **_where_like(x, device))
+    return _leaf(result, requires_grad)
 
 
-def full_like(input: Tensor, fill_value, *, dtype=None, device=None) -> Tensor:   # noqa: A002
+def full_like(input: Tensor, fill_value, *,   # noqa: A002 - torch's name
+              dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     x = _like(input, "full_like")
-    return _filled("full_like", x.shape, fill_value, x.dtype if dtype is None else dtype, **_where_like(x, device))
+    dtype = x.dtype if dtype is None else dtype
+    result = _filled("full_like", x.shape, fill_value, dtype, **_where_like(x, device))
+    return _leaf(result, requires_grad)
 
 
-def empty_like(input: Tensor, *, dtype=None, device=None) -> Tensor:   # noqa: A002
+def empty_like(input: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:   # noqa: A002
     """Uninitialised, like ``input`` (of a global tensor: zeros, with its placement and SBP)."""
     x = _like(input, "empty_like")
     if device is None and x.is_global:
         return zeros_like(x, dtype=dtype)
-    return empty(x.shape, dtype=dtype or x.dtype, device=device or x.device)
+    return _leaf(empty(x.shape, dtype=dtype or x.dtype, device=device or x.device), requires_grad)
 
 
 # --- values computed on the host ---------------------------------------------------------------------
+
+
+def _leaf(result: Tensor, requires_grad: bool) -> Tensor:
+    """``result``, made a leaf that requires grad if asked (``requires_grad=True``; needs pyflow.autograd)."""
+    return result.requires_grad_(True) if requires_grad else result
 
 
 def _host_values(values: np.ndarray, dtype, device, op) -> Tensor:
     return tensor(values.astype(dtype, copy=False), device=args.device(device, op))
 
 
-def arange(start, end=None, step=1, *, dtype=None, device=None) -> Tensor:
+def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """``start, start + step, ...`` below ``end`` (``arange(n)``: 0..n-1); int64 if every bound is an int,
     else float32.  Computed on the host, then copied."""
     if end is None:
@@ -154,18 +168,18 @@ def arange(start, end=None, step=1, *, dtype=None, device=None) -> Tensor:
     integral = all(scalar_dtype(v) == DEFAULT_INT for v in (start, end, step))
     dtype = as_dtype(dtype, "arange") if dtype is not None else DEFAULT_INT if integral else DEFAULT_FLOAT
     count = max(0, math.ceil((end - start) / step))
-    return _host_values(start + np.arange(count, dtype=np.float64 if not integral else np.int64) * step,
-                        dtype, device, "arange")
+    return _leaf(_host_values(start + np.arange(count, dtype=np.float64 if not integral else np.int64) * step,
+                        dtype, device, "arange"), requires_grad)
 
 
-def linspace(start, end, steps: int, *, dtype=None, device=None) -> Tensor:
+def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """``steps`` evenly spaced values from ``start`` to ``end`` (both included); float32 by default."""
     steps = args.sizes((steps,), "linspace")[0]
     for value in (start, end):
         if not is_scalar(value) or isinstance(value, bool):
             raise ArgumentTypeError(f"linspace: start and end must be numbers, got {value!r}")
     dtype = as_dtype(dtype, "linspace") if dtype is not None else DEFAULT_FLOAT
-    return _host_values(np.linspace(start, end, steps), dtype, device, "linspace")
+    return _leaf(_host_values(np.linspace(start, end, steps), dtype, device, "linspace"), requires_grad)
 
 
 _rng_lock = threading.Lock()
@@ -194,24 +208,26 @@ def _draw(op, size, draw, dtype, device, placement=None, sbp=None) -> Tensor:
     return _host_values(values, dtype, args.device(device, op), op)
 
 
-def rand(*size, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
+def rand(*size, dtype=None, device=None, placement=None, sbp=None, requires_grad: bool = False) -> Tensor:
     """Uniform samples in [0, 1) (drawn on the host, then copied to ``device``)."""
-    return _draw("rand", size, lambda rng, shape: rng.random(shape), dtype, device, placement, sbp)
+    result = _draw("rand", size, lambda rng, shape: rng.random(shape), dtype, device, placement, sbp)
+    return _leaf(result, requires_grad)
 
 
-def randn(*size, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
+def randn(*size, dtype=None, device=None, placement=None, sbp=None, requires_grad: bool = False) -> Tensor:
     """Standard normal samples (drawn on the host, then copied to ``device``)."""
-    return _draw("randn", size, lambda rng, shape: rng.standard_normal(shape), dtype, device, placement, sbp)
+    result = _draw("randn", size, lambda rng, shape: rng.standard_normal(shape), dtype, device, placement, sbp)
+    return _leaf(result, requires_grad)
 
 
-def rand_like(input: Tensor, *, dtype=None, device=None) -> Tensor:   # noqa: A002
+def rand_like(input: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:   # noqa: A002
     x = _like(input, "rand_like")
-    return rand(x.shape, dtype=dtype or x.dtype, **_where_like(x, device))
+    return _leaf(rand(x.shape, dtype=dtype or x.dtype, **_where_like(x, device)), requires_grad)
 
 
-def randn_like(input: Tensor, *, dtype=None, device=None) -> Tensor:   # noqa: A002
+def randn_like(input: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:   # noqa: A002
     x = _like(input, "randn_like")
-    return randn(x.shape, dtype=dtype or x.dtype, **_where_like(x, device))
+    return _leaf(randn(x.shape, dtype=dtype or x.dtype, **_where_like(x, device)), requires_grad)
 
 
 def randint(low, high=None, size=None, *, dtype=None, device=None) -> Tensor:

@@ -62,6 +62,15 @@ def install_global_interpreter(interpreter) -> None:
     global _global_interpreter
     _global_interpreter = interpreter
 
+
+# Autograd records each op here (pyflow.autograd installs its Recorder; it sits above this layer).
+_recorder = None
+
+
+def install_recorder(recorder) -> None:
+    global _recorder
+    _recorder = recorder
+
 _CHECK_ERRORS = (ShapeError, DTypeError, AxisError, IndexOutOfRangeError, ArgumentTypeError, DeviceError)
 
 
@@ -177,8 +186,15 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
     op = get_op(name)
     inputs = list(inputs)
     tensors = [x for x in inputs if isinstance(x, Tensor)]
+    recording = _recorder is not None and _recorder.active(tensors, out)
     if any(t._global is not None for t in tensors) or any(getattr(o, "_global", None) is not None for o in out or ()):
-        return global_interpreter().apply(name, inputs, out, attrs)
+        if recording:
+            _recorder.check_inplace(name, out)
+        saved = _recorder.before(name, inputs, out) if recording else None
+        results = global_interpreter().apply(name, inputs, out, attrs)
+        if recording:
+            _recorder.after(name, op.backward, saved, results, attrs)
+        return results
     for x in inputs:
         if not isinstance(x, Tensor) and not is_scalar(x):
             raise ArgumentTypeError(f"op {name!r}: expects tensors (or numbers), got {type(x).__name__}: {x!r:.60}")
@@ -201,6 +217,8 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
             raise type(error)(f"{error} [op {name!r}, inputs: {_describe(inputs)}]") from None
         raise
     kernel = _kernel(op, stream)
+    if recording:
+        _recorder.check_inplace(name, out)
 
     # --- everything is checked: from here on, instructions are issued -------------------------------
     for i, (x, dtype) in enumerate(zip(inputs, dtypes)):
@@ -226,13 +244,16 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
         op.launch(kernel, out_arrays, in_arrays, kernel_attrs, native_stream)
 
     on_failed = None if op.on_failed_inputs is None else (lambda failure: op.on_failed_inputs(attrs, failure))
+    saved = _recorder.before(name, inputs, written) if recording else None
     vm.run(lambda builder: builder.call(name, run, [t._blob for t in inputs], [t._blob for t in outputs],
                                         stream, op.mutable_inputs, on_failed_inputs=on_failed))
+    for o in written:
+        o._bump_version()
+    if recording:
+        _recorder.after(name, op.backward, saved, outputs, attrs)
     if out is None:
         return outputs
     for o, result in zip(out, outputs):
-        if result is o:
-            o._bump_version()
-        else:   # another shape or dtype: the result is broadcast and cast into o
+        if result is not o:   # another shape or dtype: the result is broadcast and cast into o
             apply("cast", [broadcast_view(result, o.shape)], dtype=o.dtype, out=[o])
     return out

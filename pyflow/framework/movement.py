@@ -1,4 +1,5 @@
-"""Joining and picking: ``cat``, ``stack``, ``gather``, ``index_select``, ``repeat``.
+"""Joining and picking: ``cat``, ``stack``, ``gather``, ``index_select``, ``repeat``; writing at
+indices: ``index_copy_``, ``index_add_``, ``scatter_add_`` (in place) and their out-of-place forms.
 
 ``cat``, ``gather`` and ``index_select`` are one op each.  ``stack`` is ``cat`` of
 the tensors with a new dim (as PyTorch builds it), and ``repeat`` is an
@@ -11,6 +12,8 @@ the tensors with a new dim (as PyTorch builds it), and ``repeat`` is an
 ([[1, 3], [2, 4]], [[1, 2, 1, 2], [1, 2, 1, 2]])
 >>> flow.gather(flow.tensor([[1, 2], [3, 4]]), 1, flow.tensor([[1], [0]])).tolist()
 [[2], [3]]
+>>> flow.zeros(3).index_add_(0, flow.tensor([0, 2, 0]), flow.ones(3)).tolist()
+[2.0, 0.0, 1.0]
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pyflow.framework.functional import _tensor
 from pyflow.framework.interpreter import apply
 from pyflow.framework.tensor import Tensor
 
-__all__ = ["cat", "concat", "stack", "gather", "index_select", "repeat"]
+__all__ = ["cat", "concat", "stack", "gather", "index_select", "repeat", "index_copy", "index_add", "scatter_add"]
 
 
 def cat(tensors, dim: int = 0) -> Tensor:
@@ -73,6 +76,48 @@ def repeat(self: Tensor, *repeats) -> Tensor:
     return result.clone() if result._blob.storage is self._blob.storage else result   # always a new tensor
 
 
+def _write_at(op: str, self: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
+    """One in-place op writing ``source`` into ``self`` at ``index`` along ``dim``; returns ``self``."""
+    from pyflow.framework.inplace import _writable
+
+    _tensor(self, f"{op}_"), _tensor(index, f"{op}_"), _tensor(source, f"{op}_")
+    _writable(self, f"{op}_")
+    apply(op, [self, index, source], out=[self], axis=args.dim(dim, self.ndim, f"{op}_", self))
+    return self
+
+
+def _index_copy_(self: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
+    """In place: ``self[..., index[j], ...] = source[..., j, ...]`` along ``dim`` (a 1-D index)."""
+    return _write_at("index_copy", self, dim, index, source)
+
+
+def _index_add_(self: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) -> Tensor:
+    """In place: ``self[..., index[j], ...] += alpha * source[..., j, ...]``; repeated indices add up."""
+    return _write_at("index_add", self, dim, index, source if alpha == 1 else source * alpha)
+
+
+def _scatter_add_(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """In place: ``self[i][index[i][j]] += src[i][j]`` for ``dim`` 1 (any rank): torch's scatter_add_."""
+    return _write_at("scatter_add", self, dim, index, src)
+
+
+def index_copy(input: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:   # noqa: A002
+    """``input.clone().index_copy_(dim, index, source)``."""
+    return _index_copy_(_tensor(input, "index_copy").clone(), dim, index, source)
+
+
+def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) -> Tensor:   # noqa: A002
+    """``input.clone().index_add_(dim, index, source, alpha=alpha)``."""
+    return _index_add_(_tensor(input, "index_add").clone(), dim, index, source, alpha=alpha)
+
+
+def scatter_add(input: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:   # noqa: A002
+    """``input.clone().scatter_add_(dim, index, src)``."""
+    return _scatter_add_(_tensor(input, "scatter_add").clone(), dim, index, src)
+
+
 Tensor.repeat = repeat
+Tensor.index_copy_, Tensor.index_add_, Tensor.scatter_add_ = _index_copy_, _index_add_, _scatter_add_
+Tensor.index_copy, Tensor.index_add, Tensor.scatter_add = index_copy, index_add, scatter_add
 Tensor.gather = lambda self, dim, index: gather(self, dim, index)
 Tensor.index_select = lambda self, dim, index: index_select(self, dim, index)

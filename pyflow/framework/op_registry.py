@@ -21,7 +21,11 @@ An ``OpDef`` says everything the interpreter needs to run an op eagerly:
 * ``on_failed_inputs(attrs, failure)`` - what the op still owes others when an
   input failed and it cannot run (a collective tells its peers, so they do not
   wait for it); by default nothing;
-* ``sbp_signatures`` - room for the lazy compiler's SBP candidates (a later issue).
+* ``sbp_signatures`` - room for the lazy compiler's SBP candidates (the eager
+  ones are in ``pyflow/distributed/signatures.py``);
+* ``backward(ctx, grads) -> input grads`` - the op's gradient, written with the
+  public ops (``ctx.inputs``, ``ctx.outputs``, ``ctx.attrs``, ``ctx.needs_grad(i)``;
+  see ``pyflow/autograd/``); None: no gradient flows through the op.
 
 >>> sorted(OP_REGISTRY)[:3]
 ['abs', 'add', 'argmax']
@@ -60,6 +64,7 @@ class OpDef:
     infer_device_and_stream: Callable | None = None
     mutable_inputs: tuple = ()
     on_failed_inputs: Callable | None = None
+    backward: Callable | None = None
     promote_inputs: tuple = ()
     floating: bool = False
     same_view_in_place: bool = False

@@ -72,7 +72,8 @@ class Tensor:
     class for ``isinstance`` checks.
     """
 
-    __slots__ = ("_blob", "_handle", "_versions", "_global", "__weakref__")
+    # _autograd: None, or pyflow.autograd's AutogradMeta (requires_grad, grad, grad_fn) for this tensor
+    __slots__ = ("_blob", "_handle", "_versions", "_global", "_autograd", "__weakref__")
     __array_priority__ = 100  # numpy scalars defer to our operators
 
     def __init__(self, *size, dtype=None, device=None):
@@ -83,12 +84,13 @@ class Tensor:
 
             made = empty(*(size or (0,)), dtype=dtype or DEFAULT_FLOAT, device=device)   # Tensor(): shape (0,)
         self._blob, self._handle, self._versions, self._global = made._blob, made._handle, made._versions, None
+        self._autograd = None
 
     @classmethod
     def _wrap(cls, blob: EagerBlobObject, handle: _StorageHandle, versions: _Version) -> "Tensor":
         """The tensor of ``blob`` (how every op makes its results; skips ``__init__``)."""
         t = object.__new__(cls)
-        t._blob, t._handle, t._versions, t._global = blob, handle, versions, None
+        t._blob, t._handle, t._versions, t._global, t._autograd = blob, handle, versions, None, None
         return t
 
     @classmethod
@@ -242,14 +244,22 @@ class Tensor:
     def __repr__(self) -> str:
         if self._global is not None:
             return (f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, placement={self._global.placement}, "
-                    f"sbp={self._global.sbp})")
-        return f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, device='{self.device}')"
+                    f"sbp={self._global.sbp}{self._autograd_note()})")
+        return f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, device='{self.device}'{self._autograd_note()})"
 
     def __str__(self) -> str:
         values = np.array2string(self.numpy(), separator=", ")
         if self._global is not None:  # every rank must print it: reading a global tensor is a collective
-            return f"tensor({values}, placement={self._global.placement}, sbp={self._global.sbp}, dtype={self.dtype})"
-        return f"tensor({values}, device='{self.device}', dtype={self.dtype})"
+            return (f"tensor({values}, placement={self._global.placement}, sbp={self._global.sbp}, "
+                    f"dtype={self.dtype}{self._autograd_note()})")
+        return f"tensor({values}, device='{self.device}', dtype={self.dtype}{self._autograd_note()})"
+
+    def _autograd_note(self) -> str:
+        """``, grad_fn=<mulBackward #3>`` or ``, requires_grad=True`` (as torch prints), else nothing."""
+        info = self._autograd
+        if info is None or not info.requires_grad:
+            return ""
+        return f", grad_fn={info.grad_fn!r}" if info.grad_fn is not None else ", requires_grad=True"
 
     def __len__(self) -> int:
         if not self.shape:
@@ -321,8 +331,10 @@ class Tensor:
         return apply("contiguous", [self])[0]
 
     def detach(self) -> "Tensor":
-        """The same storage, outside any autograd history (pyflow has none yet: a view)."""
-        return self._view(self.shape, self._blob.strides, self._blob.offset)
+        """The same storage and version counter, outside any autograd history (``requires_grad`` False)."""
+        copy = Tensor._wrap(self._blob, self._handle, self._versions)
+        copy._global = self._global
+        return copy
 
     def contiguous(self) -> "Tensor":
         """``self`` if contiguous, else a contiguous copy."""
@@ -355,17 +367,24 @@ def _as_array(data, dtype) -> np.ndarray:
         raise DTypeError(f"{op}: cannot convert the data to {dtype}: {error}") from None
 
 
-def tensor(data, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
+def tensor(data, dtype=None, device=None, placement=None, sbp=None, requires_grad: bool = False) -> Tensor:
     """A new tensor holding a copy of ``data`` (numpy array, nested lists, scalar, tensor) on ``device``.
 
     Python floats become float32, ints int64, bools bool (torch's defaults); a
     numpy array keeps its dtype.  With ``placement=`` and ``sbp=`` (instead of
     ``device=``): a global tensor whose logical value is ``data`` (the same on
-    every rank; parallel_id 0's wins).
+    every rank; parallel_id 0's wins).  ``requires_grad=True`` makes it a leaf
+    that autograd records (``pyflow/autograd/``); a tensor given as ``data`` is
+    copied without its history, as ``torch.tensor`` does.
 
     >>> tensor([[1, 2], [3, 4]]).dtype, tensor(np.zeros(2, np.float16)).dtype
     (dtype('int64'), dtype('float16'))
     """
+    result = _new_tensor(data, dtype, device, placement, sbp)
+    return result.requires_grad_(True) if requires_grad else result
+
+
+def _new_tensor(data, dtype, device, placement, sbp) -> Tensor:
     if placement is not None or sbp is not None:
         if device is not None:
             raise ArgumentTypeError("tensor(): give device= for a local tensor or placement= and sbp= for a "
@@ -374,7 +393,7 @@ def tensor(data, dtype=None, device=None, placement=None, sbp=None) -> Tensor:
         return global_interpreter().tensor(values, values.dtype if dtype is None else dtype, placement, sbp)
     device = "cpu" if device is None else device
     if isinstance(data, Tensor):
-        return data.to(device=device, dtype=dtype, copy=True)
+        return data.detach().to(device=device, dtype=dtype, copy=True)
     device = args.device(device, "tensor")
     array = _as_array(data, dtype)
     result = Tensor._empty(device, array.shape, array.dtype)

@@ -217,11 +217,14 @@ Tensor.T = property(_t)
 
 
 def _function(method):
-    """``flow.reshape(x, ...)`` for the method ``x.reshape(...)``."""
+    """``flow.reshape(x, ...)`` for the method ``x.reshape(...)`` (whatever ``Tensor.reshape`` is now:
+    global tensors and autograd wrap the methods)."""
+    name = method.__name__
+
     def function(input: Tensor, *args, **kwargs):   # noqa: A002 - torch's name
         if not isinstance(input, Tensor):
-            raise ArgumentTypeError(f"{method.__name__}: expects a tensor, got {type(input).__name__}")
-        return method(input, *args, **kwargs)
+            raise ArgumentTypeError(f"{name}: expects a tensor, got {type(input).__name__}")
+        return getattr(input, name)(*args, **kwargs)
     function.__name__ = function.__qualname__ = method.__name__
     function.__doc__ = method.__doc__
     return function

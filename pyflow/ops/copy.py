@@ -47,7 +47,13 @@ def _launch_copy(kernel, outputs, inputs, attrs, stream):
         np.copyto(destination, source)
 
 
-register_op(OpDef("copy", _infer_same, kernel=None, launch=_launch_copy,
+def _copy_rule(ctx, g):
+    """Back to the device the input was on (the gradient of a move is the move back)."""
+    return [g.to(device=ctx.inputs[0].device)]
+
+
+register_op(OpDef("copy", _infer_same, kernel=None, launch=_launch_copy, backward=_copy_rule,
                   infer_device_and_stream=_copy_device_and_stream,
                   doc="copy to attrs['device'] (host2device / device2host streams)"))
-register_op(OpDef("contiguous", _infer_same, kernel="copy", doc="a contiguous copy on the same device"))
+register_op(OpDef("contiguous", _infer_same, kernel="copy", backward=lambda ctx, g: [g],
+                  doc="a contiguous copy on the same device"))

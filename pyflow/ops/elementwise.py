@@ -7,6 +7,7 @@ the kernel runs, so a kernel only ever sees equal dtypes, and the kernel
 library's own rules (``kernels/ufuncs.py``) then give the result dtype of that one
 dtype.  ``floating`` ops (true division, ``sin``...) compute integers in float32.
 Every elementwise op may write the very view it reads (``x.add_(y)``).
+Each op's backward rule is below its inference (PyTorch's derivative formulas).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.framework import args
 from pyflow.framework.dtypes import BOOL, as_dtype, to_scalar
+from pyflow.framework.functional import where
 from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
 from pyflow.kernels.elementwise import binary_result_dtype, unary_result_dtype
 from pyflow.kernels.layout import broadcast_shapes
+from pyflow.ops._grad import for_inputs
 
 __all__ = ["FLOAT_UNARY", "UNARY_OPS", "BINARY_OPS", "COMPARISONS", "LOGICAL_OPS"]
 
@@ -92,20 +95,126 @@ def _launch_nothing(kernel, outputs, inputs, attrs, stream):
     """``empty``: the OpCall allocates the output when it is prepared; nothing is written."""
 
 
+# --- backward rules (``pyflow/ops/_grad.py`` says what a rule is) --------------------------------------
+# x, y: the op's input and output; g: the gradient of y.  PyTorch's formulas, its choices at ties included.
+
+
+def _zeros_rule(ctx, g):
+    """Piecewise constant (floor, ceil, round, sign): the gradient is 0 almost everywhere."""
+    return [g * 0.0]
+
+
+def _on_output(formula):
+    """A unary rule computed from ``g``, ``x`` and ``y``."""
+    def rule(ctx, g):
+        (x,), (y,) = ctx.inputs, ctx.outputs
+        return [formula(g, x, y)]
+    return rule
+
+
+_UNARY_RULES = {
+    "neg": _on_output(lambda g, x, y: -g),
+    "abs": _on_output(lambda g, x, y: g * x.sign()),
+    "relu": _on_output(lambda g, x, y: where(y > 0, g, 0.0)),
+    "sigmoid": _on_output(lambda g, x, y: g * y * (1.0 - y)),
+    "tanh": _on_output(lambda g, x, y: g * (1.0 - y * y)),
+    "exp": _on_output(lambda g, x, y: g * y),
+    "log": _on_output(lambda g, x, y: g / x),
+    "sqrt": _on_output(lambda g, x, y: g / (2.0 * y)),
+    "sin": _on_output(lambda g, x, y: g * x.cos()),
+    "cos": _on_output(lambda g, x, y: -(g * x.sin())),
+    "floor": _zeros_rule, "ceil": _zeros_rule, "round": _zeros_rule, "sign": _zeros_rule,
+}
+
+
+def _split_ties(g, mine, theirs, this_loses):
+    """max/min: ``g`` where this operand won, half of it at a tie (PyTorch's choice), 0 where it lost."""
+    return where(this_loses, 0.0, where(mine == theirs, g * 0.5, g))
+
+
+def _max_rule(ctx, g):
+    a, b = ctx.inputs
+    return for_inputs(ctx, lambda: _split_ties(g, a, b, a < b), lambda: _split_ties(g, b, a, b < a))
+
+
+def _min_rule(ctx, g):
+    a, b = ctx.inputs
+    return for_inputs(ctx, lambda: _split_ties(g, a, b, a > b), lambda: _split_ties(g, b, a, b > a))
+
+
+def _pow_rule(ctx, g):
+    (a, b), (y,) = ctx.inputs, ctx.outputs
+
+    def base():   # b * a^(b-1); 0 where b == 0 (even at a == 0)
+        return where(b == 0, 0.0, g * b * a.pow(b - 1.0))
+
+    def exponent():   # y * log(a); 0 where a == 0 and b >= 0 (the limit PyTorch takes)
+        return where((a == 0).logical_and(b >= 0), 0.0, g * y * a.log())
+    return for_inputs(ctx, base, exponent)
+
+
+_BINARY_RULES = {
+    "add": lambda ctx, g: for_inputs(ctx, g, g),
+    "sub": lambda ctx, g: for_inputs(ctx, g, lambda: -g),
+    "mul": lambda ctx, g: for_inputs(ctx, lambda: g * ctx.inputs[1], lambda: g * ctx.inputs[0]),
+    "div": lambda ctx, g: for_inputs(ctx, lambda: g / ctx.inputs[1],
+                                     lambda: -(g * ctx.inputs[0]) / (ctx.inputs[1] * ctx.inputs[1])),
+    "pow": _pow_rule,
+    "max": _max_rule,
+    "min": _min_rule,
+    "remainder": lambda ctx, g: for_inputs(ctx, g, lambda: -(g * ctx.inputs[0].floor_divide(ctx.inputs[1]))),
+    "floor_divide": lambda ctx, g: for_inputs(ctx, lambda: g * 0.0, lambda: g * 0.0),
+}
+
+
+def _where_rule(ctx, g):
+    condition = ctx.inputs[0]
+    return for_inputs(ctx, None, lambda: where(condition, g, 0.0), lambda: where(condition, 0.0, g))
+
+
+def _clamp_rule(ctx, g):
+    """y = min(t, high) with t = max(x, low): ``high`` gets g where it won (t > high), ``low`` where it won
+    (x < low) and y was not high's; x the rest (PyTorch's choice at a tie: x)."""
+    x, *bounds = ctx.inputs
+    at = {kind: k for k, kind in enumerate(ctx.attrs["bounds"], start=1)}   # "min"/"max" -> input number
+    grads = [None] * len(ctx.inputs)
+    t = x if "min" not in at else x.maximum(ctx.inputs[at["min"]])
+    g_t = g
+    if "max" in at:
+        high_won = t > ctx.inputs[at["max"]]
+        g_t = where(high_won, 0.0, g)
+        grads[at["max"]] = where(high_won, g, 0.0)
+    g_x = g_t
+    if "min" in at:
+        low_won = x < ctx.inputs[at["min"]]
+        g_x = where(low_won, 0.0, g_t)
+        grads[at["min"]] = where(low_won, g_t, 0.0)
+    grads[0] = g_x
+    return for_inputs(ctx, *grads)
+
+
+def _cast_rule(ctx, g):
+    return [g.to(dtype=ctx.inputs[0].dtype)]
+
+
+_RULES = {**_UNARY_RULES, **_BINARY_RULES, "where": _where_rule, "clamp": _clamp_rule, "cast": _cast_rule}
+
+
 for _name in UNARY_OPS:
     register_op(OpDef(_name, _unary(_name), promote_inputs=(0,), floating=_name in FLOAT_UNARY,
-                      same_view_in_place=True, doc=f"elementwise {_name}"))
+                      same_view_in_place=True, backward=_RULES.get(_name), doc=f"elementwise {_name}"))
 for _name in BINARY_OPS + COMPARISONS:
     register_op(OpDef(_name, _binary(_name), promote_inputs=(0, 1), floating=_name == "div",
-                      same_view_in_place=True, doc=f"elementwise {_name}, broadcasting, promoting"))
+                      same_view_in_place=True, backward=_RULES.get(_name),
+                      doc=f"elementwise {_name}, broadcasting, promoting"))
 for _name in LOGICAL_OPS:
     register_op(OpDef(_name, _binary(_name), same_view_in_place=True, doc=f"elementwise {_name} (bool result)"))
-register_op(OpDef("where", _infer_where, promote_inputs=(1, 2), same_view_in_place=True,
+register_op(OpDef("where", _infer_where, promote_inputs=(1, 2), same_view_in_place=True, backward=_where_rule,
                   doc="where(cond, a, b), broadcasting"))
 register_op(OpDef("clamp", _infer_clamp, kernel=("max", "min"), launch=_launch_clamp, kernel_attrs=("bounds",),
-                  promote_inputs="all", same_view_in_place=True,
+                  promote_inputs="all", same_view_in_place=True, backward=_clamp_rule,
                   doc="min(max(x, low), high); attrs['bounds'] names the bounds given ('min', 'max')"))
-register_op(OpDef("cast", _infer_cast, same_view_in_place=True, doc="convert to attrs['dtype']"))
+register_op(OpDef("cast", _infer_cast, same_view_in_place=True, backward=_cast_rule, doc="convert to attrs['dtype']"))
 register_op(OpDef("fill", _infer_source("fill"), launch=_launch_fill, kernel_attrs=("value",),
                   doc="a new tensor of attrs shape/dtype filled with attrs['value'] (a source op)"))
 register_op(OpDef("empty", _infer_source("empty"), kernel="", launch=_launch_nothing,

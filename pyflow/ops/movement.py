@@ -1,14 +1,22 @@
-"""Ops that move data: ``cat``, ``index_select``, ``dim_gather`` (torch.gather), ``index_copy`` (in place).
+"""Ops that move data: ``cat``, ``index_select``, ``dim_gather`` (torch.gather), and the in-place
+``index_copy``, ``index_add`` and ``scatter_add`` (torch's ``index_copy_``, ``index_add_``, ``scatter_add_``).
 
 Index tensors must be int32 or int64 (``kernels/dtypes.py``'s index dtypes).  An
 index out of range is found by the kernel (``check=True``): the op fails and
 reading its result raises ``OpError`` naming the bad index, as PyTorch reports a
 device-side assert on CUDA.  Everything else is checked at the call.
+
+Backward rules: ``cat`` hands each input its slice of ``g``; ``index_select``
+and ``dim_gather`` add ``g`` back to where they read (``index_add`` /
+``scatter_add``: an index read twice gets both); the in-place ops pass ``g`` to
+the target (``index_copy``: but not at the overwritten slices) and read the
+source's gradient at the indices.
 """
 
 from __future__ import annotations
 
 from pyflow.errors import DTypeError, ShapeError
+from pyflow.framework.creation import zeros_like
 from pyflow.framework.dtypes import names
 from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
 from pyflow.kernels.dtypes import INDEX_DTYPES
@@ -63,17 +71,39 @@ def _infer_dim_gather(inputs, attrs):
     return [TensorMeta(index.shape, x.dtype)]
 
 
-def _infer_index_copy(inputs, attrs):
+def _infer_index_write(op):
+    """index_copy / index_add: ``target[..., index[j], ...]`` gets ``source[..., j, ...]``."""
+    def infer(inputs, attrs):
+        target, index, source = inputs
+        axis = normalize_axis(attrs["axis"], len(target.shape), op)
+        _check_index(op, index)
+        if len(index.shape) != 1:
+            raise ShapeError(f"{op}: the index must be 1-D, got shape {list(index.shape)}")
+        expected = target.shape[:axis] + index.shape + target.shape[axis + 1:]
+        if source.shape != expected:
+            raise ShapeError(f"{op}: the source has shape {list(source.shape)}, expected {list(expected)}")
+        if source.dtype != target.dtype:
+            raise DTypeError(f"{op}: the source is {source.dtype}, the target {target.dtype}")
+        return [TensorMeta(target.shape, target.dtype)]
+    return infer
+
+
+_infer_index_copy, _infer_index_add = _infer_index_write("index_copy"), _infer_index_write("index_add")
+
+
+def _infer_scatter_add(inputs, attrs):
     target, index, source = inputs
-    axis = normalize_axis(attrs["axis"], len(target.shape), "index_copy")
-    _check_index("index_copy", index)
-    if len(index.shape) != 1:
-        raise ShapeError(f"index_copy: the index must be 1-D, got shape {list(index.shape)}")
-    expected = target.shape[:axis] + index.shape + target.shape[axis + 1:]
-    if source.shape != expected:
-        raise ShapeError(f"index_copy: the source has shape {list(source.shape)}, expected {list(expected)}")
+    axis = normalize_axis(attrs["axis"], len(target.shape), "scatter_add")
+    _check_index("scatter_add", index)
+    if len(index.shape) != len(target.shape) or any(
+            i > n for d, (i, n) in enumerate(zip(index.shape, target.shape)) if d != axis):
+        raise ShapeError(f"scatter_add: the index of shape {list(index.shape)} must have the rank of the target "
+                         f"{list(target.shape)} and no larger size except along dim {axis}")
+    if source.shape != index.shape:
+        raise ShapeError(f"scatter_add: the source has shape {list(source.shape)}, expected the index's "
+                         f"{list(index.shape)}")
     if source.dtype != target.dtype:
-        raise DTypeError(f"index_copy: the source is {source.dtype}, the target {target.dtype}")
+        raise DTypeError(f"scatter_add: the source is {source.dtype}, the target {target.dtype}")
     return [TensorMeta(target.shape, target.dtype)]
 
 
@@ -82,12 +112,55 @@ def _launch_index_copy(kernel, outputs, inputs, attrs, stream):
     kernel(outputs[0], inputs[1], inputs[2], axis=attrs["axis"], stream=stream)
 
 
+# --- backward rules --------------------------------------------------------------------------------
+
+
+def _cat_rule(ctx, g):
+    axis, start, grads = ctx.attrs["axis"] % g.ndim, 0, []
+    for i, shape in enumerate(ctx.input_shapes):
+        grads.append(g.narrow(axis, start, shape[axis]) if ctx.needs_grad(i) else None)
+        start += shape[axis]
+    return grads
+
+
+def _index_select_rule(ctx, g):
+    (x, index), axis = ctx.inputs, ctx.attrs["axis"]
+    return [zeros_like(x, dtype=g.dtype).index_add_(axis, index, g), None]
+
+
+def _dim_gather_rule(ctx, g):
+    (x, index), axis = ctx.inputs, ctx.attrs["axis"]
+    return [zeros_like(x, dtype=g.dtype).scatter_add_(axis, index, g), None]
+
+
+def _index_copy_rule(ctx, g):
+    (_, index, source), axis = ctx.inputs, ctx.attrs["axis"]
+    target = g.clone().index_copy_(axis, index, zeros_like(source, dtype=g.dtype)) if ctx.needs_grad(0) else None
+    return [target, None, g.index_select(axis, index) if ctx.needs_grad(2) else None]
+
+
+def _index_add_rule(ctx, g):
+    (_, index, _), axis = ctx.inputs, ctx.attrs["axis"]
+    return [g, None, g.index_select(axis, index) if ctx.needs_grad(2) else None]
+
+
+def _scatter_add_rule(ctx, g):
+    (_, index, _), axis = ctx.inputs, ctx.attrs["axis"]
+    return [g, None, g.gather(axis, index) if ctx.needs_grad(2) else None]
+
+
 register_op(OpDef("cat", _infer_cat, kernel="concat", launch=_launch_cat, kernel_attrs=("axis",),
-                  promote_inputs="all", doc="concatenate along attrs['axis'] (dtypes promoted)"))
-register_op(OpDef("index_select", _infer_index_select, kernel_attrs=("axis",),
+                  promote_inputs="all", backward=_cat_rule, doc="concatenate along attrs['axis'] (dtypes promoted)"))
+register_op(OpDef("index_select", _infer_index_select, kernel_attrs=("axis",), backward=_index_select_rule,
                   doc="x[..., index, ...] along attrs['axis'] (a 1-D index)"))
-register_op(OpDef("dim_gather", _infer_dim_gather, kernel_attrs=("axis",),
+register_op(OpDef("dim_gather", _infer_dim_gather, kernel_attrs=("axis",), backward=_dim_gather_rule,
                   doc="torch.gather: out[i][j] = x[index[i][j]][j] along attrs['axis']"))
 register_op(OpDef("index_copy", _infer_index_copy, launch=_launch_index_copy, kernel_attrs=("axis",),
-                  same_view_in_place=True,
+                  same_view_in_place=True, backward=_index_copy_rule,
                   doc="in place, with out=[target]: target[..., index[j], ...] = source[..., j, ...]"))
+register_op(OpDef("index_add", _infer_index_add, launch=_launch_index_copy, kernel_attrs=("axis",),
+                  same_view_in_place=True, backward=_index_add_rule,
+                  doc="in place, with out=[target]: target[..., index[j], ...] += source[..., j, ...]"))
+register_op(OpDef("scatter_add", _infer_scatter_add, launch=_launch_index_copy, kernel_attrs=("axis",),
+                  same_view_in_place=True, backward=_scatter_add_rule,
+                  doc="in place, with out=[target]: target[i][index[i][j]] += source[i][j] along attrs['axis']"))

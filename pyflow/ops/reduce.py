@@ -4,19 +4,29 @@ Inference reuses the kernel library's own planning (``kernels/reduce.py``), so
 axes, keepdims, result dtypes (PyTorch's: the sum of bools and integers is
 int64) and empty-reduction errors are checked at the call.  ``reduce_mean``,
 like ``torch.mean``, needs a floating input.
+
+Backward rules (below): a reduction's gradient is ``g`` put back on the reduced
+axes (kept as size 1) and expanded to the input's shape; ``max``/``min`` give it
+to the elements equal to the result, shared evenly at ties (``torch.amax``'s
+choice); softmax and log_softmax use their outputs; ``topk`` scatters ``g`` to
+the indices it chose.
 """
 
 from __future__ import annotations
 
+import math
 import types
 
 import numpy as np
 
 from pyflow.errors import DTypeError, ShapeError
+from pyflow.framework.creation import zeros_like
+from pyflow.framework.functional import where
 from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
 from pyflow.kernels.layout import normalize_axis
 from pyflow.kernels.reduce import plan_reduce
 from pyflow.kernels.scan import cumsum_result_dtype
+from pyflow.ops._grad import keepdims_shape
 
 __all__ = ["REDUCE_OPS"]
 
@@ -63,12 +73,73 @@ def _infer_topk(inputs, attrs):
     return [TensorMeta(shape, x.dtype), TensorMeta(shape, np.dtype(np.int64))]
 
 
+# --- backward rules --------------------------------------------------------------------------------
+
+
+def _spread(ctx, g):
+    """``g`` with the reduced axes back (size 1), expanded to the input's shape."""
+    shape = ctx.input_shapes[0]
+    kept = g.reshape(keepdims_shape(shape, ctx.attrs.get("axis")))
+    return kept.expand(shape)
+
+
+def _sum_rule(ctx, g):
+    return [_spread(ctx, g)]
+
+
+def _mean_rule(ctx, g):
+    count = math.prod(ctx.input_shapes[0]) // max(1, math.prod(ctx.output_shapes[0]))
+    return [_spread(ctx, g) / float(count)]
+
+
+def _extremum_rule(ctx, g):
+    (x,), (y,) = ctx.inputs, ctx.outputs
+    kept = keepdims_shape(ctx.input_shapes[0], ctx.attrs.get("axis"))
+    chosen = x == y.reshape(kept)
+    ties = chosen.sum(dim=_axes(ctx), keepdim=True).to(dtype=g.dtype)
+    return [where(chosen, (g.reshape(kept) / ties).expand(x.shape), 0.0)]
+
+
+def _axes(ctx):
+    axis, ndim = ctx.attrs.get("axis"), len(ctx.input_shapes[0])
+    return tuple(range(ndim)) if axis is None else axis
+
+
+def _softmax_rule(ctx, g):
+    (y,), axis = ctx.outputs, ctx.attrs.get("axis", -1)
+    return [y * (g - (g * y).sum(dim=axis, keepdim=True))]
+
+
+def _log_softmax_rule(ctx, g):
+    (y,), axis = ctx.outputs, ctx.attrs.get("axis", -1)
+    return [g - y.exp() * g.sum(dim=axis, keepdim=True)]
+
+
+def _cumsum_rule(ctx, g):
+    """x[i] feeds y[j] for every j >= i: its gradient is the sum of g from i on (a reversed cumsum)."""
+    axis = ctx.attrs["axis"]
+    return [g.sum(dim=axis, keepdim=True) - g.cumsum(axis) + g]
+
+
+def _topk_rule(ctx, grads):
+    g, _ = grads
+    (x,), (_, indices) = ctx.inputs, ctx.outputs
+    axis = ctx.attrs["axis"]
+    return [zeros_like(x, dtype=g.dtype).scatter_add_(axis, indices, g)]
+
+
+_RULES = {"reduce_sum": _sum_rule, "reduce_mean": _mean_rule, "reduce_max": _extremum_rule,
+          "reduce_min": _extremum_rule, "softmax": _softmax_rule, "log_softmax": _log_softmax_rule,
+          "cumsum": _cumsum_rule, "topk": _topk_rule}
+
+
 for _name in REDUCE_OPS:
-    register_op(OpDef(_name, _reduction(_name), kernel_attrs=("axis", "keepdims"),
+    register_op(OpDef(_name, _reduction(_name), kernel_attrs=("axis", "keepdims"), backward=_RULES.get(_name),
                       doc=f"{_name} over attrs['axis'] (None: all), keepdims"))
 for _name in ("softmax", "log_softmax"):
-    register_op(OpDef(_name, _infer_softmax(_name), kernel_attrs=("axis",), doc=f"{_name} along attrs['axis']"))
-register_op(OpDef("cumsum", _infer_cumsum, kernel_attrs=("axis",),
+    register_op(OpDef(_name, _infer_softmax(_name), kernel_attrs=("axis",), backward=_RULES[_name],
+                      doc=f"{_name} along attrs['axis']"))
+register_op(OpDef("cumsum", _infer_cumsum, kernel_attrs=("axis",), backward=_cumsum_rule,
                   doc="running sum along attrs['axis'] (integers sum in int64)"))
-register_op(OpDef("topk", _infer_topk, kernel_attrs=("k", "axis", "largest"),
+register_op(OpDef("topk", _infer_topk, kernel_attrs=("k", "axis", "largest"), backward=_topk_rule,
                   doc="the k largest (or smallest) elements along attrs['axis'], sorted, and their indices"))

@@ -1,0 +1,152 @@
+"""Backward: from the loss's gradient to every leaf's ``.grad`` (PyTorch's engine, in a page).
+
+1. **Graph**: from the roots' nodes, follow the edges and count, for every node,
+   how many edges lead into it (its dependencies).
+2. **Order**: a node runs once every node that feeds it a gradient has run
+   (Kahn's algorithm over the counts); its output gradients are the sums of
+   what arrived.  A missing output gradient is zeros.
+3. **Rules**: ``node.rule(node, grads)`` returns one gradient per input (None
+   for inputs that need none).  The rules are written with the public ops, so
+   every gradient is computed by ordinary VM instructions on the same streams
+   as the forward (a trace shows them).  Grad mode is off while they run,
+   unless ``create_graph`` asks to record them (for gradients of gradients).
+4. **Leaves**: ``AccumulateGrad`` adds the gradient into ``leaf.grad``; a global
+   leaf's gradient is boxed to the *dual* SBP of the leaf (B <-> P, S stays S),
+   OneFlow's convention: a broadcast parameter's gradient is a partial sum,
+   all-reduced when the optimizer uses it.
+5. Unless ``retain_graph``, every node visited frees its saved tensors: a second
+   backward through it is an error that says so.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from pyflow.autograd.graph import AccumulateGrad, edge_of, meta, requires_grad
+from pyflow.autograd.mode import set_grad_enabled
+from pyflow.errors import AutogradError, ShapeError
+
+__all__ = ["run_backward"]
+
+
+def _check_gradient(root, grad, index: int):
+    from pyflow.framework.creation import ones_like
+
+    if grad is None:
+        if root.numel() != 1:
+            raise AutogradError(f"backward: output {index} ({root.dtype}{list(root.shape)}) is not a scalar; "
+                                "grad can be implicitly created only for scalar outputs: pass gradient= "
+                                "(a tensor of the output's shape)")
+        return ones_like(root)
+    if tuple(grad.shape) != tuple(root.shape):
+        raise ShapeError(f"backward: the gradient {grad.dtype}{list(grad.shape)} for output {index} does not have "
+                         f"its shape {list(root.shape)}")
+    return grad
+
+
+def _dual(sbp):
+    from pyflow.framework.sbp import SbpParallel
+
+    return tuple(SbpParallel("partial_sum") if s.is_broadcast else SbpParallel("broadcast") if s.is_partial else s
+                 for s in sbp)
+
+
+def accumulate(leaf, grad) -> None:
+    """Add ``grad`` into ``leaf.grad`` (boxed to the dual SBP for a global leaf)."""
+    info = meta(leaf)
+    if leaf._global is not None and grad._global is not None:
+        grad = grad.to_global(leaf.placement, _dual(leaf.sbp))
+    if grad.dtype != leaf.dtype:
+        grad = grad.to(dtype=leaf.dtype)
+    # the first gradient is copied: a rule may hand one tensor to several inputs (add), or an
+    # expanded view (sum), and .grad must be the leaf's own, writable memory (zero_grad zeroes it)
+    info.grad = grad.clone() if info.grad is None else info.grad + grad
+
+
+def run_backward(roots, grads, retain_graph: bool, create_graph: bool, wanted=None) -> dict:
+    """Propagate ``grads`` from ``roots``; with ``wanted`` (tensors), return their gradients instead
+    of accumulating into leaves (``flow.autograd.grad``)."""
+    starts = []
+    for i, (root, grad) in enumerate(zip(roots, grads)):
+        if not requires_grad(root):
+            raise AutogradError(f"backward: output {i} ({root.dtype}{list(root.shape)}) does not require grad and "
+                                "has no grad_fn: no op that made it had an input with requires_grad=True")
+        starts.append((edge_of(root), _check_gradient(root, grad, i)))
+    wanted_edges = {} if wanted is None else {edge_of(t): k for k, t in enumerate(wanted)}
+    found = [None] * (0 if wanted is None else len(wanted))
+
+    # 1. the graph: dependencies of every node reachable from the roots
+    deps = collections.Counter()
+    seen, stack = set(), [edge[0] for edge, _ in starts]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for edge in node.edges:
+            if edge is not None:
+                deps[edge[0]] += 1
+                stack.append(edge[0])
+
+    # 2-4. run the nodes in dependency order
+    pending: dict = collections.defaultdict(dict)  # node -> {output_nr: summed gradient}
+
+    def deliver(edge, grad) -> None:
+        node, nr = edge
+        if edge in wanted_edges:
+            k = wanted_edges[edge]
+            found[k] = grad if found[k] is None else found[k] + grad
+        slot = pending[node]
+        slot[nr] = grad if nr not in slot else slot[nr] + grad
+
+    for edge, grad in starts:
+        deliver(edge, grad)
+    ready = collections.deque(node for node in {e[0] for e, _ in starts} if deps[node] == 0)
+    with set_grad_enabled(create_graph):
+        while ready:
+            node = ready.popleft()
+            arrived = pending.pop(node, {})
+            if isinstance(node, AccumulateGrad):
+                leaf = node.leaf()
+                if leaf is not None and wanted is None and 0 in arrived:
+                    accumulate(leaf, arrived[0])
+                continue
+            for nr, tensor_ref in node.retained.items():  # non-leaf tensors that called retain_grad()
+                t = tensor_ref()
+                if t is not None and nr in arrived:
+                    info = meta(t)
+                    info.grad = arrived[nr] if info.grad is None else info.grad + arrived[nr]
+            input_grads = _run_rule(node, arrived)
+            if not retain_graph:
+                node.free()
+            for edge, grad in zip(node.edges, input_grads):
+                if edge is None:
+                    continue
+                if grad is not None:
+                    deliver(edge, grad)
+                deps[edge[0]] -= 1
+                if deps[edge[0]] == 0:
+                    ready.append(edge[0])
+    return found
+
+
+def _run_rule(node, arrived: dict) -> list:
+    from pyflow.framework.creation import zeros_like
+
+    if node.rule is None:
+        raise AutogradError(f"op {node.name!r} has no backward rule: its inputs cannot get a gradient through it")
+    grads = [arrived.get(k) for k in range(node.n_outputs)]
+    if all(g is None for g in grads):
+        return [None] * len(node.edges)
+    node._check_not_freed()
+    grads = [g if g is not None else zeros_like(saved.tensor) for g, saved in zip(grads, node.saved_outputs)]
+    result = node.rule(node, grads if node.n_outputs > 1 else grads[0])
+    result = list(result) if isinstance(result, (list, tuple)) else [result]
+    if len(result) != len(node.edges):
+        raise AutogradError(f"the backward rule of {node.name!r} returned {len(result)} gradient(s) for "
+                            f"{len(node.edges)} input(s)")
+    for i, (grad, shape) in enumerate(zip(result, node.input_shapes)):
+        if grad is not None and node.edges[i] is not None and tuple(grad.shape) != tuple(shape):
+            raise AutogradError(f"the backward rule of {node.name!r} gave input {i} a gradient of shape "
+                                f"{list(grad.shape)}, not its shape {list(shape)}")
+    return result

@@ -1,0 +1,200 @@
+"""The tape: which op made which tensor, and what it needs for its backward (micrograd's idea, PyTorch's shape).
+
+When an op runs on tensors that require grad (and grad mode is on), its outputs
+get a ``Node``: the op's backward rule, the saved inputs and outputs, and one
+**edge** per input that requires grad, to that input's own node (or, for a
+leaf, to its ``AccumulateGrad``).  Backward walks these edges from the loss.
+
+* ``AutogradMeta`` - what a tensor knows: ``requires_grad``, ``grad``, ``grad_fn``
+  (None for a leaf), which output of its node it is, ``retains_grad``;
+* ``Node``        - one recorded op; ``saved`` holds detached copies of the
+  tensor *handles* (no data is copied) with the version each had, so a backward
+  through a tensor changed in place since is a clear error (PyTorch's rule);
+* ``AccumulateGrad`` - the node of a leaf: adds the gradient into ``leaf.grad``.
+
+Backward rules are the ops' own (``OpDef.backward``, next to each op in
+``pyflow/ops/``): ``rule(ctx, grads) -> input grads``, written with the same
+public ops, so backward runs as ordinary VM instructions.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from pyflow.autograd.mode import is_grad_enabled
+from pyflow.errors import AutogradError
+
+__all__ = ["AutogradMeta", "Node", "AccumulateGrad", "Saved", "meta", "requires_grad", "detached"]
+
+_serials = itertools.count()
+
+
+class AutogradMeta:
+    """A tensor's autograd state (``Tensor._autograd``)."""
+
+    __slots__ = ("requires_grad", "grad", "grad_fn", "output_nr", "retains_grad", "accumulator")
+
+    def __init__(self, requires_grad: bool = False, grad_fn=None, output_nr: int = 0):
+        self.requires_grad = requires_grad
+        self.grad = None
+        self.grad_fn = grad_fn
+        self.output_nr = output_nr
+        self.retains_grad = False
+        self.accumulator = None  # a leaf's AccumulateGrad, made once
+
+
+def meta(t):
+    """``t``'s AutogradMeta, made on first use."""
+    if t._autograd is None:
+        t._autograd = AutogradMeta()
+    return t._autograd
+
+
+def requires_grad(t) -> bool:
+    info = getattr(t, "_autograd", None)
+    return info is not None and info.requires_grad
+
+
+def detached(t):
+    """The same tensor (same memory, same version counter), outside any autograd history."""
+    return t.detach()
+
+
+class Saved:
+    """A tensor a backward rule needs, and the version it had when it was saved.
+
+    It is kept detached (no history), so the tape holds no cycle; a rule that runs
+    under ``create_graph`` (grad mode on) gets it back *with* its history (an
+    input's ``AutogradMeta``; an output's is its own node), so the gradient it
+    computes can be differentiated again.
+    """
+
+    __slots__ = ("tensor", "version", "name", "history")
+
+    def __init__(self, t, name: str, history=None):
+        self.tensor = detached(t)
+        self.version = t._versions.value
+        self.name = name
+        self.history = history
+
+    def unpack(self, op: str, history=None):
+        if self.tensor._versions.value != self.version:
+            raise AutogradError(
+                f"one of the tensors needed to compute the gradient of {op!r} ({self.name}, "
+                f"{self.tensor.dtype}{list(self.tensor.shape)}) was modified by an in-place operation: it is at "
+                f"version {self.tensor._versions.value}, expected version {self.version}. Do the in-place "
+                "operation on a .clone(), or after backward")
+        history = history or self.history
+        if history is None or not is_grad_enabled():
+            return self.tensor
+        with_history = detached(self.tensor)
+        with_history._autograd = history
+        return with_history
+
+
+class Node:
+    """One recorded op: its backward rule, what the rule needs, and the edges to its inputs' nodes."""
+
+    def __init__(self, name: str, rule, inputs, outputs, attrs: dict):
+        self.serial = next(_serials)
+        self.name = name
+        self.rule = rule
+        self.attrs = attrs
+        self.n_outputs = len(outputs)
+        self.output_shapes = [tuple(o.shape) for o in outputs]
+        self.output_dtypes = [o.dtype for o in outputs]
+        # per input: its edge (node, output_nr) if it requires grad, else None; Python scalars: None
+        self.edges = [edge_of(x) if requires_grad(x) else None for x in inputs]
+        self.input_shapes = [tuple(x.shape) if hasattr(x, "shape") else None for x in inputs]
+        self.input_dtypes = [x.dtype if hasattr(x, "dtype") else None for x in inputs]
+        self.input_layouts = [_layout(x) for x in inputs]
+        self.saved_inputs = [Saved(x, f"input {i}", x._autograd) if hasattr(x, "_blob") else x
+                             for i, x in enumerate(inputs)]
+        self.saved_outputs = [Saved(o, f"output {i}") for i, o in enumerate(outputs)]
+        self.retained: dict = {}  # output_nr -> weakref of an output that called retain_grad()
+        self.freed = False
+
+    # --- what a rule sees (ctx) -------------------------------------------------------------------
+
+    @property
+    def inputs(self) -> "_Unpacked":
+        """The op's inputs, each checked (its version) when the rule reads it: ``ctx.inputs[1]``
+        checks only input 1, so an input the rule does not need may have changed since (as in PyTorch,
+        which saves only what a formula needs)."""
+        self._check_not_freed()
+        return _Unpacked(self.saved_inputs, self)
+
+    @property
+    def outputs(self) -> "_Unpacked":
+        self._check_not_freed()
+        return _Unpacked(self.saved_outputs, self, outputs=True)
+
+    def needs_grad(self, i: int) -> bool:
+        """Does input ``i`` want a gradient (a rule may skip computing the others)?"""
+        return self.edges[i] is not None
+
+    def _check_not_freed(self) -> None:
+        if self.freed:
+            raise AutogradError(f"backward through {self.name!r} a second time: its saved tensors were freed by the "
+                                "first backward; pass retain_graph=True to the first backward() to keep them")
+
+    def free(self) -> None:
+        self.saved_inputs = self.saved_outputs = None
+        self.freed = True
+
+    def __repr__(self) -> str:
+        return f"<{self.name}Backward #{self.serial}>"
+
+
+class _Unpacked:
+    """A read-only list of saved values, unpacked (version-checked) one by one as they are read."""
+
+    def __init__(self, saved: list, node, outputs: bool = False):
+        self._saved, self._node, self._outputs = saved, node, outputs
+
+    def _history(self, i):
+        """An output's history is its own node's (made when asked: the node holds no cycle)."""
+        return AutogradMeta(requires_grad=True, grad_fn=self._node, output_nr=i) if self._outputs else None
+
+    def __getitem__(self, i):
+        s = self._saved[i]
+        if not isinstance(s, Saved):
+            return s
+        return s.unpack(self._node.name, self._history(i))
+
+    def __len__(self) -> int:
+        return len(self._saved)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self._saved)))
+
+
+class AccumulateGrad:
+    """A leaf's node: backward adds the incoming gradient into ``leaf.grad``."""
+
+    name = "AccumulateGrad"
+
+    def __init__(self, leaf):
+        import weakref
+
+        self.leaf = weakref.ref(leaf)
+        self.serial = next(_serials)
+        self.edges = []
+
+    def __repr__(self) -> str:
+        return f"<AccumulateGrad #{self.serial}>"
+
+
+def edge_of(t) -> tuple:
+    """(node, output_nr) where the gradient for ``t`` goes."""
+    info = meta(t)
+    if info.grad_fn is not None:
+        return info.grad_fn, info.output_nr
+    if info.accumulator is None:
+        info.accumulator = AccumulateGrad(t)
+    return info.accumulator, 0
+
+
+def _layout(x):
+    info = getattr(x, "_global", None)
+    return None if info is None else (info.placement, info.sbp)

@@ -1,0 +1,210 @@
+"""Gradients of what is not an op: views, indexing, ``x[i] = v``, and moving between local and global.
+
+These Tensor methods do not go through the interpreter (a view is new metadata
+over the same memory), so autograd wraps them (``install``) and records a Node
+for each, with these rules (``g`` is the result's gradient):
+
+============================  ==================================================================
+``reshape``, ``view``,        ``g.reshape(input shape)``
+``squeeze``, ``unsqueeze``
+``permute``                   ``g.permute(inverse permutation)``
+``expand``                    ``g`` summed over the expanded dims (``sum_to``)
+``narrow``, ``x[index]``      zeros of the input's shape with ``g`` added at the elements the index
+                              selected; an index may select an element twice (``x[[0, 0]]``), so
+                              the positions come from indexing ``arange(numel)`` the same way,
+                              and ``index_add`` sums
+``x[index] = v`` (in place)   x's history gets ``g`` with the written elements zeroed; ``v`` gets
+                              ``g[index]`` summed to its shape
+``to_global``, ``to_local``   ``g`` boxed back to the input's placement, with the *dual* SBP
+                              (B <-> P, S stays): e.g. the local tensors that became a B tensor
+                              get parallel_id 0's share of the gradient, the others zeros
+============================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from pyflow.autograd.graph import requires_grad
+from pyflow.autograd.mode import is_grad_enabled
+from pyflow.autograd.record import Recorder, record_unary_view
+from pyflow.framework.tensor import Tensor
+
+__all__ = ["install", "sum_to"]
+
+
+def sum_to(grad: Tensor, shape: tuple) -> Tensor:
+    """``grad`` summed over the dims broadcasting added, back to ``shape``."""
+    shape = tuple(shape)
+    if tuple(grad.shape) == shape:
+        return grad
+    lead = grad.ndim - len(shape)
+    dims = list(range(lead)) + [lead + d for d, n in enumerate(shape) if n == 1 and grad.shape[lead + d] != 1]
+    summed = grad.sum(dim=tuple(dims), keepdim=True) if dims else grad
+    return summed.reshape(shape)
+
+
+def _reshape_rule(ctx, g):
+    return [g.reshape(ctx.input_shapes[0])]
+
+
+def _permute_rule(ctx, g):
+    dims = ctx.attrs["dims"]
+    inverse = [0] * len(dims)
+    for i, d in enumerate(dims):
+        inverse[d] = i
+    return [g.permute(inverse)]
+
+
+def _expand_rule(ctx, g):
+    return [sum_to(g, ctx.input_shapes[0])]
+
+
+def _scatter_into_zeros(shape, dtype, g, index):
+    """Zeros of ``shape`` with ``g`` added at the elements ``[index]`` selects (duplicates add up)."""
+    from pyflow.framework.creation import arange, zeros
+
+    n = math.prod(shape)
+    if g.is_global:
+        b = tuple(type(s)("broadcast") for s in g.sbp)
+        positions = arange(n).to_global(g.placement, b)
+        flat = zeros(n, dtype=dtype, placement=g.placement, sbp=b)
+    else:
+        positions, flat = arange(n, device=g.device), zeros(n, dtype=dtype, device=g.device)
+    flat.index_add_(0, positions.reshape(shape)[index].reshape(-1), g.reshape(-1))
+    return flat.reshape(shape)
+
+
+def _index_rule(ctx, g):
+    return [_scatter_into_zeros(ctx.input_shapes[0], g.dtype, g, ctx.attrs["index"])]
+
+
+def _narrow_rule(ctx, g):
+    d, start, length = ctx.attrs["dim"], ctx.attrs["start"], ctx.attrs["length"]
+    index = (slice(None),) * d + (slice(start, start + length),)
+    return _index_rule(_With(ctx, {"index": index}), g)
+
+
+class _With:
+    """``ctx`` with other attrs (so one rule can serve another)."""
+
+    def __init__(self, ctx, attrs):
+        self._ctx, self.attrs = ctx, attrs
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+
+def _setitem_rule(ctx, g):
+    index = ctx.attrs["index"]
+    grads = [None, None]
+    if ctx.needs_grad(0):
+        kept = g.clone()
+        kept[index] = 0.0
+        grads[0] = kept
+    if ctx.needs_grad(1):
+        grads[1] = sum_to(g[index], ctx.input_shapes[1])
+    return grads
+
+
+def _dual(sbp):
+    from pyflow.framework.sbp import SbpParallel
+
+    return tuple(SbpParallel("partial_sum") if s.is_broadcast else SbpParallel("broadcast") if s.is_partial else s
+                 for s in sbp)
+
+
+def _to_global_rule(ctx, g):
+    layout = ctx.input_layouts[0]
+    if layout is not None:  # global -> global: box back, to the dual SBP
+        return [g.to_global(layout[0], _dual(layout[1]))]
+    placement, sbp = ctx.attrs["placement"], ctx.attrs["sbp"]  # local -> global: each rank's share
+    return [g.to_global(placement, _dual(sbp)).to_local()]
+
+
+def _to_local_rule(ctx, g):
+    placement, sbp = ctx.input_layouts[0]
+    return [g.to_global(placement, _dual(sbp))]
+
+
+def _view_method(method, name, rule, attrs_of=None):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        result = method(self, *args, **kwargs)
+        if is_grad_enabled() and requires_grad(self):
+            record_unary_view(name, rule, self, result, attrs_of(self, result, *args) if attrs_of else None)
+        return result
+    return wrapper
+
+
+def _permute_attrs(self, result, *dims):
+    dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+    return {"dims": [d % max(self.ndim, 1) for d in dims]}
+
+
+def _narrow_attrs(self, result, dim, start, length):
+    d = dim % self.ndim
+    return {"dim": d, "start": start % self.shape[d] if start < 0 else start, "length": length}
+
+
+def _getitem(method):
+    @functools.wraps(method)
+    def wrapper(self, index):
+        result = method(self, index)
+        if is_grad_enabled() and requires_grad(self):
+            record_unary_view("index", _index_rule, self, result, {"index": index})
+        return result
+    return wrapper
+
+
+def _setitem(method):
+    @functools.wraps(method)
+    def wrapper(self, index, value):
+        recording = is_grad_enabled() and (requires_grad(self) or requires_grad(value))
+        if recording:
+            Recorder().check_inplace("setitem", [self])
+        method(self, index, value)
+        if recording:
+            from pyflow.autograd.graph import AutogradMeta, Node
+
+            node = Node("setitem", _setitem_rule, [self, value], [self], {"index": index})
+            self._autograd = AutogradMeta(requires_grad=True, grad_fn=node, output_nr=0)
+    return wrapper
+
+
+def _to_global(method):
+    @functools.wraps(method)
+    def wrapper(self, placement=None, sbp=None):
+        result = method(self, placement, sbp)
+        if result is not self and is_grad_enabled() and requires_grad(self):
+            record_unary_view("to_global", _to_global_rule, self, result,
+                              {"placement": result.placement, "sbp": result.sbp})
+        return result
+    return wrapper
+
+
+def _to_local(method):
+    @functools.wraps(method)
+    def wrapper(self):
+        result = method(self)
+        if result is not self and is_grad_enabled() and requires_grad(self):
+            record_unary_view("to_local", _to_local_rule, self, result)
+        return result
+    return wrapper
+
+
+def install() -> None:
+    """Wrap the view and indexing methods (after pyflow.distributed has made them global-aware)."""
+    if getattr(Tensor, "_autograd_views_installed", False):
+        return
+    for name in ("view", "reshape", "squeeze", "unsqueeze"):
+        setattr(Tensor, name, _view_method(getattr(Tensor, name), name, _reshape_rule))
+    Tensor.permute = _view_method(Tensor.permute, "permute", _permute_rule, _permute_attrs)
+    Tensor.expand = _view_method(Tensor.expand, "expand", _expand_rule)
+    Tensor.narrow = _view_method(Tensor.narrow, "narrow", _narrow_rule, _narrow_attrs)
+    Tensor.__getitem__ = _getitem(Tensor.__getitem__)
+    Tensor.__setitem__ = _setitem(Tensor.__setitem__)
+    Tensor.to_global = _to_global(Tensor.to_global)
+    Tensor.to_local = _to_local(Tensor.to_local)
+    Tensor._autograd_views_installed = True

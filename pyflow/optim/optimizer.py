@@ -1,0 +1,281 @@
+"""``Optimizer``: the base class of every optimizer (parameter groups, state, ``step``, ``state_dict``).
+
+An optimizer holds *references* to the parameters it updates, never copies:
+
+* ``param_groups`` - a list of dicts.  Each has ``"params"`` (a list of leaf tensors
+  that require grad) and one value per hyperparameter (``"lr"``, ``"momentum"``...).
+  A group's own values override the optimizer's ``defaults``, so two layers can
+  train with two learning rates.  A scheduler (``pyflow/optim/lr_scheduler.py``)
+  changes ``group["lr"]`` between steps.
+* ``state`` - a dict from parameter to that parameter's own dict (a momentum
+  buffer, Adam's moving averages, a step count).  It fills in on the first step.
+* ``step()`` - for every parameter whose ``.grad`` is set, in every group, call
+  the subclass's ``_update(p, grad, group, state)``.  That runs under
+  ``flow.no_grad()`` and changes ``p`` **in place** with ordinary tensor ops
+  (``p.add_(...)``, ``buf.mul_(...)``).  Each op is a VM instruction on the
+  parameter's device and stream, so a trace of a training step shows every
+  update, after the backward instructions that made the gradients (the VM orders
+  them by the tensors they read and write).
+* ``zero_grad()`` - forget the gradients before the next backward (which *adds*
+  into ``.grad``).
+* ``state_dict()`` / ``load_state_dict()`` - PyTorch's checkpoint format.
+  ``"param_groups"`` lists each group's hyperparameters, with its parameters
+  replaced by integer ids (0, 1, 2... in group order).  ``"state"`` maps those
+  ids to the per-parameter state.
+
+**Global parameters** (``pyflow/distributed``).  OneFlow's convention: the gradient
+of a global parameter has the *dual* SBP of the parameter.  A parameter broadcast
+on every rank (B) gets a partial-sum gradient (P): each rank holds the gradient
+of its own slice of the batch, and the true gradient is their sum.
+``_gradient`` boxes it to the parameter's SBP before use,
+``g.to_global(placement=p.placement, sbp=p.sbp)``.  P -> B is an all-reduce, the
+one collective of data-parallel training.  The update then runs on every rank's
+piece, and the state tensors (``flow.zeros_like(p)``) are global with the
+parameter's layout.
+
+>>> import pyflow as flow
+>>> w = flow.tensor([1.0, 2.0], requires_grad=True)
+>>> b = flow.tensor([0.5], requires_grad=True)
+>>> opt = flow.optim.SGD([{"params": [w]}, {"params": [b], "lr": 1.0}], lr=0.1)
+>>> w.grad, b.grad = flow.tensor([1.0, -1.0]), flow.tensor([0.25])
+>>> opt.step()
+>>> w.tolist(), b.tolist()
+([0.9, 2.1], [0.25])
+>>> opt.state_dict()["param_groups"][1]["params"], opt.param_groups[1]["lr"]
+([1], 1.0)
+>>> opt.zero_grad()
+>>> w.grad is None
+True
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import numbers
+from collections.abc import Callable, Iterable
+
+from pyflow.autograd import enable_grad, no_grad
+from pyflow.errors import ArgumentTypeError, OptimizerError
+from pyflow.framework.tensor import Tensor
+
+__all__ = ["Optimizer", "OptimizerError"]
+
+
+def _describe(p: Tensor) -> str:
+    where = f"global on {p.placement} with sbp {p.sbp}" if p.is_global else f"on {p.device}"
+    return f"{p.dtype}{list(p.shape)} {where}"
+
+
+def check_range(name: str, value, low: float, high: float | None = None, *, high_open: bool = True) -> None:
+    """Raise ``OptimizerError`` unless ``low <= value`` (and ``value < high``, or ``<=`` if not ``high_open``)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        upper = "" if high is None else f" and {'<' if high_open else '<='} {high}"
+        raise OptimizerError(f"invalid {name}: {value!r} (it must be a number >= {low}{upper})")
+
+
+class Optimizer:
+    """Base class: holds ``param_groups`` and ``state``; subclasses write ``_update`` (and
+    ``_check_group`` for their hyperparameters).
+
+    ``params``: an iterable of tensors (one group), or of dicts, each with ``"params"``
+    and any hyperparameters that differ from ``defaults`` for that group.
+    """
+
+    def __init__(self, params: Iterable, defaults: dict) -> None:
+        if isinstance(params, Tensor) or isinstance(params, dict):
+            raise ArgumentTypeError(f"{type(self).__name__}: params must be an iterable of tensors or of dicts "
+                                    f"(param groups), got a single {type(params).__name__}; wrap it in a list")
+        if isinstance(params, (set, frozenset)):
+            raise ArgumentTypeError(f"{type(self).__name__}: params must be an ordered iterable (a list), not a set: "
+                                    "state_dict() refers to parameters by their position")
+        self.defaults = dict(defaults)
+        self.param_groups: list[dict] = []
+        self.state: dict = collections.defaultdict(dict)   # parameter -> its state dict
+        groups = list(params)
+        if not groups:
+            raise OptimizerError(f"{type(self).__name__} got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
+
+    # --- parameter groups ----------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group (``{"params": [...], "lr": ...}``); missing hyperparameters take the defaults.
+
+        Every parameter must be a leaf tensor that requires grad, and belong to one group only.
+        """
+        name = type(self).__name__
+        if not isinstance(param_group, dict):
+            raise ArgumentTypeError(f"{name}: a param group must be a dict, got {type(param_group).__name__}")
+        if "params" not in param_group:
+            raise OptimizerError(f"{name}: a param group needs a 'params' entry, got keys {sorted(param_group)}")
+        group = dict(param_group)
+        params = group["params"]
+        if isinstance(params, (set, frozenset)):
+            raise ArgumentTypeError(f"{name}: a group's params must be ordered (a list), not a set")
+        group["params"] = params = [params] if isinstance(params, Tensor) else list(params)
+        for i, p in enumerate(params):
+            self._check_param(p, i)
+        seen = {id(q) for other in self.param_groups for q in other["params"]}
+        for i, p in enumerate(params):
+            if id(p) in seen:
+                raise OptimizerError(f"{name}: parameter {i} of the new group ({_describe(p)}) is listed twice "
+                                     "(in this group or in an earlier one); each parameter belongs to one group")
+            seen.add(id(p))
+        for key, default in self.defaults.items():
+            group.setdefault(key, default)
+        self._check_group(group)
+        self.param_groups.append(group)
+
+    def _check_param(self, p, index: int) -> None:
+        name = type(self).__name__
+        if not isinstance(p, Tensor):
+            raise ArgumentTypeError(f"{name}: parameter {index} is a {type(p).__name__}, not a tensor")
+        if not p.is_leaf:
+            raise OptimizerError(f"{name}: parameter {index} ({_describe(p)}) is not a leaf tensor (it was computed "
+                                 f"by op {getattr(p.grad_fn, 'name', p.grad_fn)!r}); optimize the tensor it was computed from, or a "
+                                 ".detach().requires_grad_() copy")
+        if not p.requires_grad:
+            raise OptimizerError(f"{name}: parameter {index} ({_describe(p)}) does not require grad: backward "
+                                 "would never give it a gradient; call .requires_grad_() on it first")
+
+    def _check_group(self, group: dict) -> None:
+        """Validate one group's hyperparameters (subclasses extend this); the base checks ``lr``."""
+        check_range(f"learning rate (lr) of {type(self).__name__}", group.get("lr"), 0.0)
+
+    # --- gradients and the step --------------------------------------------------------------
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget every parameter's gradient: ``p.grad = None`` (the default, which frees the memory), or,
+        with ``set_to_none=False``, fill the existing gradients with zeros in place."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                grad = p.grad
+                if grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    if grad.grad_fn is not None:   # a gradient recorded with create_graph: cut it loose
+                        grad = p.grad = grad.detach()
+                    with no_grad():
+                        grad.zero_()
+
+    def step(self, closure: Callable | None = None):
+        """One update of every parameter that has a gradient; returns ``closure()``'s loss, if given.
+
+        ``closure`` (re-evaluates the model and returns the loss) runs first, with grad mode on.
+        """
+        loss = None
+        if closure is not None:
+            with enable_grad():
+                loss = closure()
+        with no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        self._update(p, self._gradient(p, group), group, self.state[p])
+        return loss
+
+    def _gradient(self, p: Tensor, group: dict) -> Tensor:
+        """``p.grad``, boxed to ``p``'s SBP when ``p`` is global, negated when ``group["maximize"]``."""
+        grad = p.grad
+        if p.is_global and grad.is_global and (grad.placement != p.placement or tuple(grad.sbp) != tuple(p.sbp)):
+            grad = grad.to_global(placement=p.placement, sbp=p.sbp)   # B's gradient is P: an all-reduce
+        if group.get("maximize", False):
+            grad = -grad
+        return grad
+
+    def _update(self, p: Tensor, grad: Tensor, group: dict, state: dict) -> None:
+        """Change ``p`` in place, using its gradient, its group's hyperparameters and its state."""
+        raise NotImplementedError(f"{type(self).__name__} does not define _update (the update rule)")
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """``{"state": {id: {...}}, "param_groups": [{..., "params": [ids]}]}`` (PyTorch's format).
+
+        A snapshot: the state tensors are cloned, so later steps do not change it (PyTorch
+        returns references instead).
+        """
+        ids: dict[int, int] = {}
+        groups = []
+        for group in self.param_groups:
+            packed = {key: copy.deepcopy(value) for key, value in group.items() if key != "params"}
+            packed["params"] = [ids.setdefault(id(p), len(ids)) for p in group["params"]]
+            groups.append(packed)
+        state = {ids[id(p)]: {key: _copied(value) for key, value in per_param.items()}
+                 for p, per_param in self.state.items() if per_param and id(p) in ids}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Take hyperparameters and state from ``state_dict`` (made by ``state_dict()`` of an optimizer
+        of the same kind with groups of the same sizes); the parameters stay this optimizer's own.
+
+        State tensors are copied onto each parameter's device (and layout, for a global one)
+        and, when floating point, cast to its dtype.
+        """
+        name = type(self).__name__
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            raise OptimizerError(f"{name}.load_state_dict: expected a dict with 'state' and 'param_groups' "
+                                 f"(from state_dict()), got {type(state_dict).__name__}")
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise OptimizerError(f"{name}.load_state_dict: the state dict has {len(saved_groups)} param groups, "
+                                 f"this optimizer {len(self.param_groups)}")
+        by_id = {}
+        for k, (group, saved) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(group["params"]) != len(saved["params"]):
+                raise OptimizerError(f"{name}.load_state_dict: param group {k} has {len(saved['params'])} "
+                                     f"parameters in the state dict, {len(group['params'])} here")
+            by_id.update(zip(saved["params"], group["params"]))
+        state = collections.defaultdict(dict)
+        for key, per_param in state_dict["state"].items():
+            if key not in by_id:
+                raise OptimizerError(f"{name}.load_state_dict: state for parameter id {key!r}, which no param "
+                                     f"group lists (ids: {sorted(by_id)})")
+            p = by_id[key]
+            state[p] = {entry: _onto(value, p, entry) for entry, value in per_param.items()}
+        groups = []
+        for group, saved in zip(self.param_groups, saved_groups):
+            loaded = {key: copy.deepcopy(value) for key, value in saved.items() if key != "params"}
+            loaded["params"] = group["params"]
+            self._check_group(loaded)
+            groups.append(loaded)
+        self.param_groups, self.state = groups, state
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for k, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {k}")
+            lines += [f"    {key}: {group[key]}" for key in sorted(group) if key != "params"]
+        return "\n".join(lines + [")"])
+
+
+def _copied(value):
+    """A state entry for a state dict: tensors cloned, anything else deep-copied."""
+    if isinstance(value, Tensor):
+        with no_grad():
+            return value.clone()
+    return copy.deepcopy(value)
+
+
+def _onto(value, p: Tensor, entry: str):
+    """A loaded state entry, as a new tensor with ``p``'s device (or placement and SBP) and float dtype."""
+    if not isinstance(value, Tensor):
+        return copy.deepcopy(value)
+    with no_grad():
+        if value.dtype.kind == "f" and p.dtype.kind == "f" and entry != "step":
+            value = value.to(dtype=p.dtype)
+        if p.is_global:
+            if not value.is_global:
+                raise OptimizerError(f"load_state_dict: state {entry!r} of global parameter {_describe(p)} is a "
+                                     "local tensor; save it from an optimizer of global parameters")
+            return value.to_global(placement=p.placement, sbp=p.sbp).clone()
+        return value.to(device=p.device, copy=True)
