@@ -1,6 +1,46 @@
-"""``flow.nn``: neural-network building blocks.  For now only ``flow.nn.functional``
-(convolution and pooling on tensors); ``Module`` and the layers come in a later issue."""
+"""``flow.nn``: neural-network building blocks, with PyTorch's names, weights and semantics.
 
-from pyflow.nn import functional
+* ``parameter``  - ``Parameter``: a leaf tensor that a module trains
+* ``module``     - ``Module``: registration, ``parameters()``, ``state_dict()``, ``train()``/``eval()``, ``to()``
+* ``state_dict`` - the checks ``load_state_dict`` makes before it writes anything
+* ``container``  - ``Sequential``, ``ModuleList``
+* ``linear``     - ``Linear``, ``Flatten``, ``Identity``
+* ``conv``       - ``Conv2d``, ``MaxPool2d``, ``AvgPool2d``
+* ``activation`` - ``ReLU``, ``Tanh``, ``Sigmoid``, ``Softmax``, ``LogSoftmax``
+* ``batchnorm``  - ``BatchNorm1d``, ``BatchNorm2d``
+* ``sparse``     - ``Embedding``
+* ``rnn``        - ``LSTMCell``, ``LSTM``
+* ``dropout``    - ``Dropout``
+* ``loss``       - ``MSELoss``, ``CrossEntropyLoss``, ``NLLLoss``
+* ``functional`` - the same computations as functions (``F.linear``, ``F.cross_entropy``...)
+* ``init``       - in-place initialisations (``xavier_uniform_``, ``kaiming_uniform_``...)
 
-__all__ = ["functional"]
+Layers are compositions of the public tensor ops: there is no kernel and no
+backward rule in this package; autograd differentiates the ops they are made of.
+
+>>> import pyflow as flow
+>>> from pyflow import nn
+>>> flow.manual_seed(0)
+>>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+>>> loss = nn.CrossEntropyLoss()(model(flow.randn(5, 4)), flow.tensor([0, 1, 2, 0, 1]))
+>>> loss.backward()
+>>> [tuple(p.grad.shape) for p in model.parameters()]
+[(8, 4), (8,), (3, 8), (3,)]
+"""
+
+from pyflow.nn import functional, init
+from pyflow.nn.activation import LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
+from pyflow.nn.batchnorm import BatchNorm1d, BatchNorm2d
+from pyflow.nn.container import ModuleList, Sequential
+from pyflow.nn.conv import AvgPool2d, Conv2d, MaxPool2d
+from pyflow.nn.dropout import Dropout
+from pyflow.nn.linear import Flatten, Identity, Linear
+from pyflow.nn.loss import CrossEntropyLoss, MSELoss, NLLLoss
+from pyflow.nn.module import Module
+from pyflow.nn.parameter import Parameter
+from pyflow.nn.rnn import LSTM, LSTMCell
+from pyflow.nn.sparse import Embedding
+
+__all__ = ["functional", "init", "Parameter", "Module", "Sequential", "ModuleList", "Linear", "Flatten", "Identity",
+           "Conv2d", "MaxPool2d", "AvgPool2d", "ReLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "BatchNorm1d",
+           "BatchNorm2d", "Embedding", "LSTMCell", "LSTM", "Dropout", "MSELoss", "CrossEntropyLoss", "NLLLoss"]

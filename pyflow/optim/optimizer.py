@@ -138,8 +138,9 @@ class Optimizer:
         if not isinstance(p, Tensor):
             raise ArgumentTypeError(f"{name}: parameter {index} is a {type(p).__name__}, not a tensor")
         if not p.is_leaf:
+            op = getattr(p.grad_fn, "name", p.grad_fn)
             raise OptimizerError(f"{name}: parameter {index} ({_describe(p)}) is not a leaf tensor (it was computed "
-                                 f"by op {getattr(p.grad_fn, 'name', p.grad_fn)!r}); optimize the tensor it was computed from, or a "
+                                 f"by op {op!r}); optimize the tensor it was computed from, or a "
                                  ".detach().requires_grad_() copy")
         if not p.requires_grad:
             raise OptimizerError(f"{name}: parameter {index} ({_describe(p)}) does not require grad: backward "
