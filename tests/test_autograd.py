@@ -166,6 +166,25 @@ def test_changing_a_saved_tensor_in_place_is_an_error_naming_the_op():
         z.sum().backward()
 
 
+def test_only_the_saved_tensors_a_rule_reads_are_checked():
+    """relu's rule reads its output, not its input (PyTorch saves only that): changing the input is fine."""
+    x = leaf([1.0, -2.0])
+    h = x * 1.0
+    y = h.relu()
+    with flow.no_grad():
+        h.mul_(10.0)
+    y.sum().backward()
+    assert x.grad.tolist() == [1.0, 0.0]
+
+
+def test_a_second_backward_through_ops_that_saved_nothing_is_allowed():
+    x = leaf([1.0, 2.0])
+    z = x + 1.0
+    z.sum().backward()
+    z.sum().backward()   # add needs no saved tensor (PyTorch allows this too)
+    assert x.grad.tolist() == [2.0, 2.0]
+
+
 def test_an_in_place_op_on_a_leaf_that_requires_grad_is_an_error():
     x = leaf([1.0, 2.0])
     with pytest.raises(AutogradError, match="leaf"):
@@ -290,3 +309,41 @@ def test_data_parallel_gradient_of_a_broadcast_parameter_is_a_partial_sum_that_a
     for sbp, grad in flow.distributed.run(per_rank, world_size=2):
         assert sbp == (flow.sbp.partial_sum,)
         np.testing.assert_allclose(grad, expected, rtol=1e-12)
+
+
+def test_data_parallel_training_on_two_ranks_equals_training_on_one():
+    """A model made global (parameters B, batch S(0)), three SGD steps: the same parameters as one rank
+    training on the whole batch. The partial-sum gradients are all-reduced by the optimizer."""
+    rng = np.random.default_rng(3)
+    x_all, y_all = rng.standard_normal((8, 3)), rng.integers(0, 2, 8)
+
+    def model_and_optimizer():
+        flow.manual_seed(0)
+        model = flow.nn.Sequential(flow.nn.Linear(3, 4), flow.nn.Tanh(), flow.nn.Linear(4, 2)).double()
+        return model, flow.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+
+    def train(model, opt, x, y):
+        for _ in range(3):
+            loss = flow.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    model, opt = model_and_optimizer()
+    train(model, opt, flow.tensor(x_all), flow.tensor(y_all))
+    expected = {k: v.numpy() for k, v in model.state_dict().items()}
+
+    def per_rank():
+        ranks = flow.placement("cpu", [0, 1])
+        model, opt = model_and_optimizer()
+        model.to_global(ranks, flow.sbp.broadcast)
+        x = flow.tensor(x_all, placement=ranks, sbp=flow.sbp.split(0))
+        y = flow.tensor(y_all, placement=ranks, sbp=flow.sbp.split(0))
+        train(model, opt, x, y)
+        grad_sbp = next(iter(model.parameters())).grad.sbp
+        return grad_sbp, {k: v.numpy() for k, v in model.state_dict().items()}
+
+    for grad_sbp, state in flow.distributed.run(per_rank, world_size=2):
+        assert grad_sbp == (flow.sbp.partial_sum,)
+        for key, value in state.items():
+            np.testing.assert_allclose(value, expected[key], rtol=1e-12, err_msg=key)

@@ -10,7 +10,8 @@
    every gradient is computed by ordinary VM instructions on the same streams
    as the forward (a trace shows them).  Grad mode is off while they run,
    unless ``create_graph`` asks to record them (for gradients of gradients).
-4. **Leaves**: ``AccumulateGrad`` adds the gradient into ``leaf.grad``; a global
+4. **Leaves**: ``AccumulateGrad`` adds the gradient into ``leaf.grad`` (in place,
+   after the first: the same tensor across backwards, as in PyTorch); a global
    leaf's gradient is boxed to the *dual* SBP of the leaf (B <-> P, S stays S),
    OneFlow's convention: a broadcast parameter's gradient is a partial sum,
    all-reduced when the optimizer uses it.
@@ -22,8 +23,8 @@ from __future__ import annotations
 
 import collections
 
-from pyflow.autograd.graph import AccumulateGrad, edge_of, meta, requires_grad
-from pyflow.autograd.mode import set_grad_enabled
+from pyflow.autograd.graph import AccumulateGrad, edge_of, meta, requires_grad, zeros_at
+from pyflow.autograd.mode import is_grad_enabled, set_grad_enabled
 from pyflow.errors import AutogradError, ShapeError
 
 __all__ = ["run_backward"]
@@ -58,9 +59,14 @@ def accumulate(leaf, grad) -> None:
         grad = grad.to_global(leaf.placement, _dual(leaf.sbp))
     if grad.dtype != leaf.dtype:
         grad = grad.to(dtype=leaf.dtype)
-    # the first gradient is copied: a rule may hand one tensor to several inputs (add), or an
-    # expanded view (sum), and .grad must be the leaf's own, writable memory (zero_grad zeroes it)
-    info.grad = grad.clone() if info.grad is None else info.grad + grad
+    if info.grad is None:
+        # copied: a rule may hand one tensor to several inputs (add), or an expanded view (sum),
+        # and .grad must be the leaf's own, writable memory (zero_grad zeroes it, later backwards add)
+        info.grad = grad.clone()
+    elif is_grad_enabled() or not info.grad.is_contiguous():   # create_graph: the sum is recorded
+        info.grad = info.grad + grad
+    else:
+        info.grad.add_(grad)   # in place: .grad stays the same tensor across backwards, as in PyTorch
 
 
 def run_backward(roots, grads, retain_graph: bool, create_graph: bool, wanted=None) -> dict:
@@ -131,15 +137,13 @@ def run_backward(roots, grads, retain_graph: bool, create_graph: bool, wanted=No
 
 
 def _run_rule(node, arrived: dict) -> list:
-    from pyflow.framework.creation import zeros_like
-
     if node.rule is None:
         raise AutogradError(f"op {node.name!r} has no backward rule: its inputs cannot get a gradient through it")
     grads = [arrived.get(k) for k in range(node.n_outputs)]
     if all(g is None for g in grads):
         return [None] * len(node.edges)
-    node._check_not_freed()
-    grads = [g if g is not None else zeros_like(saved.tensor) for g, saved in zip(grads, node.saved_outputs)]
+    grads = [g if g is not None else zeros_at(shape, dtype, place)
+             for g, shape, dtype, place in zip(grads, node.output_shapes, node.output_dtypes, node.output_places)]
     result = node.rule(node, grads if node.n_outputs > 1 else grads[0])
     result = list(result) if isinstance(result, (list, tuple)) else [result]
     if len(result) != len(node.edges):

@@ -9,7 +9,9 @@ leaf, to its ``AccumulateGrad``).  Backward walks these edges from the loss.
   (None for a leaf), which output of its node it is, ``retains_grad``;
 * ``Node``        - one recorded op; ``saved`` holds detached copies of the
   tensor *handles* (no data is copied) with the version each had, so a backward
-  through a tensor changed in place since is a clear error (PyTorch's rule);
+  through a tensor changed in place since is a clear error (PyTorch's rule).
+  Backward frees them (unless ``retain_graph``); a second backward through the
+  node is an error only if its rule reads them (``add``'s does not, as in PyTorch);
 * ``AccumulateGrad`` - the node of a leaf: adds the gradient into ``leaf.grad``.
 
 Backward rules are the ops' own (``OpDef.backward``, next to each op in
@@ -103,11 +105,13 @@ class Node:
         self.n_outputs = len(outputs)
         self.output_shapes = [tuple(o.shape) for o in outputs]
         self.output_dtypes = [o.dtype for o in outputs]
+        self.output_places = [_layout(o) or o.device for o in outputs]   # for zeros of an unused output
         # per input: its edge (node, output_nr) if it requires grad, else None; Python scalars: None
         self.edges = [edge_of(x) if requires_grad(x) else None for x in inputs]
         self.input_shapes = [tuple(x.shape) if hasattr(x, "shape") else None for x in inputs]
         self.input_dtypes = [x.dtype if hasattr(x, "dtype") else None for x in inputs]
         self.input_layouts = [_layout(x) for x in inputs]
+        self.input_places = [_layout(x) or x.device if hasattr(x, "_blob") else None for x in inputs]
         self.saved_inputs = [Saved(x, f"input {i}", x._autograd) if hasattr(x, "_blob") else x
                              for i, x in enumerate(inputs)]
         self.saved_outputs = [Saved(o, f"output {i}") for i, o in enumerate(outputs)]
@@ -128,6 +132,10 @@ class Node:
     def outputs(self) -> "_Unpacked":
         self._check_not_freed()
         return _Unpacked(self.saved_outputs, self, outputs=True)
+
+    def zeros_like_input(self, i: int, dtype=None):
+        """Zeros of input ``i``'s shape where it was (its device, or its placement, broadcast)."""
+        return zeros_at(self.input_shapes[i], dtype or self.input_dtypes[i], self.input_places[i])
 
     def needs_grad(self, i: int) -> bool:
         """Does input ``i`` want a gradient (a rule may skip computing the others)?"""
@@ -183,6 +191,16 @@ class AccumulateGrad:
 
     def __repr__(self) -> str:
         return f"<AccumulateGrad #{self.serial}>"
+
+
+def zeros_at(shape, dtype, place):
+    """Zeros of ``shape`` at ``place``: a device, or a global tensor's (placement, sbp) (made broadcast)."""
+    from pyflow.framework.creation import zeros
+
+    if isinstance(place, tuple):
+        placement, sbp = place
+        return zeros(shape, dtype=dtype, placement=placement, sbp=tuple(type(s)("broadcast") for s in sbp))
+    return zeros(shape, dtype=dtype, device=place)
 
 
 def edge_of(t) -> tuple:

@@ -200,6 +200,9 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
             raise ArgumentTypeError(f"op {name!r}: expects tensors (or numbers), got {type(x).__name__}: {x!r:.60}")
     if "device" in attrs:
         attrs["device"] = args.device(attrs["device"], name)
+    if op.updates_input is not None and out is None and isinstance(inputs[op.updates_input], Tensor):
+        out = [inputs[op.updates_input].clone()]   # out of place: the op updates a copy of that input
+        inputs[op.updates_input] = out[0]
     try:
         if op.infer_device_and_stream is not None:
             device, stream = op.infer_device_and_stream(tensors, attrs)

@@ -23,6 +23,10 @@ An ``OpDef`` says everything the interpreter needs to run an op eagerly:
   wait for it); by default nothing;
 * ``sbp_signatures`` - room for the lazy compiler's SBP candidates (the eager
   ones are in ``pyflow/distributed/signatures.py``);
+* ``updates_input`` - the op writes only parts of its input ``k`` (``index_copy``,
+  ``index_add``...): called with ``out=[input k]`` it changes it in place; called
+  without ``out=``, it works on a copy of input ``k`` (the global interpreter
+  runs ops that way, piece by piece);
 * ``backward(ctx, grads) -> input grads`` - the op's gradient, written with the
   public ops (``ctx.inputs``, ``ctx.outputs``, ``ctx.attrs``, ``ctx.needs_grad(i)``;
   see ``pyflow/autograd/``); None: no gradient flows through the op.
@@ -65,6 +69,7 @@ class OpDef:
     mutable_inputs: tuple = ()
     on_failed_inputs: Callable | None = None
     backward: Callable | None = None
+    updates_input: int | None = None
     promote_inputs: tuple = ()
     floating: bool = False
     same_view_in_place: bool = False

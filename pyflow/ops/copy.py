@@ -49,7 +49,7 @@ def _launch_copy(kernel, outputs, inputs, attrs, stream):
 
 def _copy_rule(ctx, g):
     """Back to the device the input was on (the gradient of a move is the move back)."""
-    return [g.to(device=ctx.inputs[0].device)]
+    return [g.to(device=ctx.input_places[0])]
 
 
 register_op(OpDef("copy", _infer_same, kernel=None, launch=_launch_copy, backward=_copy_rule,

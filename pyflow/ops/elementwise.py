@@ -96,7 +96,7 @@ def _launch_nothing(kernel, outputs, inputs, attrs, stream):
 
 
 # --- backward rules (``pyflow/ops/_grad.py`` says what a rule is) --------------------------------------
-# x, y: the op's input and output; g: the gradient of y.  PyTorch's formulas, its choices at ties included.
+# g: the gradient of the op's output.  PyTorch's formulas, its choices at ties included.
 
 
 def _zeros_rule(ctx, g):
@@ -104,25 +104,19 @@ def _zeros_rule(ctx, g):
     return [g * 0.0]
 
 
-def _on_output(formula):
-    """A unary rule computed from ``g``, ``x`` and ``y``."""
-    def rule(ctx, g):
-        (x,), (y,) = ctx.inputs, ctx.outputs
-        return [formula(g, x, y)]
-    return rule
-
-
+# A rule reads a saved input or output (ctx.inputs[0], ctx.outputs[0]) only if its formula needs it, as
+# PyTorch saves only that: relu, exp, tanh... use their output, so changing the input in place is fine.
 _UNARY_RULES = {
-    "neg": _on_output(lambda g, x, y: -g),
-    "abs": _on_output(lambda g, x, y: g * x.sign()),
-    "relu": _on_output(lambda g, x, y: where(y > 0, g, 0.0)),
-    "sigmoid": _on_output(lambda g, x, y: g * y * (1.0 - y)),
-    "tanh": _on_output(lambda g, x, y: g * (1.0 - y * y)),
-    "exp": _on_output(lambda g, x, y: g * y),
-    "log": _on_output(lambda g, x, y: g / x),
-    "sqrt": _on_output(lambda g, x, y: g / (2.0 * y)),
-    "sin": _on_output(lambda g, x, y: g * x.cos()),
-    "cos": _on_output(lambda g, x, y: -(g * x.sin())),
+    "neg": lambda ctx, g: [-g],
+    "abs": lambda ctx, g: [g * ctx.inputs[0].sign()],
+    "relu": lambda ctx, g: [where(ctx.outputs[0] > 0, g, 0.0)],
+    "sigmoid": lambda ctx, g: [g * ctx.outputs[0] * (1.0 - ctx.outputs[0])],
+    "tanh": lambda ctx, g: [g * (1.0 - ctx.outputs[0] * ctx.outputs[0])],
+    "exp": lambda ctx, g: [g * ctx.outputs[0]],
+    "log": lambda ctx, g: [g / ctx.inputs[0]],
+    "sqrt": lambda ctx, g: [g / (2.0 * ctx.outputs[0])],
+    "sin": lambda ctx, g: [g * ctx.inputs[0].cos()],
+    "cos": lambda ctx, g: [-(g * ctx.inputs[0].sin())],
     "floor": _zeros_rule, "ceil": _zeros_rule, "round": _zeros_rule, "sign": _zeros_rule,
 }
 
@@ -194,7 +188,7 @@ def _clamp_rule(ctx, g):
 
 
 def _cast_rule(ctx, g):
-    return [g.to(dtype=ctx.inputs[0].dtype)]
+    return [g.to(dtype=ctx.input_dtypes[0])]
 
 
 _RULES = {**_UNARY_RULES, **_BINARY_RULES, "where": _where_rule, "clamp": _clamp_rule, "cast": _cast_rule}

@@ -16,7 +16,6 @@ source's gradient at the indices.
 from __future__ import annotations
 
 from pyflow.errors import DTypeError, ShapeError
-from pyflow.framework.creation import zeros_like
 from pyflow.framework.dtypes import names
 from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
 from pyflow.kernels.dtypes import INDEX_DTYPES
@@ -124,28 +123,28 @@ def _cat_rule(ctx, g):
 
 
 def _index_select_rule(ctx, g):
-    (x, index), axis = ctx.inputs, ctx.attrs["axis"]
-    return [zeros_like(x, dtype=g.dtype).index_add_(axis, index, g), None]
+    index, axis = ctx.inputs[1], ctx.attrs["axis"]
+    return [ctx.zeros_like_input(0, g.dtype).index_add_(axis, index, g), None]
 
 
 def _dim_gather_rule(ctx, g):
-    (x, index), axis = ctx.inputs, ctx.attrs["axis"]
-    return [zeros_like(x, dtype=g.dtype).scatter_add_(axis, index, g), None]
+    index, axis = ctx.inputs[1], ctx.attrs["axis"]
+    return [ctx.zeros_like_input(0, g.dtype).scatter_add_(axis, index, g), None]
 
 
 def _index_copy_rule(ctx, g):
-    (_, index, source), axis = ctx.inputs, ctx.attrs["axis"]
-    target = g.clone().index_copy_(axis, index, zeros_like(source, dtype=g.dtype)) if ctx.needs_grad(0) else None
+    index, axis = ctx.inputs[1], ctx.attrs["axis"]
+    target = g.clone().index_copy_(axis, index, ctx.zeros_like_input(2, g.dtype)) if ctx.needs_grad(0) else None
     return [target, None, g.index_select(axis, index) if ctx.needs_grad(2) else None]
 
 
 def _index_add_rule(ctx, g):
-    (_, index, _), axis = ctx.inputs, ctx.attrs["axis"]
+    index, axis = ctx.inputs[1], ctx.attrs["axis"]
     return [g, None, g.index_select(axis, index) if ctx.needs_grad(2) else None]
 
 
 def _scatter_add_rule(ctx, g):
-    (_, index, _), axis = ctx.inputs, ctx.attrs["axis"]
+    index, axis = ctx.inputs[1], ctx.attrs["axis"]
     return [g, None, g.gather(axis, index) if ctx.needs_grad(2) else None]
 
 
@@ -156,11 +155,11 @@ register_op(OpDef("index_select", _infer_index_select, kernel_attrs=("axis",), b
 register_op(OpDef("dim_gather", _infer_dim_gather, kernel_attrs=("axis",), backward=_dim_gather_rule,
                   doc="torch.gather: out[i][j] = x[index[i][j]][j] along attrs['axis']"))
 register_op(OpDef("index_copy", _infer_index_copy, launch=_launch_index_copy, kernel_attrs=("axis",),
-                  same_view_in_place=True, backward=_index_copy_rule,
+                  same_view_in_place=True, updates_input=0, backward=_index_copy_rule,
                   doc="in place, with out=[target]: target[..., index[j], ...] = source[..., j, ...]"))
 register_op(OpDef("index_add", _infer_index_add, launch=_launch_index_copy, kernel_attrs=("axis",),
-                  same_view_in_place=True, backward=_index_add_rule,
+                  same_view_in_place=True, updates_input=0, backward=_index_add_rule,
                   doc="in place, with out=[target]: target[..., index[j], ...] += source[..., j, ...]"))
 register_op(OpDef("scatter_add", _infer_scatter_add, launch=_launch_index_copy, kernel_attrs=("axis",),
-                  same_view_in_place=True, backward=_scatter_add_rule,
+                  same_view_in_place=True, updates_input=0, backward=_scatter_add_rule,
                   doc="in place, with out=[target]: target[i][index[i][j]] += source[i][j] along attrs['axis']"))

@@ -63,16 +63,15 @@ def _infer_given_size(op, size_attr):
 
 
 def _conv2d_rule(ctx, g):
-    x, weight, *bias = ctx.inputs
     stride, padding = ctx.attrs["stride"], ctx.attrs["padding"]
     grads = [None] * len(ctx.inputs)
-    if ctx.needs_grad(0):
-        grads[0] = apply("conv2d_backward_input", [g, weight], stride=stride, padding=padding,
-                         input_size=tuple(x.shape))[0]
-    if ctx.needs_grad(1):
-        grads[1] = apply("conv2d_backward_weight", [x, g], stride=stride, padding=padding,
-                         weight_size=tuple(weight.shape))[0]
-    if bias and ctx.needs_grad(2):
+    if ctx.needs_grad(0):   # reads the weight only
+        grads[0] = apply("conv2d_backward_input", [g, ctx.inputs[1]], stride=stride, padding=padding,
+                         input_size=ctx.input_shapes[0])[0]
+    if ctx.needs_grad(1):   # reads the input only
+        grads[1] = apply("conv2d_backward_weight", [ctx.inputs[0], g], stride=stride, padding=padding,
+                         weight_size=ctx.input_shapes[1])[0]
+    if len(ctx.inputs) > 2 and ctx.needs_grad(2):
         grads[2] = g.sum(dim=(0, 2, 3))
     return grads
 

@@ -20,7 +20,6 @@ import types
 import numpy as np
 
 from pyflow.errors import DTypeError, ShapeError
-from pyflow.framework.creation import zeros_like
 from pyflow.framework.functional import where
 from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
 from pyflow.kernels.layout import normalize_axis
@@ -123,9 +122,8 @@ def _cumsum_rule(ctx, g):
 
 def _topk_rule(ctx, grads):
     g, _ = grads
-    (x,), (_, indices) = ctx.inputs, ctx.outputs
-    axis = ctx.attrs["axis"]
-    return [zeros_like(x, dtype=g.dtype).scatter_add_(axis, indices, g)]
+    indices, axis = ctx.outputs[1], ctx.attrs["axis"]
+    return [ctx.zeros_like_input(0, g.dtype).scatter_add_(axis, indices, g)]
 
 
 _RULES = {"reduce_sum": _sum_rule, "reduce_mean": _mean_rule, "reduce_max": _extremum_rule,
