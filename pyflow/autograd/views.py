@@ -30,19 +30,9 @@ from pyflow.autograd.graph import requires_grad
 from pyflow.autograd.mode import is_grad_enabled
 from pyflow.autograd.record import Recorder, record_unary_view
 from pyflow.framework.tensor import Tensor
+from pyflow.ops._grad import sum_to
 
-__all__ = ["install", "sum_to"]
-
-
-def sum_to(grad: Tensor, shape: tuple) -> Tensor:
-    """``grad`` summed over the dims broadcasting added, back to ``shape``."""
-    shape = tuple(shape)
-    if tuple(grad.shape) == shape:
-        return grad
-    lead = grad.ndim - len(shape)
-    dims = list(range(lead)) + [lead + d for d, n in enumerate(shape) if n == 1 and grad.shape[lead + d] != 1]
-    summed = grad.sum(dim=tuple(dims), keepdim=True) if dims else grad
-    return summed.reshape(shape)
+__all__ = ["install"]
 
 
 def _reshape_rule(ctx, g):
