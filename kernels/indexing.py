@@ -32,12 +32,22 @@ walks the indices along the axis in order, adding every matching element of
 source.  A scatter (a thread per source element, ``cuda.atomic.add``) would add
 in whatever order threads happen to run, so two runs could differ in their last
 bits (and atomics on int8 or float16 do not exist); gathering, every element of
-out receives its terms in index order, each add rounded to out's dtype, exactly
-as ``np.add.at`` (the cpu twin) does them: the targets agree bit for bit, run
-after run.  The price is that every thread reads every index along the axis:
+out receives its terms in index order.  Each thread reads its element once into
+an accumulator, adds the matching terms there and, if any matched, writes it once.
+float16 is summed in float32 and rounded to float16 once, at that write, as
+PyTorch's CPU ``scatter_add_`` does: 4096 ones added into one float16 zero give
+4096 (rounding every add would stall at 2048, where 2048 + 1 is a tie that rounds
+back to 2048), and a partial sum past 65504 is no inf.  Every other dtype is
+summed in itself: float32 and float64 round every add, integers wrap around as
+numpy's do.  The cpu twin does the same with ``np.add.at`` (for float16 on a
+float32 copy of out, the elements that received a term then cast back), so the
+targets agree bit for bit, run after run.  (PyTorch's CPU ``index_add_`` sums
+float16 in float32 only for out of rank 2 or more, the first or last axis and an
+int64 index; otherwise it rounds every add, as ``np.add.at`` does.)  The price of
+gathering is that every thread reads every index along the axis:
 O(out.size x len(index)) index reads.  A faster deterministic version would sort
 the indices once (a stable sort) and give each out slice its run of sources.
-dtypes: every numeric dtype (not bool); integers wrap around as numpy's do.
+dtypes: every numeric dtype (not bool).
 
 Indices are int32 or int64 and must lie in ``[0, size)``: a negative index is out
 of range here (PyTorch wraps none either), and raises ``IndexOutOfRangeError``
@@ -58,12 +68,15 @@ offset, with the indexed axis's stride set to 0 and added back as ``k * stride``
 
 from __future__ import annotations
 
+import functools
 import math
 
+import numba
 import numpy as np
 
 from pyflow.errors import DTypeError, IndexOutOfRangeError, ShapeError
 from pyflow.kernels.backend import cuda
+from pyflow.kernels.conv_backward import accumulate_dtype
 from pyflow.kernels.dtypes import INDEX_DTYPES, NUMERIC_DTYPES, names
 from pyflow.kernels.elementwise import position
 from pyflow.kernels.jit import jit
@@ -72,7 +85,8 @@ from pyflow.kernels.layout import as_kernel_shape, flat, normalize_axis
 from pyflow.kernels.movement import _NO_BAD_INDEX, _check_devices, _expect_out, _synchronize, record_bad_index
 from pyflow.kernels.registry import register
 
-__all__ = ["take_along_strided", "put_along_strided", "check_in_range", "add_along_gather", "check_in_range_strided"]
+__all__ = ["take_along_strided", "put_along_strided", "check_in_range", "make_add_along_gather",
+           "check_in_range_strided"]
 
 
 # --- device code ----------------------------------------------------------------
@@ -129,32 +143,46 @@ def check_in_range(index, index_stride, axis_size, status, n):
         i += cuda.gridsize(1)
 
 
-@jit
-def add_along_gather(out, out_strides, shape, along, source, source_strides, source_axis_stride, index,
-                     index_strides, index_axis_stride, count, n):
-    """``out[idx] += source[idx off the axis, m]`` for every m in ``[0, count)`` whose index is idx's
-    coordinate on the axis, in order of m (index_add, scatter_add).
+@functools.cache
+def make_add_along_gather(acc_dtype):
+    """The index_add / scatter_add kernel, summing in ``acc_dtype`` (``accumulate_dtype`` of out's)."""
+    acc_type = numba.from_dtype(np.dtype(acc_dtype))
 
-    The loop runs over ``shape``: out's own, or (scatter_add) index's with out's size
-    on the axis.  ``along`` is 1 on the axis and 0 elsewhere (``position`` with it
-    gives the coordinate on the axis); source's and index's strides are 0 on the
-    axis, and m moves along it by ``*_axis_stride``.  Rules: a thread owns its
-    element of out; it reads every index along the axis, reads source only where
-    the index matches, and adds into out in place (one rounding per add, in out's
-    dtype).  A bad index matches no element, so it is never followed.
-    """
-    # Code plan: 1. grid-stride over shape; 2. this element's coordinate j on the axis and the
-    # starts of its lines of index and source; 3. for m = 0, 1, ...: index == j -> add source.
-    i = cuda.grid(1)
-    while i < n:
-        j = position(i, shape, along)
-        target = position(i, shape, out_strides)
-        source_line = position(i, shape, source_strides)
-        index_line = position(i, shape, index_strides)
-        for m in range(count):
-            if index[index_line + m * index_axis_stride] == j:
-                out[target] += source[source_line + m * source_axis_stride]
-        i += cuda.gridsize(1)
+    @jit
+    def add_along_gather(out, out_strides, shape, along, source, source_strides, source_axis_stride, index,
+                         index_strides, index_axis_stride, count, n):
+        """``out[idx] += source[idx off the axis, m]`` for every m in ``[0, count)`` whose index is idx's
+        coordinate on the axis, in order of m (index_add, scatter_add).
+
+        The loop runs over ``shape``: out's own, or (scatter_add) index's with out's size
+        on the axis.  ``along`` is 1 on the axis and 0 elsewhere (``position`` with it
+        gives the coordinate on the axis); source's and index's strides are 0 on the
+        axis, and m moves along it by ``*_axis_stride``.  Rules: a thread owns its
+        element of out; it reads it once into ``acc_type``, reads every index along
+        the axis, adds source (cast to ``acc_type``) only where the index matches, and
+        writes out once, if anything matched (one rounding to out's dtype).  A bad
+        index matches no element, so it is never followed.
+        """
+        # Code plan: 1. grid-stride over shape; 2. this element's coordinate j on the axis, the
+        # starts of its lines of index and source, its value in acc; 3. for m = 0, 1, ...:
+        # index == j -> acc += source; 4. anything added -> write acc back once.
+        i = cuda.grid(1)
+        while i < n:
+            j = position(i, shape, along)
+            target = position(i, shape, out_strides)
+            source_line = position(i, shape, source_strides)
+            index_line = position(i, shape, index_strides)
+            acc = acc_type(out[target])
+            added = False
+            for m in range(count):
+                if index[index_line + m * index_axis_stride] == j:
+                    acc += acc_type(source[source_line + m * source_axis_stride])
+                    added = True
+            if added:
+                out[target] = acc
+            i += cuda.gridsize(1)
+
+    return add_along_gather
 
 
 @jit
@@ -335,10 +363,24 @@ def _add_along_cuda(op, out, index, source, axis, shape, index_strides, index_ax
     (out_storage, out_strides), (s_storage, s_strides), (i_storage, _) = flat(out), flat(source), flat(index)
     along = tuple(1 if d == axis else 0 for d in range(out.ndim))
     source_off_axis = tuple(0 if d == axis else s for d, s in enumerate(s_strides))
+    kernel = make_add_along_gather(accumulate_dtype(out.dtype))
     grid, block = elementwise_config(n)
-    launcher(add_along_gather, grid, block, stream)(
+    launcher(kernel, grid, block, stream)(
         out_storage, out_strides, shape, along, s_storage, source_off_axis, s_strides[axis], i_storage,
         index_strides, index_axis_stride, count, n)
+
+
+def _add_at_cpu(out, where, source) -> None:
+    """``np.add.at(out, where, source)``, summing in ``accumulate_dtype``: for float16, on a float32
+    copy of out, the elements that received a term then rounded back once (as the kernel does)."""
+    acc = accumulate_dtype(out.dtype)
+    if acc == out.dtype:
+        np.add.at(out, where, source)
+        return
+    total = out.astype(acc)
+    np.add.at(total, where, source.astype(acc))
+    with np.errstate(over="ignore"):  # a sum past float16's range becomes inf, as on cuda
+        out[where] = total[where]
 
 
 def _make_index_add(target):
@@ -347,7 +389,7 @@ def _make_index_add(target):
         axis = _check_index_add(out, index, source, axis)
         if target == "cpu":
             _raise_if_bad_cpu("index_add", index, axis, out.shape[axis])  # before adding anything
-            np.add.at(out, (slice(None),) * axis + (np.asarray(index),), source)
+            _add_at_cpu(out, (slice(None),) * axis + (np.asarray(index),), np.asarray(source))
             return
         # index is the same for every element off the axis (strides 0), and moves along it
         (i_stride,) = flat(index)[1]
@@ -364,7 +406,7 @@ def _make_scatter_add(target):
             _raise_if_bad_cpu("scatter_add", index, axis, out.shape[axis])  # before adding anything
             where = list(np.indices(index.shape, sparse=True))
             where[axis] = np.asarray(index)
-            np.add.at(out, tuple(where), source)
+            _add_at_cpu(out, tuple(where), np.asarray(source))
             return
         # over index's extent off the axis (the rest of out gets nothing), out's size on it
         shape = tuple(out.shape[d] if d == axis else n for d, n in enumerate(index.shape))
@@ -402,9 +444,10 @@ def ptx_cases():
         cases.append((f"check_in_range[{idx}]", check_in_range.py_func, (array(idx), i64, i64, status, i64), False))
         cases.append((f"check_in_range_strided[{idx}]", check_in_range_strided.py_func,
                       (array(idx), t3, t3, i64, status, i64), False))
-    for data, idx in (("float32", "int32"), ("float64", "int64"), ("float16", "int64"), ("uint8", "int32"),
-                      ("int8", "int64"), ("int16", "int32"), ("int32", "int64"), ("int64", "int32")):
-        a, i = array(data), array(idx)
-        cases.append((f"add_along_gather[{data},{idx}]", add_along_gather.py_func,
+    for data, idx in (("float32", "int32"), ("float64", "int64"), ("float16", "int64"), ("float16", "int32"),
+                      ("uint8", "int32"), ("int8", "int64"), ("int16", "int32"), ("int32", "int64"),
+                      ("int64", "int32")):
+        a, i, acc = array(data), array(idx), accumulate_dtype(data)
+        cases.append((f"add_along_gather[{data},{idx},acc={acc}]", make_add_along_gather(acc).py_func,
                       (a, t3, t3, t3, a, t3, i64, i, t3, i64, i64, i64), False))
     return cases

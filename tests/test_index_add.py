@@ -1,10 +1,18 @@
 """index_add (torch's ``index_add_``) and scatter_add (``scatter_add_``) on both targets (``kernels/indexing.py``).
 
-* Both equal ``np.add.at`` bit for bit, on every numeric dtype, with repeated indices,
-  random (negative too) axes and random layouts of out, index and source (permuted,
-  sliced with a step, broadcast inputs); so cuda (the simulator) equals the CPU twin
-  bit for bit, run after run.  Integers wrap around.
-* Both equal PyTorch's ``index_add_`` / ``scatter_add_``.
+* Both equal ``np.add.at`` in the accumulate dtype bit for bit (float16: on a float32
+  copy of out, rounded back once; every other dtype: in itself), on every numeric
+  dtype, with repeated indices, random (negative too) axes and random layouts of out,
+  index and source (permuted, sliced with a step, broadcast inputs); so cuda (the
+  simulator) equals the CPU twin bit for bit, run after run.  Integers wrap around.
+* float16 sums do not stall: 4096 ones added into one float16 zero give 4096 (2048
+  if every add were rounded to float16), and a partial sum past 65504 is no inf.
+* Both equal PyTorch's ``index_add_`` / ``scatter_add_`` bit for bit, float16 too.
+  One corner of torch's CPU ``index_add_``: it sums float16 in float32 only for out
+  of rank 2 or more, the first or last axis and an int64 index; otherwise it rounds
+  every add to float16 (``np.add.at``'s way).  There the kernels equal torch run on
+  its float32 path (the axis moved to the front of a 2-D copy), and the direct call
+  within the rounding of its adds.
 * An index outside ``[0, size)`` raises IndexOutOfRangeError naming the op, the
   (largest) bad value, the axis and its size, and leaves ``out`` untouched on both
   targets; with ``check=False`` on cuda, the bad entries are skipped.
@@ -12,6 +20,8 @@
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -57,18 +67,27 @@ def assert_only_the_view_changed(storage, out, what):
     assert_bit_equal(to_host(storage)[~inside], out.base[~inside], f"{what}: cells outside the view changed")
 
 
+def add_at(out, where, source):
+    """A copy of out after ``np.add.at(out, where, source)``, summed as PyTorch's CPU scatter_add_ does:
+    float16 in float32, every element rounded to float16 once at the end; any other dtype in itself."""
+    if out.dtype != np.float16:
+        expected = out.copy()
+        np.add.at(expected, where, source)
+        return expected
+    total = out.astype(np.float32)
+    np.add.at(total, where, source.astype(np.float32))
+    with np.errstate(over="ignore"):
+        return total.astype(np.float16)
+
+
 def expected_index_add(out, axis, index, source):
-    expected = out.copy()
-    np.add.at(expected, (slice(None),) * (axis % out.ndim) + (np.asarray(index),), source)
-    return expected
+    return add_at(out, (slice(None),) * (axis % out.ndim) + (np.asarray(index),), source)
 
 
 def expected_scatter_add(out, axis, index, source):
-    expected = out.copy()
     where = list(np.indices(index.shape, sparse=True))
     where[axis % out.ndim] = index
-    np.add.at(expected, tuple(where), source)
-    return expected
+    return add_at(out, tuple(where), source)
 
 
 # --- the input space ------------------------------------------------------------------
@@ -98,7 +117,7 @@ def scatter_add_cases(draw):
 @pytest.mark.parametrize("target", TARGETS)
 @settings(max_examples=40)
 @given(data=st.data(), case=index_add_cases(), dtype=numeric_dtypes, index_dtype=int_dtypes)
-def test_index_add_equals_np_add_at_bit_for_bit(target, data, case, dtype, index_dtype):
+def test_index_add_equals_add_at_bit_for_bit(target, data, case, dtype, index_dtype):
     shape, axis, length = case
     n = shape[axis]
     out = data.draw(operands(shape, dtype, allow_broadcast=False), label="out")
@@ -117,7 +136,7 @@ def test_index_add_equals_np_add_at_bit_for_bit(target, data, case, dtype, index
 @pytest.mark.parametrize("target", TARGETS)
 @settings(max_examples=40)
 @given(data=st.data(), case=scatter_add_cases(), dtype=numeric_dtypes, index_dtype=int_dtypes)
-def test_scatter_add_equals_np_add_at_bit_for_bit(target, data, case, dtype, index_dtype):
+def test_scatter_add_equals_add_at_bit_for_bit(target, data, case, dtype, index_dtype):
     shape, axis, index_shape = case
     n = shape[axis]
     out = data.draw(operands(shape, dtype, allow_broadcast=False), label="out")
@@ -132,13 +151,27 @@ def test_scatter_add_equals_np_add_at_bit_for_bit(target, data, case, dtype, ind
     assert_only_the_view_changed(storage, out, what)
 
 
-def assert_equals_torch(actual, expected, magnitude, count, dtype, what):
-    """Bit for bit, but for float16: PyTorch's CPU ops add float16 in float32 and round once, where these
-    kernels round every add to float16 (as np.add.at does), so they may differ by the rounding of ``count``
-    adds: at most ``count + 1`` half-steps of float16 at the size of the sum of |terms|."""
-    if np.dtype(dtype) != np.float16:
-        assert_bit_equal(actual, expected, what)
-        return
+def torch_rounds_float16_per_add(ndim, axis, index_dtype):
+    """Whether torch's CPU ``index_add_`` adds float16 in float16 (each add rounded, as np.add.at does)
+    rather than through its scatter_add_, which sums in float32: for out of rank 1, an axis in the middle
+    or an int32 index (torch 2.x, ``index_add_cpu_out``)."""
+    return ndim < 2 or axis % ndim not in (0, ndim - 1) or np.dtype(index_dtype) != np.int64
+
+
+def torch_index_add_in_float32(torch, out, axis, index, source):
+    """torch's ``index_add_`` on its float32-summing path: the axis moved to the front of a 2-D copy
+    (rank 2, axis 0, int64 index), then moved back."""
+    axis %= out.ndim
+    front, source_front = np.moveaxis(out, axis, 0), np.moveaxis(source, axis, 0)
+    rest = front.shape[1:]
+    result = torch.tensor(front.reshape(front.shape[0], math.prod(rest))).index_add_(
+        0, torch.tensor(np.asarray(index, np.int64)), torch.tensor(source_front.reshape(len(index), math.prod(rest))))
+    return np.moveaxis(result.numpy().reshape(front.shape), 0, axis)
+
+
+def assert_within_per_add_rounding(actual, expected, magnitude, count, what):
+    """float16 sums that differ only by rounding ``count`` adds: at most ``count + 1`` half-steps of
+    float16 at the size of the sum of |terms|."""
     bound = (count + 1) * np.finfo(np.float16).eps / 2 * magnitude + 2.0**-24
     error = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
     assert (error <= bound).all(), f"{what}: {actual!r} vs {expected!r} (allowed {bound!r})"
@@ -146,8 +179,9 @@ def assert_equals_torch(actual, expected, magnitude, count, dtype, what):
 
 @pytest.mark.parametrize("target", TARGETS)
 @settings(max_examples=25)
-@given(data=st.data(), add=index_add_cases(), scatter=scatter_add_cases(), dtype=numeric_dtypes)
-def test_index_add_and_scatter_add_equal_torch(target, data, add, scatter, dtype):
+@given(data=st.data(), add=index_add_cases(), scatter=scatter_add_cases(), dtype=numeric_dtypes,
+       index_dtype=int_dtypes)
+def test_index_add_and_scatter_add_equal_torch(target, data, add, scatter, dtype, index_dtype):
     torch = pytest.importorskip("torch", reason="the PyTorch references need torch (pip install -e '.[torch]')")
 
     def torch_result(method, out, axis, index, source, absolute=False):
@@ -156,15 +190,20 @@ def test_index_add_and_scatter_add_equal_torch(target, data, add, scatter, dtype
 
     shape, axis, length = add
     out = data.draw(operands(shape, dtype, allow_broadcast=False), label="index_add out")
-    index = data.draw(operands((length,), np.int64, low=0, high=max(shape[axis] - 1, 0)), label="index_add index")
+    index = data.draw(operands((length,), index_dtype, low=0, high=max(shape[axis] - 1, 0)), label="index_add index")
     source = data.draw(operands(tuple(length if d == axis % len(shape) else m for d, m in enumerate(shape)), dtype),
                        label="index_add source")
     operands_ = (out.numpy(), axis, index.numpy(), source.numpy())
     view, _ = out_on(target, out)
     get_kernel("index_add", target)(view, index.on(target), source.on(target), axis=axis)
-    assert_equals_torch(to_host(view), torch_result("index_add_", *operands_),
-                        torch_result("index_add_", *operands_, absolute=True), length, dtype,
-                        f"index_add {dtype} out{shape} axis {axis} index {index.numpy().tolist()} vs torch on {target}")
+    what = (f"index_add {dtype} out{shape} axis {axis} index {index.numpy().tolist()} {index_dtype} vs torch "
+            f"on {target}")
+    assert_bit_equal(to_host(view), torch_index_add_in_float32(torch, *operands_), what)
+    if np.dtype(dtype) == np.float16 and torch_rounds_float16_per_add(len(shape), axis, index_dtype):
+        assert_within_per_add_rounding(to_host(view), torch_result("index_add_", *operands_),
+                                       torch_result("index_add_", *operands_, absolute=True), length, what)
+    else:
+        assert_bit_equal(to_host(view), torch_result("index_add_", *operands_), what)
 
     shape, axis, index_shape = scatter
     out = data.draw(operands(shape, dtype, allow_broadcast=False), label="scatter_add out")
@@ -174,9 +213,66 @@ def test_index_add_and_scatter_add_equal_torch(target, data, add, scatter, dtype
     operands_ = (out.numpy(), axis, index.numpy(), source.numpy())
     view, _ = out_on(target, out)
     get_kernel("scatter_add", target)(view, index.on(target), source.on(target), axis=axis)
-    assert_equals_torch(to_host(view), torch_result("scatter_add_", *operands_),
-                        torch_result("scatter_add_", *operands_, absolute=True), index_shape[axis], dtype,
-                        f"scatter_add {dtype} out{shape} axis {axis} index{index_shape} vs torch on {target}")
+    assert_bit_equal(to_host(view), torch_result("scatter_add_", *operands_),
+                     f"scatter_add {dtype} out{shape} axis {axis} index{index_shape} vs torch on {target}")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@settings(max_examples=15)
+@given(data=st.data(), shape=shapes(min_dims=1, max_dims=3, max_side=3), length=st.integers(1, 64))
+def test_long_float16_sums_equal_torch_and_the_float32_reference(target, data, shape, length):
+    """Up to 64 terms per element, where rounding every add to float16 would be off in most elements."""
+    torch = pytest.importorskip("torch", reason="the PyTorch references need torch (pip install -e '.[torch]')")
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1), label="axis")
+    if not shape[axis]:
+        return
+    out = data.draw(operands(shape, np.float16, allow_broadcast=False), label="out")
+    index = data.draw(operands((length,), np.int64, low=0, high=shape[axis] - 1), label="index")
+    source = data.draw(operands(tuple(length if d == axis % len(shape) else m for d, m in enumerate(shape)),
+                                np.float16), label="source")
+    view, _ = out_on(target, out)
+    get_kernel("index_add", target)(view, index.on(target), source.on(target), axis=axis)
+    what = f"index_add float16 out{shape} axis {axis} {length} indices on {target}"
+    assert_bit_equal(to_host(view), expected_index_add(out.numpy(), axis, index.numpy(), source.numpy()), what)
+    assert_bit_equal(to_host(view), torch_index_add_in_float32(torch, out.numpy(), axis, index.numpy(),
+                                                               source.numpy()), f"{what} vs torch")
+    scatter_index = np.broadcast_to(np.expand_dims(index.numpy(), tuple(d for d in range(len(shape))
+                                                                         if d != axis % len(shape))),
+                                    source.numpy().shape)
+    view, _ = out_on(target, out)
+    get_kernel("scatter_add", target)(view, on(target, scatter_index), source.on(target), axis=axis)
+    expected = torch.tensor(out.numpy()).scatter_add_(axis, torch.tensor(scatter_index),
+                                                      torch.tensor(source.numpy())).numpy()
+    what = f"scatter_add float16 out{shape} axis {axis} {length} indices on {target}"
+    assert_bit_equal(to_host(view), expected, f"{what} vs torch")
+    assert_bit_equal(to_host(view), expected_scatter_add(out.numpy(), axis, scatter_index, source.numpy()), what)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_float16_sums_are_rounded_once_not_per_add(target):
+    """4096 ones into one float16 zero: 4096 (rounding every add stalls at 2048, where 2048 + 1 rounds back
+    to 2048); 60000 + 10000 - 10000: 60000 (no inf on the way); a sum past 65504 ends as inf.  As torch."""
+    torch = pytest.importorskip("torch", reason="the PyTorch references need torch (pip install -e '.[torch]')")
+    ones = np.ones((2, 4096), np.float16)
+    per_add = np.zeros((2, 3), np.float16)
+    np.add.at(per_add, (slice(None), np.ones(4096, np.int64)), ones)
+    assert per_add[0, 1] == 2048  # what rounding every add gives
+    cases = [  # out, index along axis 1, source
+        (np.zeros((2, 3), np.float16), np.ones(4096, np.int64), ones),
+        (np.array([[60000, 1, 2]], np.float16), np.array([0, 0, 2]), np.array([[10000, -10000, 0.5]], np.float16)),
+        (np.array([[60000, 1, 2]], np.float16), np.array([0, 1, 0]), np.array([[3000, 1, 3000]], np.float16)),
+    ]
+    wanted = [[[0, 4096, 0], [0, 4096, 0]], [[60000, 1, 2.5]], [[np.inf, 2, 2]]]
+    for (out, index, source), values in zip(cases, wanted):
+        scatter_index = np.broadcast_to(index, source.shape)
+        for op, idx, method in (("index_add", index, "index_add_"), ("scatter_add", scatter_index, "scatter_add_")):
+            expected = getattr(torch.tensor(out), method)(1, torch.tensor(idx), torch.tensor(source)).numpy()
+            assert expected.tolist() == values, f"torch's {method} gives {expected.tolist()}"
+            dev = on(target, out)
+            get_kernel(op, target)(dev, on(target, idx), on(target, source), axis=1)
+            assert_bit_equal(to_host(dev), expected, f"{op} float16 {values} on {target}")
+            assert_bit_equal(to_host(dev), (expected_index_add(out, 1, index, source) if op == "index_add" else
+                                            expected_scatter_add(out, 1, scatter_index, source)), f"{op} reference")
 
 
 @pytest.mark.parametrize("dtype", [d for d in NUMERIC_DTYPES if d.kind in "iu"], ids=str)
@@ -200,15 +296,16 @@ def test_integers_wrap_around_on_both_targets(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
 def test_repeated_indices_add_in_index_order_on_both_targets_run_after_run(dtype):
-    """Terms whose sum depends on the order: big + 1 - big + 1 is 1 in index order (the 1 is lost against
-    big), 2 in most others.  Every run on every target gives np.add.at's bits."""
-    big = {np.float16: 4096.0, np.float32: 2.0**25, np.float64: 2.0**54}[dtype]
-    terms = np.array([big, 1.0, -big, 1.0, 0.5], dtype)
+    """Terms whose sum depends on the order: big + small - big + small is small in index order (small is
+    lost against big in the accumulate dtype: float32 for float16), 2 * small in most others.  Every run on
+    every target gives the reference's bits."""
+    big, small = {np.float16: (2.0**15, 2.0**-10), np.float32: (2.0**25, 1.0), np.float64: (2.0**54, 1.0)}[dtype]
+    terms = np.array([big, small, -big, small, 0.5], dtype)
     index = np.array([3, 3, 3, 3, 0], np.int32)
     source = np.tile(terms, (2, 1))
     out = np.zeros((2, 4), dtype)
     expected = expected_index_add(out, 1, index, source)
-    assert expected[0, 3] == 1 and expected[0, 0] == 0.5
+    assert expected[0, 3] == small and expected[0, 0] == 0.5
     for target in TARGETS:
         for run in range(2):
             dev = on(target, out)
