@@ -30,8 +30,8 @@ adds its contributions in a fixed order (output channel, then oh, then ow; for
 grad_w: batch, oh, ow) and writes once.  A scatter (each grad_y element adding
 into the inputs it touched, with atomics) would add in whatever order threads
 happen to run, so two runs could differ in the last bits, and the CPU twin could
-not follow it.  Gathering costs some index arithmetic (``steps_between``) and,
-for max pooling, recomputing each window's choice, but needs no atomics and no
+not follow it.  Gathering costs some index arithmetic (``steps_between``,
+``windows_holding``) and, for max pooling, recomputing each window's choice, but needs no atomics and no
 temporary argmax array.  The pooling twins add the same terms in the same order,
 so cpu and cuda agree bit for bit there; the conv twins use ``einsum`` and agree
 within rounding.
@@ -68,8 +68,8 @@ from pyflow.kernels.launch import elementwise_config, launcher, require_device_a
 from pyflow.kernels.layout import flat
 from pyflow.kernels.registry import register
 
-__all__ = ["steps_between", "make_conv2d_grad_input", "make_conv2d_grad_weight", "make_max_pool2d_grad",
-           "make_avg_pool2d_grad", "accumulate_dtype"]
+__all__ = ["steps_between", "windows_holding", "make_conv2d_grad_input", "make_conv2d_grad_weight",
+           "make_max_pool2d_grad", "make_avg_pool2d_grad", "accumulate_dtype"]
 
 
 def accumulate_dtype(dtype) -> np.dtype:
@@ -94,6 +94,13 @@ def steps_between(low, high, stride, count):
     return first, min(count, high // stride + 1)
 
 
+@jit(device=True)
+def windows_holding(position, pad, window, stride, count):
+    """``(first, stop)``: the outputs (of ``count``) whose window of size ``window`` holds input ``position``
+    along one dim (the grad_x kernels' loop bounds)."""
+    return steps_between(position + pad - window + 1, position + pad, stride, count)
+
+
 @functools.cache
 def make_conv2d_grad_input(acc_dtype):
     """The grad_x kernel, summing in ``acc_dtype`` (float32 or float64)."""
@@ -116,9 +123,8 @@ def make_conv2d_grad_input(acc_dtype):
         i = cuda.grid(1)
         while i < n:
             nb, c, h, col = unravel_nchw(i, gx_shape)
-            oh_lo, oh_hi = steps_between(h + padding[0] - w_shape[2] + 1, h + padding[0], stride[0], gy_shape[2])
-            ow_lo, ow_hi = steps_between(col + padding[1] - w_shape[3] + 1, col + padding[1], stride[1],
-                                         gy_shape[3])
+            oh_lo, oh_hi = windows_holding(h, padding[0], w_shape[2], stride[0], gy_shape[2])
+            ow_lo, ow_hi = windows_holding(col, padding[1], w_shape[3], stride[1], gy_shape[3])
             acc = acc_type(0)
             for k in range(gy_shape[1]):
                 gy_base = nb * gy_strides[0] + k * gy_strides[1]
@@ -194,9 +200,8 @@ def make_max_pool2d_grad(acc_dtype):
         i = cuda.grid(1)
         while i < n:
             nb, c, h, col = unravel_nchw(i, gx_shape)
-            oh_lo, oh_hi = steps_between(h + padding[0] - window[0] + 1, h + padding[0], stride[0], gy_shape[2])
-            ow_lo, ow_hi = steps_between(col + padding[1] - window[1] + 1, col + padding[1], stride[1],
-                                         gy_shape[3])
+            oh_lo, oh_hi = windows_holding(h, padding[0], window[0], stride[0], gy_shape[2])
+            ow_lo, ow_hi = windows_holding(col, padding[1], window[1], stride[1], gy_shape[3])
             x_base = nb * x_strides[0] + c * x_strides[1]
             gy_base = nb * gy_strides[0] + c * gy_strides[1]
             acc = acc_type(0)
@@ -233,9 +238,8 @@ def make_avg_pool2d_grad(acc_dtype):
         i = cuda.grid(1)
         while i < n:
             nb, c, h, col = unravel_nchw(i, gx_shape)
-            oh_lo, oh_hi = steps_between(h + padding[0] - window[0] + 1, h + padding[0], stride[0], gy_shape[2])
-            ow_lo, ow_hi = steps_between(col + padding[1] - window[1] + 1, col + padding[1], stride[1],
-                                         gy_shape[3])
+            oh_lo, oh_hi = windows_holding(h, padding[0], window[0], stride[0], gy_shape[2])
+            ow_lo, ow_hi = windows_holding(col, padding[1], window[1], stride[1], gy_shape[3])
             gy_base = nb * gy_strides[0] + c * gy_strides[1]
             acc = acc_type(0)
             for oh in range(oh_lo, oh_hi):
@@ -436,7 +440,8 @@ def ptx_cases():
     from pyflow.kernels.compile_check import array, tuple_of
 
     i64, t2, t4 = types.int64, tuple_of(2), tuple_of(4)
-    cases = [("steps_between", steps_between.py_func, (i64, i64, i64, i64), True)]
+    cases = [("steps_between", steps_between.py_func, (i64, i64, i64, i64), True),
+             ("windows_holding", windows_holding.py_func, (i64, i64, i64, i64, i64), True)]
     for dtype in ("float16", "float32", "float64"):
         a, acc = array(dtype), accumulate_dtype(dtype)
         cases += [

@@ -27,7 +27,7 @@ from pyflow.autograd.graph import AccumulateGrad, edge_of, meta, requires_grad, 
 from pyflow.autograd.mode import is_grad_enabled, set_grad_enabled
 from pyflow.errors import AutogradError, ShapeError
 
-__all__ = ["run_backward"]
+__all__ = ["run_backward", "dual_sbp"]
 
 
 def _check_gradient(root, grad, index: int):
@@ -45,7 +45,8 @@ def _check_gradient(root, grad, index: int):
     return grad
 
 
-def _dual(sbp):
+def dual_sbp(sbp) -> tuple:
+    """The SBP of a gradient of a tensor laid out as ``sbp``: B <-> P, a split stays (OneFlow's rule)."""
     from pyflow.framework.sbp import SbpParallel
 
     return tuple(SbpParallel("partial_sum") if s.is_broadcast else SbpParallel("broadcast") if s.is_partial else s
@@ -56,7 +57,7 @@ def accumulate(leaf, grad) -> None:
     """Add ``grad`` into ``leaf.grad`` (boxed to the dual SBP for a global leaf)."""
     info = meta(leaf)
     if leaf._global is not None and grad._global is not None:
-        grad = grad.to_global(leaf.placement, _dual(leaf.sbp))
+        grad = grad.to_global(leaf.placement, dual_sbp(leaf.sbp))
     if grad.dtype != leaf.dtype:
         grad = grad.to(dtype=leaf.dtype)
     if info.grad is None:

@@ -26,7 +26,7 @@ import itertools
 from pyflow.autograd.mode import is_grad_enabled
 from pyflow.errors import AutogradError
 
-__all__ = ["AutogradMeta", "Node", "AccumulateGrad", "Saved", "meta", "requires_grad", "detached"]
+__all__ = ["AutogradMeta", "Node", "AccumulateGrad", "Saved", "meta", "requires_grad"]
 
 _serials = itertools.count()
 
@@ -57,11 +57,6 @@ def requires_grad(t) -> bool:
     return info is not None and info.requires_grad
 
 
-def detached(t):
-    """The same tensor (same memory, same version counter), outside any autograd history."""
-    return t.detach()
-
-
 class Saved:
     """A tensor a backward rule needs, and the version it had when it was saved.
 
@@ -74,7 +69,7 @@ class Saved:
     __slots__ = ("tensor", "version", "name", "history")
 
     def __init__(self, t, name: str, history=None):
-        self.tensor = detached(t)
+        self.tensor = t.detach()
         self.version = t._versions.value
         self.name = name
         self.history = history
@@ -89,7 +84,7 @@ class Saved:
         history = history or self.history
         if history is None or not is_grad_enabled():
             return self.tensor
-        with_history = detached(self.tensor)
+        with_history = self.tensor.detach()
         with_history._autograd = history
         return with_history
 

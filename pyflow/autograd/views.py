@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 
+from pyflow.autograd.engine import dual_sbp
 from pyflow.autograd.graph import requires_grad
 from pyflow.autograd.mode import is_grad_enabled
 from pyflow.autograd.record import Recorder, record_unary_view
@@ -98,24 +99,17 @@ def _setitem_rule(ctx, g):
     return grads
 
 
-def _dual(sbp):
-    from pyflow.framework.sbp import SbpParallel
-
-    return tuple(SbpParallel("partial_sum") if s.is_broadcast else SbpParallel("broadcast") if s.is_partial else s
-                 for s in sbp)
-
-
 def _to_global_rule(ctx, g):
     layout = ctx.input_layouts[0]
     if layout is not None:  # global -> global: box back, to the dual SBP
-        return [g.to_global(layout[0], _dual(layout[1]))]
+        return [g.to_global(layout[0], dual_sbp(layout[1]))]
     placement, sbp = ctx.attrs["placement"], ctx.attrs["sbp"]  # local -> global: each rank's share
-    return [g.to_global(placement, _dual(sbp)).to_local()]
+    return [g.to_global(placement, dual_sbp(sbp)).to_local()]
 
 
 def _to_local_rule(ctx, g):
     placement, sbp = ctx.input_layouts[0]
-    return [g.to_global(placement, _dual(sbp))]
+    return [g.to_global(placement, dual_sbp(sbp))]
 
 
 def _view_method(method, name, rule, attrs_of=None):
