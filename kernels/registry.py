@@ -30,6 +30,10 @@ conv_backward   ``conv2d_backward_input(grad_x, grad_y, weight, *, stride, paddi
                 ``conv2d_backward_weight(grad_w, x, grad_y, *, stride, padding)``,
                 ``max_pool2d_backward(grad_x, x, grad_y, *, kernel_size, stride, padding)``,
                 ``avg_pool2d_backward(grad_x, grad_y, *, kernel_size, stride, padding)``
+optim_update    in place, no output: ``sgd_update(model, model_diff, learning_rate, *, weight_decay, maximize)``,
+                ``momentum_update(model, model_diff, momentum_buf, learning_rate, train_step, *, momentum, ...)``,
+                ``adam_update(model, model_diff, exp_avg, exp_avg_sq, max_exp_avg_sq, learning_rate,
+                train_step, *, beta1, beta2, eps, ...)``
 ==============  ==================================================================
 
 >>> "add" in kernel_names("cpu") and "add" in kernel_names("cuda")
@@ -78,7 +82,7 @@ def kernel_names(target: str | None = None) -> list[str]:
 
 
 FAMILIES = ("elementwise", "reduce", "softmax", "matmul", "movement", "conv", "conv_backward", "scan", "sort",
-            "indexing")
+            "indexing", "optim_update")
 
 
 _loaded = False

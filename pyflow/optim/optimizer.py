@@ -9,13 +9,30 @@ An optimizer holds *references* to the parameters it updates, never copies:
   changes ``group["lr"]`` between steps.
 * ``state`` - a dict from parameter to that parameter's own dict (a momentum
   buffer, Adam's moving averages, a step count).  It fills in on the first step.
-* ``step()`` - for every parameter whose ``.grad`` is set, in every group, call
-  the subclass's ``_update(p, grad, group, state)``.  That runs under
-  ``flow.no_grad()`` and changes ``p`` **in place** with ordinary tensor ops
-  (``p.add_(...)``, ``buf.mul_(...)``).  Each op is a VM instruction on the
-  parameter's device and stream, so a trace of a training step shows every
-  update, after the backward instructions that made the gradients (the VM orders
-  them by the tensors they read and write).
+* ``step()`` - for every parameter whose ``.grad`` is set, in every group, under
+  ``flow.no_grad()``: ``_prepare`` makes the missing state and advances the step
+  count, then ``_update_op`` issues **one fused update op** (``sgd_update``,
+  ``momentum_update`` or ``adam_update``, ``pyflow/ops/optim_update.py``, as
+  OneFlow's optimizers do) that changes ``p`` and its state **in place**.  It is
+  one VM instruction on the parameter's device and stream, so a trace of a
+  training step shows every update, after the backward instructions that made
+  the gradients (the VM orders them by the tensors they read and write).
+* **The learning rate and the step are tensors.**  The op reads the learning rate
+  from a 0-d tensor (float32; float64 for float64 parameters) that the optimizer
+  keeps per (param group, device, dtype) and refills, with one ``fill``
+  instruction, only when ``group["lr"]`` changed (a scheduler's step); Adam's
+  ``state["step"]`` is a 0-d int64 tensor on the parameter's device, as in
+  PyTorch >= 1.12.  A compiled graph that traced the step once therefore stays
+  right as the lr and the step count change.
+* ``_update_op(p, grad, group, state, learning_rate, train_step)`` - **the hook for
+  other code** (the compiler's optimizer pass): the fused update of ONE
+  parameter, with the lr and step tensors given explicitly (0-d float32/float64
+  and int64 on ``p``'s device; ``train_step`` is the 1-based number of this step).
+  It issues exactly one op and nothing else: ``state`` must already hold the
+  state tensors (``_prepare`` makes them, or the caller's own of the same
+  shapes), and for a global parameter every tensor passed is its local piece.
+  ``step()`` calls this same method, so eager and compiled updates are one
+  definition.
 * ``zero_grad()`` - forget the gradients before the next backward (which *adds*
   into ``.grad``).
 * ``state_dict()`` / ``load_state_dict()`` - PyTorch's checkpoint format.
@@ -55,9 +72,13 @@ import copy
 import numbers
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
+from pyflow import env
 from pyflow.autograd import enable_grad, no_grad
 from pyflow.errors import ArgumentTypeError, OptimizerError
-from pyflow.framework.tensor import Tensor
+from pyflow.framework.sbp import SbpParallel
+from pyflow.framework.tensor import Tensor, tensor
 
 __all__ = ["Optimizer", "OptimizerError"]
 
@@ -95,6 +116,8 @@ class Optimizer:
         self.defaults = dict(defaults)
         self.param_groups: list[dict] = []
         self.state: dict = collections.defaultdict(dict)   # parameter -> its state dict
+        self._lr_tensors: dict = {}    # (id(group), device, dtype) -> [group, lr value, 0-d lr tensor]
+        self._step_constants: dict = {}   # (device, value) -> a 0-d int64 tensor holding value
         groups = list(params)
         if not groups:
             raise OptimizerError(f"{type(self).__name__} got an empty parameter list")
@@ -181,21 +204,76 @@ class Optimizer:
             for group in self.param_groups:
                 for p in group["params"]:
                     if p.grad is not None:
-                        self._update(p, self._gradient(p, group), group, self.state[p])
+                        self._step_parameter(p, group)
         return loss
 
+    def _step_parameter(self, p: Tensor, group: dict) -> None:
+        """One parameter's update: its gradient, its state made and advanced, the fused op."""
+        grad = self._gradient(p, group)
+        if p.is_global:
+            if any(s.is_partial for s in p.sbp):
+                raise OptimizerError(f"{type(self).__name__}: parameter {_describe(p)} is a partial sum; the "
+                                     "update is not linear in it: box it to broadcast or split first")
+            if not p.placement.has(env.get_rank()):
+                return   # this rank holds no piece of p
+        piece = _local(p)
+        learning_rate = self._learning_rate(group, piece.device, piece.dtype)
+        state = self.state[p]
+        train_step = self._prepare(p, group, state)
+        local_state = {key: _local(value) for key, value in state.items()} if p.is_global else state
+        self._update_op(piece, _local(grad), group, local_state, learning_rate, train_step)
+
     def _gradient(self, p: Tensor, group: dict) -> Tensor:
-        """``p.grad``, boxed to ``p``'s SBP when ``p`` is global, negated when ``group["maximize"]``."""
+        """``p.grad``, boxed to ``p``'s SBP when ``p`` is global (``maximize`` is the update op's attribute)."""
         grad = p.grad
         if p.is_global and grad.is_global and (grad.placement != p.placement or tuple(grad.sbp) != tuple(p.sbp)):
             grad = grad.to_global(placement=p.placement, sbp=p.sbp)   # B's gradient is P: an all-reduce
-        if group.get("maximize", False):
-            grad = -grad
         return grad
 
-    def _update(self, p: Tensor, grad: Tensor, group: dict, state: dict) -> None:
-        """Change ``p`` in place, using its gradient, its group's hyperparameters and its state."""
-        raise NotImplementedError(f"{type(self).__name__} does not define _update (the update rule)")
+    def _prepare(self, p: Tensor, group: dict, state: dict) -> Tensor | None:
+        """Before ``p``'s update: make the state it lacks and advance its step count; returns the
+        ``train_step`` tensor for ``_update_op`` (0-d int64 on ``p``'s device, or its local piece's), or
+        None if the update needs none.  Subclasses define it."""
+        raise NotImplementedError(f"{type(self).__name__} does not define _prepare (its state)")
+
+    def _update_op(self, p: Tensor, grad: Tensor, group: dict, state: dict, learning_rate: Tensor,
+                   train_step: Tensor | None) -> None:
+        """Issue the fused update of ONE parameter ``p`` (one op, in place on ``p`` and ``state``'s tensors).
+
+        ``learning_rate``: a 0-d float32 (or float64) tensor; ``train_step``: a 0-d int64 tensor,
+        the 1-based number of this step; both on ``p``'s device, as every other tensor given.
+        ``state`` must hold the tensors the op updates (``_prepare`` makes them).  Nothing is
+        read from ``group["lr"]`` or from ``state["step"]``: the caller's tensors are used, so a
+        graph traced with this call follows whatever those tensors hold later.  Subclasses
+        define it; ``step()`` calls it for every parameter with a gradient.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not define _update_op (the update rule)")
+
+    def _learning_rate(self, group: dict, device, dtype) -> Tensor:
+        """``group["lr"]`` as a 0-d tensor on ``device``: float64 for float64 parameters, else float32.
+
+        Made once per (group, device, dtype) and refilled in place (one ``fill``) only when
+        ``group["lr"]`` changed, so the same tensor serves every step.
+        """
+        lr_dtype = np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+        key = (id(group), device, lr_dtype)
+        value = group["lr"]
+        cached = self._lr_tensors.get(key)
+        if cached is None or cached[0] is not group:   # a new group (or a dead one's id reused)
+            cached = self._lr_tensors[key] = [group, value, tensor(value, dtype=lr_dtype, device=device)]
+        elif cached[1] != value:
+            cached[2].fill_(value)
+            cached[1] = value
+        return cached[2]
+
+    def _step_constant(self, device, value: int) -> Tensor:
+        """A 0-d int64 tensor holding ``value`` on ``device``, made once (read-only: a fixed train_step, or
+        the 1 that advances a step count)."""
+        key = (device, value)
+        found = self._step_constants.get(key)
+        if found is None:
+            found = self._step_constants[key] = tensor(value, dtype=np.int64, device=device)
+        return found
 
     # --- checkpoints ----------------------------------------------------------------------
 
@@ -250,6 +328,7 @@ class Optimizer:
             self._check_group(loaded)
             groups.append(loaded)
         self.param_groups, self.state = groups, state
+        self._lr_tensors.clear()   # those of the replaced groups; the new groups make their own at the next step
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]
@@ -257,6 +336,11 @@ class Optimizer:
             lines.append(f"Parameter Group {k}")
             lines += [f"    {key}: {group[key]}" for key in sorted(group) if key != "params"]
         return "\n".join(lines + [")"])
+
+
+def _local(value):
+    """A global tensor's local piece (same memory); anything else as it is."""
+    return value.to_local() if isinstance(value, Tensor) and value.is_global else value
 
 
 def _copied(value):
@@ -278,5 +362,6 @@ def _onto(value, p: Tensor, entry: str):
             if not value.is_global:
                 raise OptimizerError(f"load_state_dict: state {entry!r} of global parameter {_describe(p)} is a "
                                      "local tensor; save it from an optimizer of global parameters")
-            return value.to_global(placement=p.placement, sbp=p.sbp).clone()
+            sbp = p.sbp if value.ndim else (SbpParallel("broadcast"),) * len(p.placement.hierarchy)   # 0-d: B
+            return value.to_global(placement=p.placement, sbp=sbp).clone()
         return value.to(device=p.device, copy=True)

@@ -10,8 +10,13 @@ PyTorch's update, for a parameter ``p`` with gradient ``g`` (``-g`` when ``maxim
     p = p - lr * g
 
 The buffer is ``state["momentum_buffer"]``, a tensor on the parameter's device.
-Every line is an in-place tensor op, so one step of SGD with momentum is a few
-VM instructions per parameter:
+The whole update of one parameter is **one fused op**, OneFlow's: ``sgd_update``
+(momentum 0) or ``momentum_update`` (``pyflow/ops/optim_update.py``), one VM
+instruction per parameter.  The op reads the learning rate from a 0-d tensor the
+optimizer keeps (refilled only when ``group["lr"]`` changes), and
+``momentum_update`` reads a 0-d int64 ``train_step``: 1 on the step that creates
+the buffer (it then becomes the gradient), a fixed 2 afterwards (SGD keeps no
+step count, as PyTorch's; only "first step or not" matters to the op).
 
 >>> import pyflow as flow
 >>> w = flow.tensor([1.0, 2.0], requires_grad=True)
@@ -24,15 +29,17 @@ VM instructions per parameter:
 >>> w.grad = flow.tensor([1.0, 1.0])
 >>> with flow.trace() as tracer:
 ...     opt.step()
->>> sorted({r.name for r in tracer.records} & {"add", "mul"})   # buf.mul_(0.9).add_(g); p.add_(buf, alpha=-lr)
-['add', 'mul']
+>>> [r.name for r in tracer.records if r.name != "release_tensor"]   # buf and w: one kernel
+['momentum_update']
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pyflow.framework.creation import zeros_like
 from pyflow.framework.tensor import Tensor
+from pyflow.ops.optim_update import momentum_update, sgd_update
 from pyflow.optim.optimizer import Optimizer, OptimizerError, check_range
 
 __all__ = ["SGD"]
@@ -55,15 +62,23 @@ class SGD(Optimizer):
             raise OptimizerError(f"SGD: Nesterov momentum needs momentum > 0 and dampening 0, got momentum "
                                  f"{group['momentum']} and dampening {group['dampening']}")
 
-    def _update(self, p: Tensor, grad: Tensor, group: dict, state: dict) -> None:
-        if group["weight_decay"] != 0:
-            grad = grad.add(p, alpha=group["weight_decay"])
-        momentum = group["momentum"]
-        if momentum != 0:
-            buf = state.get("momentum_buffer")
-            if buf is None:
-                buf = state["momentum_buffer"] = grad.clone()
-            else:
-                buf.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
-            grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
-        p.add_(grad, alpha=-group["lr"])
+    def _prepare(self, p: Tensor, group: dict, state: dict) -> Tensor | None:
+        """Momentum: make the buffer on the first step (zeros: the op overwrites it with the gradient);
+        the train_step is 1 then, 2 on every later step.  Plain SGD needs neither."""
+        if group["momentum"] == 0:
+            return None
+        device = p.to_local().device if p.is_global else p.device
+        if state.get("momentum_buffer") is None:   # the first step (or a state saved before it)
+            state["momentum_buffer"] = zeros_like(p)
+            return self._step_constant(device, 1)
+        return self._step_constant(device, 2)
+
+    def _update_op(self, p: Tensor, grad: Tensor, group: dict, state: dict, learning_rate: Tensor,
+                   train_step: Tensor | None) -> None:
+        """``sgd_update`` (momentum 0) or ``momentum_update`` of ``p`` (see ``Optimizer._update_op``)."""
+        if group["momentum"] == 0:
+            sgd_update(p, grad, learning_rate, weight_decay=group["weight_decay"], maximize=group["maximize"])
+            return
+        momentum_update(p, grad, state["momentum_buffer"], learning_rate, train_step, momentum=group["momentum"],
+                        dampening=group["dampening"], nesterov=group["nesterov"],
+                        weight_decay=group["weight_decay"], maximize=group["maximize"])
