@@ -164,6 +164,20 @@ class StateDictError(PyflowError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+# --- nn.Graph and the compiler (pyflow/graph/, pyflow/compiler/) --------------------
+
+
+class GraphError(PyflowError, RuntimeError):
+    """``nn.Graph.build`` did something a traced graph cannot hold (read a value with ``.numpy()`` or
+    ``if x.sum() > 0``, returned a non-tensor, called a graph inside a graph, ``backward()`` of a
+    non-scalar); the message names the Python line."""
+
+
+class CompileError(PyflowError, RuntimeError):
+    """The compiler cannot turn a Job into a Plan: no SBP signature for a placement, a link between
+    pipeline stages that does not go through ``to_global``, a cycle; names the ops and Python lines."""
+
+
 # --- ranks and collectives (pyflow/distributed/) --------------------------------
 
 

@@ -1,10 +1,44 @@
-"""The lazy compiler (seed 004): Job -> passes -> OpGraph -> TaskGraph -> Plan.
+"""Seed 004: the lazy compiler: a traced Job -> passes -> OpGraph -> TaskGraph -> Plan.
 
-Modules (import the one you need; this package imports none of them eagerly):
+* ``ids``          - OneFlow's task / stream / regst id layout (rank | device type | index | stream | task)
+* ``job``          - the Job: logical ops, lbns, blob descs
+* ``lazy``         - lazy mode: LazyTensor and the Tracer that ``nn.Graph.build`` records with
+* ``passes``       - JobCompleter passes: grad_acc, autograd, optimizer, variable_order, checks, ticks
+* ``op_graph``     - SBP signatures and time shapes of the logical graph
+* ``task_graph``   - one task per op per device, copies, boxing sub-graphs; thread ids
+* ``regst``        - regst descs (regst num, time shape, inplace) and the memory requests
+* ``memory``       - the memory planner (offsets in one mem block per device)
+* ``plan``         - the Plan: TaskProtos, regsts, memory; light-plan print, dot, JSON
+* ``run_plan``     - a sequential interpreter of a Plan (tests; nn.Graph until the actor runtime)
 
-* ``ids``: task, stream (thread), regst and mem-block ids, laid out bit by bit as OneFlow's.
-* ``memory``: the memory planner.  Per device, every reusable regst lives over an
-  interval of the task chain; the planner gives each one an offset inside the device's
-  mem block so that regsts alive at the same time never overlap, and reports how close
-  the block is to the lower bound (the most bytes ever alive at once).
+``compile_job(job, tracer)`` runs them in that order.
 """
+
+from __future__ import annotations
+
+import time
+
+__all__ = ["compile_job"]
+
+
+def compile_job(job, tracer, log=None):
+    """The Plan of ``job`` (traced by ``tracer``); ``log(step, seconds)`` hears each step's time."""
+    from pyflow.compiler.lazy import tracing
+    from pyflow.compiler.op_graph import OpGraph
+    from pyflow.compiler.passes import run_passes
+    from pyflow.compiler.plan import make_plan
+    from pyflow.compiler.task_graph import TaskGraph
+
+    def timed(step, fn):
+        start = time.perf_counter()
+        result = fn()
+        if log is not None:
+            log(step, time.perf_counter() - start)
+        return result
+
+    with tracing(tracer):
+        job.pass_log = run_passes(job, tracer, log)
+    job.topological_check()
+    op_graph = timed("OpGraph (SBP signatures)", lambda: OpGraph(job))
+    task_graph = timed("TaskGraph (tasks, boxing, copies)", lambda: TaskGraph(op_graph))
+    return timed("Plan (regsts, memory)", lambda: make_plan(task_graph))

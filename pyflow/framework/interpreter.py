@@ -71,6 +71,15 @@ def install_recorder(recorder) -> None:
     global _recorder
     _recorder = recorder
 
+# nn.Graph's lazy mode records ops into a Job instead of running them (pyflow.compiler.lazy installs it).
+_lazy_tracer = None
+
+
+def install_lazy_tracer(tracer) -> None:
+    global _lazy_tracer
+    _lazy_tracer = tracer
+
+
 _CHECK_ERRORS = (ShapeError, DTypeError, AxisError, IndexOutOfRangeError, ArgumentTypeError, DeviceError)
 
 
@@ -183,6 +192,8 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
     """
     from pyflow.framework.tensor import Tensor, tensor
 
+    if _lazy_tracer is not None and _lazy_tracer.active():   # inside nn.Graph.build: record, don't run
+        return _lazy_tracer.apply(name, list(inputs), out, attrs)
     op = get_op(name)
     inputs = list(inputs)
     tensors = [x for x in inputs if isinstance(x, Tensor)]

@@ -38,6 +38,7 @@ from pyflow.device import Device, DeviceType
 from pyflow.errors import ArgumentTypeError, DTypeError, ShapeError
 from pyflow.framework import args
 from pyflow.framework.dtypes import BOOL, DEFAULT_FLOAT, DEFAULT_INT, as_dtype, is_scalar, names, result_type
+from pyflow.framework import interpreter
 from pyflow.framework.interpreter import apply, describe, global_interpreter
 from pyflow.kernels.layout import contiguous_strides
 from pyflow.vm.eager_blob_object import EagerBlobObject
@@ -99,6 +100,9 @@ class Tensor:
         return cls._wrap(blob, _StorageHandle(blob.storage), _Version())
 
     def _view(self, shape, strides, offset) -> "Tensor":
+        lazy = interpreter._lazy_tracer
+        if lazy is not None and lazy.active():   # inside nn.Graph.build a view of a captured tensor is an op
+            return lazy.view(self, shape, strides, offset)
         return Tensor._wrap(self._blob.view(shape, strides, offset), self._handle, self._versions)
 
     def _bump_version(self) -> None:

@@ -86,8 +86,12 @@ def view(self: Tensor, *shape) -> Tensor:
     return self._view(shape, strides, self._blob.offset)
 
 
-def reshape(self: Tensor, *shape) -> Tensor:
-    """A view when the strides allow it (see ``view``), else a contiguous copy."""
+def reshape(self: Tensor, *shape, **kwargs) -> Tensor:
+    """A view when the strides allow it (see ``view``), else a contiguous copy (``shape=`` as a keyword too)."""
+    if "shape" in kwargs and not shape:
+        shape = (kwargs.pop("shape"),)
+    if kwargs:
+        raise TypeError(f"reshape() got an unexpected keyword argument {next(iter(kwargs))!r}")
     shape = resolve_shape(shape, self.numel(), "reshape", self)
     strides = view_strides(self.shape, self._blob.strides, shape)
     if strides is None:

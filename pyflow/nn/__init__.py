@@ -44,3 +44,16 @@ from pyflow.nn.sparse import Embedding
 __all__ = ["functional", "init", "Parameter", "Module", "Sequential", "ModuleList", "Linear", "Flatten", "Identity",
            "Conv2d", "MaxPool2d", "AvgPool2d", "ReLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "BatchNorm1d",
            "BatchNorm2d", "Embedding", "LSTMCell", "LSTM", "Dropout", "MSELoss", "CrossEntropyLoss", "NLLLoss"]
+
+
+def __getattr__(name: str):
+    """``flow.nn.Graph`` and ``flow.nn.graph`` live in ``pyflow.graph`` (a layer above nn): imported on use."""
+    if name == "Graph":
+        from pyflow.graph import Graph
+
+        return Graph
+    if name == "graph":
+        import pyflow.graph
+
+        return pyflow.graph
+    raise AttributeError(f"module 'pyflow.nn' has no attribute {name!r}")

@@ -1,0 +1,176 @@
+"""Pass ``autograd``: the backward ops of a Job, made by the ops' own backward rules (seed 004).
+
+``loss.backward()`` inside ``build`` only marks the loss.  This pass walks the Job's
+ops from the loss back to the variables, in reverse order, and calls each op's
+``OpDef.backward`` (the very rule eager autograd calls) with a ``JobCtx`` whose
+inputs and outputs are lazy tensors; the rule's ops are recorded into the Job by
+the tracer.  It is the eager engine's walk, done once at compile time:
+
+1. ``wants``: the blobs that lead to a variable that requires grad (only those need
+   a gradient; ``x.detach()`` and integer results stop it);
+2. the loss's gradient is ``1 / k`` (gradient accumulation: OneFlow's
+   ScaleModelDiffByLossInstanceNum; eager: ``(loss / k).backward()``), Repeated k
+   times: a gradient is made once per micro-batch, like the blob it belongs to;
+3. for each op in reverse order with a gradient for an output: run its rule, add the
+   results into its inputs' gradients (``+``, recorded too);
+4. a variable's gradient: with gradient accumulation the forward read it through a
+   ``repeat``, so the gradient of the repeat's output is ``acc``'ed over the k
+   micro-batches: ``job.variable_grads[variable op] = lbn``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyflow.compiler.job import BlobDesc, JobOp, lbn_of
+from pyflow.compiler.lazy import LazyTensor
+from pyflow.compiler.passes.grad_acc import assign_time_shapes, insert_repeats
+from pyflow.errors import CompileError
+from pyflow.framework import creation
+from pyflow.framework.op_registry import get_op
+
+__all__ = ["run", "JobCtx", "view_backward"]
+
+
+class JobCtx:
+    """What a backward rule sees (the eager ``Node``'s interface), for one Job op."""
+
+    def __init__(self, job, tracer, op: JobOp, wants: set):
+        self.name, self._job, self._tracer, self._op = op.type, job, tracer, op
+        self.attrs = {k: v for k, v in op.attrs.items() if not k.startswith("_")}
+        self.inputs = [self._lazy(x) for x in op.inputs]
+        if any(not isinstance(x, str) for x in op.inputs):   # Python numbers: tensors, as eager saves them
+            from pyflow.framework import interpreter
+            from pyflow.framework.tensor import tensor
+
+            dtypes = interpreter._promoted_dtypes(get_op(op.type), self.inputs)
+            device = job.blobs[op.outputs[0]].device
+            self.inputs = [x if isinstance(x, LazyTensor) else tensor(x, dtype=d, device=device)
+                           for x, d in zip(self.inputs, dtypes)]
+        self.outputs = [self._lazy(x) for x in op.outputs]
+        descs = [job.blobs[x] if isinstance(x, str) else None for x in op.inputs]
+        self.input_shapes = [d.shape if d else None for d in descs]
+        self.input_dtypes = [d.dtype if d else None for d in descs]
+        self.input_places = [d.device if d else None for d in descs]
+        self.input_layouts = [None for _ in descs]
+        self.output_shapes = [job.blobs[x].shape for x in op.outputs]
+        self._needs = [isinstance(x, str) and x in wants for x in op.inputs]
+
+    def _lazy(self, x):
+        return LazyTensor._make(self._tracer, x, self._job.blobs[x]) if isinstance(x, str) else x
+
+    def needs_grad(self, i: int) -> bool:
+        return self._needs[i]
+
+    def zeros_like_input(self, i: int, dtype=None):
+        return creation.zeros(*self.input_shapes[i], dtype=dtype or self.input_dtypes[i],
+                              device=self.input_places[i])
+
+
+def view_backward(job, tracer, op: JobOp, grad):
+    """The gradient of a ``view`` op (shape, strides, offset into a contiguous input): scatter-add
+    ``grad`` back to the positions the view read (an expanded dim reads one place many times)."""
+    from pyflow.framework.tensor import tensor
+
+    (src,) = op.inputs
+    desc = job.blobs[src]
+    shape, strides, offset = op.attrs["shape"], op.attrs["strides"], op.attrs["offset"]
+    positions = np.full(shape, offset, dtype=np.int64)
+    for d, (n, s) in enumerate(zip(shape, strides)):
+        index_shape = [1] * len(shape)
+        index_shape[d] = n
+        positions = positions + (np.arange(n, dtype=np.int64) * s).reshape(index_shape)
+    index = tensor(positions.reshape(-1), device=desc.device)
+    flat = creation.zeros(int(np.prod(desc.shape, dtype=np.int64)), dtype=grad.dtype, device=desc.device)
+    return flat.index_add(0, index, grad.reshape(-1)).reshape(*desc.shape) if desc.shape else \
+        flat.index_add(0, index, grad.reshape(-1)).reshape(())
+
+
+def _wants(job, trainable: set) -> set:
+    """The lbns from which a trainable variable can be reached backwards (floating blobs only)."""
+    wants = set()
+    for op in job.ops:
+        if op.type == "variable":
+            if op.name in trainable:
+                wants.update(op.outputs)
+            continue
+        if op.type == "view" and op.attrs.get("detach") or op.writes:
+            continue
+        if any(x in wants for x in op.input_lbns()):
+            wants.update(lbn for lbn in op.outputs if job.blobs[lbn].dtype.kind == "f")
+    return wants
+
+
+def run(job, tracer) -> None:
+    if job.loss_lbn is None:
+        return
+    trainable = {name for name, t in job.variables.items() if getattr(t, "requires_grad", False)}
+    wants = _wants(job, trainable)
+    if job.loss_lbn not in wants:
+        raise CompileError(f"loss.backward() in nn.Graph {job.name!r}: the loss {job.loss_lbn} does not depend on "
+                           "any parameter that requires grad")
+    forward = list(job.ops)
+    k = job.grad_acc_steps
+    loss = job.blobs[job.loss_lbn]
+    seed = creation.full((), 1.0 / k, dtype=loss.dtype, device=loss.device)
+    if loss.time_shape != (1, 1):   # one seed per micro-batch: every gradient is made k times, then acc'ed
+        seed = _repeat(job, seed)
+    grads: dict[str, LazyTensor] = {job.loss_lbn: seed}
+
+    def add(lbn: str, grad) -> None:
+        grads[lbn] = grad if lbn not in grads else grads[lbn] + grad
+
+    job.variable_grads = {}
+    for op in reversed(forward):
+        out_grads = [grads.pop(lbn, None) for lbn in op.outputs]
+        if all(g is None for g in out_grads) or op.type in ("output", "input", "unpack"):
+            continue
+        if op.type == "variable":
+            if op.name in trainable:
+                job.variable_grads[op.name] = out_grads[0]._lbn
+            continue
+        tracer.stage, tracer.line = op.stage, f"backward of {op.line}"
+        if op.type == "repeat":   # the gradients of the k micro-batches add up: acc
+            acc = _acc(job, op, out_grads[0])
+            add(op.inputs[0], acc)
+            continue
+        if op.type == "view":
+            add(op.inputs[0], view_backward(job, tracer, op, out_grads[0]))
+            continue
+        rule = get_op(op.type).backward
+        if rule is None:
+            raise CompileError(f"op {op.name} ({op.type}, at {op.line}) has no backward rule, but the loss needs "
+                               "a gradient through it")
+        tracer.stage, tracer.line = op.stage, f"backward of {op.line}"
+        ctx = JobCtx(job, tracer, op, wants)
+        out_grads = [g if g is not None else creation.zeros(*job.blobs[lbn].shape, dtype=job.blobs[lbn].dtype,
+                                                            device=job.blobs[lbn].device)
+                     for g, lbn in zip(out_grads, op.outputs)]
+        result = rule(ctx, out_grads if len(out_grads) > 1 else out_grads[0])
+        result = list(result) if isinstance(result, (list, tuple)) else [result]
+        for x, g in zip(op.inputs, result):
+            if g is not None and isinstance(x, str) and x in wants:
+                add(x, g)
+    tracer.stage = tracer.line = None
+    for op in job.ops[len(forward):]:
+        op.backward = True
+    assign_time_shapes(job)
+    insert_repeats(job)
+    assign_time_shapes(job)
+
+
+def _repeat(job, x: LazyTensor) -> LazyTensor:
+    name = job.new_name("repeat")
+    desc = BlobDesc((), x.dtype, device=x.device, time_shape=(1, job.grad_acc_steps))
+    job.add_op(JobOp(name, "repeat", [x._lbn], [lbn_of(name)], {"repeat_num": job.grad_acc_steps},
+                     line="loss gradient", backward=True), [desc])
+    return LazyTensor._make(x._trace, lbn_of(name), desc)
+
+
+def _acc(job, repeat: JobOp, grad: LazyTensor) -> LazyTensor:
+    """An ``acc`` op: the sum of a ``(1, k)`` gradient over the k micro-batches, made once per call."""
+    name = job.new_name("acc")
+    desc = BlobDesc(tuple(grad.shape), grad.dtype, device=grad.device, time_shape=(1, 1))
+    job.add_op(JobOp(name, "acc", [grad._lbn], [lbn_of(name)], {"acc_num": job.grad_acc_steps},
+                     stage=repeat.stage, line=repeat.line, backward=True), [desc])
+    return LazyTensor._make(grad._trace, lbn_of(name), desc)

@@ -1,0 +1,82 @@
+"""Pass ``optimizer``: the update ops of every ``add_optimizer`` (OneFlow's optimizer job pass).
+
+For each parameter with a gradient (``job.variable_grads``, made by the autograd
+pass) the pass records the optimizer's fused update op (``sgd_update``,
+``momentum_update``, ``adam_update``: the very ops the eager ``step()`` issues,
+``Optimizer._update_op``), which writes the parameter and the optimizer state in
+place.  Three things are *tensors* the graph reads at every call, so that a graph
+traced once stays right:
+
+* the optimizer state (momentum buffers, Adam's averages): eager tensors made here,
+  before the first call, shared with the eager optimizer (``optimizer.state``);
+* the learning rate of each param group: a 0-d float32 tensor, refilled before every
+  call from ``group["lr"]`` (an lr scheduler changes it between calls);
+* the step count (Adam's bias correction, SGD's first momentum step): a 0-d int64
+  tensor, refilled before every call.
+
+Those refills are ``job.feeds``: ``(tensor, function giving its value)``, run by whoever
+runs the Plan before each call.  Gradients were already scaled by ``1 / k`` (the
+autograd pass) and Acc'ed over the micro-batches, so the update runs once per call.
+"""
+
+from __future__ import annotations
+
+from pyflow.compiler.lazy import paused
+from pyflow.framework import creation
+
+__all__ = ["run"]
+
+
+def run(job, tracer) -> None:
+    if not job.optimizers:
+        return
+    job.feeds = getattr(job, "feeds", [])
+    grads = getattr(job, "variable_grads", {})
+    by_tensor = {id(t): name for name, t in job.variables.items()}
+    for optim, _ in job.optimizers:
+        if not hasattr(optim, "_graph_steps"):
+            with paused():
+                optim._graph_steps = _steps_taken(optim)
+        steps: dict = {}
+        for group in optim.param_groups:
+            lrs: dict = {}
+            for p in group["params"]:
+                name = by_tensor.get(id(p))
+                if name is None or name not in grads:
+                    continue   # not used by build, or no gradient reaches it
+                device = str(p.device)
+                with paused():
+                    if device not in lrs:
+                        lrs[device] = creation.zeros((), dtype="float32", device=p.device)
+                        job.feeds.append((lrs[device], lambda group=group: float(group["lr"])))
+                    if device not in steps:
+                        steps[device] = creation.zeros((), dtype="int64", device=p.device)
+                        job.feeds.append((steps[device], lambda optim=optim: optim._graph_steps + 1))
+                    state = optim.state[p]
+                    _make_state(optim, p, group, state)
+                tracer.stage, tracer.line = job.op(name).stage, f"update of {job.variable_names.get(name, name)}"
+                grad = tracer.lazy_of(grads[name])
+                optim._update_op(p, grad, group, state, lrs[device], steps[device])
+    tracer.stage = tracer.line = None
+
+
+def _steps_taken(optim) -> int:
+    """How many steps the optimizer took eagerly before the graph (its state's step counts)."""
+    taken = 0
+    for state in optim.state.values():
+        if "step" in state:
+            step = state["step"]
+            taken = max(taken, int(step.item() if hasattr(step, "item") else step))
+        elif state:
+            taken = max(taken, 1)
+    return taken
+
+
+def _make_state(optim, p, group, state: dict) -> None:
+    """The state tensors the update op writes (momentum buffer, Adam's averages), made by the optimizer's
+    own ``_prepare`` into a scratch dict, so the eager step count is left as it was."""
+    scratch: dict = {}
+    optim._prepare(p, group, scratch)
+    for key, value in scratch.items():
+        if key != "step":
+            state.setdefault(key, value)

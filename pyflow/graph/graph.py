@@ -1,0 +1,263 @@
+"""Seed 004: ``flow.nn.Graph``: trace ``build`` once, compile it to a Plan, then only run the Plan.
+
+OneFlow's static-graph API::
+
+    class TrainGraph(flow.nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model                        # modules become graph members
+            self.add_optimizer(sgd)                   # the optimizer pass adds the update ops
+            self.config.set_gradient_accumulation_steps(4)
+
+        def build(self, x, y):
+            loss = loss_fn(self.model(x), y)
+            loss.backward()                           # marks the loss: the autograd pass does the rest
+            return loss
+
+    g = TrainGraph()
+    loss = g(x, y)      # 1st call: trace build (lazy mode) -> Job -> passes -> Plan; then run it
+    loss = g(x, y)      # later calls: run the Plan only
+
+What happens at the first call (``g.debug(1)`` prints each step with its time):
+
+1. **Trace**: ``build`` runs in lazy mode (``pyflow/compiler/lazy.py``): the inputs are
+   ``input`` ops, every eager tensor it touches (parameters, buffers, captured
+   tensors) a ``variable`` op, every op call a Job op.
+2. **Compile** (``pyflow.compiler.compile_job``): the passes, the OpGraph (SBP), the
+   TaskGraph (boxing, copies), regsts and memory, the Plan (``g.plan``).
+3. **Run**: until the actor runtime exists, the Plan runs on the sequential Plan
+   interpreter (``pyflow/compiler/run_plan.py``); outputs come back as eager tensors.
+
+After each call that trains, the graph steps its learning-rate scheduler (OneFlow steps
+it once per graph call) and counts the step (Adam's bias correction reads it).
+"""
+
+from __future__ import annotations
+
+import time
+
+from pyflow.compiler import compile_job
+from pyflow.compiler.job import Job
+from pyflow.compiler.lazy import LazyTensor, Tracer, tracing
+from pyflow.compiler.run_plan import run_plan
+from pyflow.errors import GraphError
+from pyflow.framework.tensor import Tensor
+from pyflow.nn.module import Module
+
+__all__ = ["Graph", "GraphModule", "GraphConfig"]
+
+
+class GraphConfig:
+    """``graph.config``: how the graph compiles (OneFlow's ``GraphConfig``)."""
+
+    def __init__(self):
+        self.gradient_accumulation_steps = 1
+        self.outputs_buffer_size = 2
+
+    def set_gradient_accumulation_steps(self, value: int) -> None:
+        """Split each call's inputs into ``value`` micro-batches along dim 0; update once per call."""
+        if not isinstance(value, int) or value < 1:
+            raise GraphError(f"set_gradient_accumulation_steps: needs an int >= 1, got {value!r}")
+        self.gradient_accumulation_steps = value
+
+    def set_outputs_buffer_size(self, value: int = 2) -> None:
+        """How many calls may be in flight at once (the actor runtime's output buffer)."""
+        if not isinstance(value, int) or value < 1:
+            raise GraphError(f"set_outputs_buffer_size: needs an int >= 1, got {value!r}")
+        self.outputs_buffer_size = value
+
+
+class GraphModule:
+    """A module's settings inside one graph: ``graph.model.to(flow.nn.graph.GraphModule).set_stage(1, p)``."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.stage_id = None
+        self.stage_placement = None
+
+    def set_stage(self, stage_id: int, placement=None) -> "GraphModule":
+        """Put the module in pipeline stage ``stage_id``; with ``placement``, its tensor inputs move there."""
+        if not isinstance(stage_id, int) or stage_id < 0:
+            raise GraphError(f"set_stage of {self.name}: stage_id must be an int >= 0, got {stage_id!r}")
+        self.stage_id, self.stage_placement = stage_id, placement
+        return self
+
+
+class _ProxyModule:
+    """How ``build`` sees a member module: calling it records its ops with the module's stage."""
+
+    def __init__(self, name: str, module: Module, graph: "Graph"):
+        self._name, self._module, self._graph, self._config = name, module, graph, GraphModule(name)
+
+    def to(self, kind):
+        if kind is GraphModule:
+            return self._config
+        raise GraphError(f"{self._name}.to({kind!r}) inside nn.Graph: only .to(flow.nn.graph.GraphModule) is "
+                         "allowed here; move the module before building the graph")
+
+    def __call__(self, *args, **kwargs):
+        tracer = self._graph._tracer
+        if tracer is None:
+            return self._module(*args, **kwargs)
+        outer = tracer.stage
+        config = self._config
+        if config.stage_id is not None:
+            tracer.stage = config.stage_id
+            if config.stage_placement is not None:
+                args = tuple(_move(a, config.stage_placement) for a in args)
+        try:
+            return self._module(*args, **kwargs)
+        finally:
+            tracer.stage = outer
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def _move(x, where):
+    """A stage input moved to the stage's placement (a device for local tensors)."""
+    if not isinstance(x, Tensor):
+        return x
+    if x.is_global or not isinstance(where, (str,)) and hasattr(where, "ranks"):
+        return x.to_global(placement=where)
+    return x.to(where)
+
+
+def _flatten(value, found: list):
+    """The tensors of ``value`` (a tensor, or tuples/lists/dicts of them), and how to rebuild it."""
+    if isinstance(value, (tuple, list)):
+        parts = [_flatten(v, found) for v in value]
+        return (type(value), parts)
+    if isinstance(value, dict):
+        return (dict, {k: _flatten(v, found) for k, v in value.items()})
+    if value is None:
+        return (None, None)
+    found.append(value)
+    return ("leaf", len(found) - 1)
+
+
+def _rebuild(shape, values: list):
+    kind, parts = shape
+    if kind == "leaf":
+        return values[parts]
+    if kind is None:
+        return None
+    if kind is dict:
+        return {k: _rebuild(v, values) for k, v in parts.items()}
+    return kind(_rebuild(p, values) for p in parts)
+
+
+class Graph:
+    """Subclass it, assign modules in ``__init__``, write ``build(self, *inputs)``; call it like a module."""
+
+    def __init__(self):
+        object.__setattr__(self, "_members", {})
+        self.config = GraphConfig()
+        self._optimizers = []
+        self._job = None
+        self._traced_job_text = ""
+        self._plan = None
+        self._debug_level = 0
+        self._tracer = None
+        self._out_shape = None
+        self._calls = 0
+        self.compile_log = []     # (step, seconds) of the first call
+
+    # --- members --------------------------------------------------------------------------------
+
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, Module):
+            self._members[name] = _ProxyModule(name, value, self)
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str):
+        members = self.__dict__.get("_members", {})
+        if name in members:
+            return members[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def build(self, *args):
+        raise NotImplementedError(f"nn.Graph {type(self).__name__} must define build(self, *inputs)")
+
+    def add_optimizer(self, optim, *, lr_sch=None) -> None:
+        """Train: the optimizer pass adds ``optim``'s update ops; ``lr_sch`` is stepped after every call."""
+        self._optimizers.append((optim, lr_sch))
+
+    def debug(self, v_level: int = 0) -> None:
+        """``v_level >= 1``: print each compile step (trace, every pass, OpGraph, TaskGraph, Plan) and its time."""
+        self._debug_level = v_level
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def job(self) -> Job:
+        """The compiled Job (after the passes); ``None`` before the first call."""
+        return self._job
+
+    @property
+    def plan(self):
+        """The Plan (``print(g.plan)``: OneFlow's light plan); ``None`` before the first call."""
+        return self._plan
+
+    # --- calls ----------------------------------------------------------------------------------
+
+    def __call__(self, *args):
+        for i, a in enumerate(args):
+            if not isinstance(a, Tensor):
+                raise GraphError(f"nn.Graph {self.name}: input {i} is a {type(a).__name__}; graph inputs must be "
+                                 "tensors (capture other values in __init__ or as constants in build)")
+            if isinstance(a, LazyTensor):
+                raise GraphError(f"nn.Graph {self.name} called inside another graph's build: graphs cannot be "
+                                 "nested; call its modules directly")
+        if self._plan is None:
+            self._compile(args)
+        outputs = run_plan(self._plan, list(args), self._job)
+        self._after_call()
+        return _rebuild(self._out_shape, outputs)
+
+    def _log(self, step: str, seconds: float) -> None:
+        self.compile_log.append((step, seconds))
+        if self._debug_level >= 1:
+            print(f"[nn.Graph {self.name}] {step}: {seconds * 1e3:.2f} ms")
+
+    def _compile(self, args) -> None:
+        job = Job(self.name)
+        job.grad_acc_steps = self.config.gradient_accumulation_steps
+        job.optimizers = list(self._optimizers)
+        tracer = Tracer(job)
+        for member, proxy in self._members.items():
+            for name, t in list(proxy._module.named_parameters()) + list(proxy._module.named_buffers()):
+                tracer.names[id(t)] = f"{member}.{name}"
+        start = time.perf_counter()
+        self._tracer = tracer
+        try:
+            with tracing(tracer):
+                inputs = [tracer.input(a, i) for i, a in enumerate(args)]
+                result = self.build(*inputs)
+                found: list = []
+                self._out_shape = _flatten(result, found)
+                for i, x in enumerate(found):
+                    tracer.output(x, i)
+        finally:
+            self._tracer = None
+        self._traced_job_text = str(job)
+        self._log(f"trace build ({len(job)} ops)", time.perf_counter() - start)
+        if self._optimizers and job.loss_lbn is None:
+            raise GraphError(f"nn.Graph {self.name} has an optimizer but build() called no loss.backward()")
+        self._plan = compile_job(job, tracer, log=self._log)
+        self._job = job
+
+    def _after_call(self) -> None:
+        self._calls += 1
+        for optim, lr_sch in self._optimizers:
+            optim._graph_steps = getattr(optim, "_graph_steps", 0) + 1
+            if lr_sch is not None:
+                lr_sch.step()
+
+    def __repr__(self) -> str:
+        members = ", ".join(f"{k}: {type(v._module).__name__}" for k, v in self._members.items())
+        state = "compiled" if self._plan is not None else "not compiled yet"
+        return f"nn.Graph {self.name} ({members}; {state})"
