@@ -315,8 +315,8 @@ def test_a_steady_step_is_one_fused_op_per_parameter_and_the_lr_is_refilled_only
             opt.step()
         names.append(sorted(_names(tracer)))   # (the trace lists instructions as they run, not as issued)
         sched.step()
-    # steps 1 and 2 make the state, the lr tensor and the step constants; step 4 follows StepLR's new lr
-    assert names[2] == names[4] == sorted(per_param * 2)
+    # step 1 makes the state, the lr tensor and the step constants; step 4 follows StepLR's new lr
+    assert names[1] == names[2] == names[4] == sorted(per_param * 2)
     assert names[3] == sorted(["fill"] + per_param * 2)
     assert len(opt._lr_tensors) == 1
     (_, value, lr), = opt._lr_tensors.values()

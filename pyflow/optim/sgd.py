@@ -70,6 +70,7 @@ class SGD(Optimizer):
         device = p.to_local().device if p.is_global else p.device
         if state.get("momentum_buffer") is None:   # the first step (or a state saved before it)
             state["momentum_buffer"] = zeros_like(p)
+            self._step_constant(device, 2)   # made now, so that the second step is already a steady one
             return self._step_constant(device, 1)
         return self._step_constant(device, 2)
 
