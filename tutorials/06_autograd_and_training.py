@@ -16,8 +16,9 @@
 # 2. **backward**: `loss.backward()` walks that graph from the loss and runs
 #    each op's backward rule.  The rules are written with the same public ops,
 #    so backward is more VM instructions, on the same streams as the forward;
-# 3. **the optimizer**: `optimizer.step()` updates each parameter with
-#    in-place ops (`p.add_(buf, alpha=-lr)`), again VM instructions.
+# 3. **the optimizer**: `optimizer.step()` updates each parameter with one
+#    fused op that writes it in place (`momentum_update`, as OneFlow's
+#    optimizers do), again a VM instruction.
 #
 # This tutorial draws the tape of a tiny expression, traces its backward,
 # counts the instructions of one training step, and then trains a small
@@ -404,8 +405,8 @@ if Figure is not None:
 # %% [markdown]
 # Where to read more: `pyflow/autograd/engine.py` is the whole backward in a
 # page; `pyflow/ops/_grad.py` says what a backward rule is, and every op file
-# in `pyflow/ops/` ends with its rules; `pyflow/optim/sgd.py` is SGD as in-place
-# ops.  In OneFlow the same split holds: the autograd engine issues the
+# in `pyflow/ops/` ends with its rules; `pyflow/optim/sgd.py` is SGD, one fused
+# update op per parameter (`pyflow/ops/optim_update.py`).  In OneFlow the same split holds: the autograd engine issues the
 # backward ops to the same eager VM as the forward ones.
 
 # %%
