@@ -13,7 +13,7 @@ of a log-uniform size (1 KiB .. 16 MiB) that lives from ``i`` to its last consum
 
 For each shape and size (ops), a few seeds: the planned / lower-bound ratio (min, median, max
 over the seeds) of every algorithm and of ``best``, which algorithm won, and the planning time
-of ``best`` and of ``mem_size_first`` (OneFlow's default) per op.
+of ``best``, of ``mem_size_first`` (OneFlow's default) and of ``bottom_up`` (pyflow's) per op.
 
     python benchmarks/bench_memory_plan.py [--sizes 100 1000 10000] [--seeds 3]
 
@@ -93,10 +93,11 @@ def main() -> None:
     args = parser.parse_args()
 
     names = (*ALGORITHMS, "best")
+    rows = [names[i:i + 4] for i in range(0, len(names), 4)]  # four columns a line
     print(f"planned / lower bound, min / median / max over {args.seeds} seeds; target: best <= {TARGET}")
-    print(f"{'workload':<16}" + "".join(f"{n:>26}" for n in names[:4]))
-    print(f"{'':<16}" + "".join(f"{n:>26}" for n in names[4:]))
-    timings = collections.defaultdict(list)  # (shape, ops) -> [(best s, mem_size_first s)]
+    for i, row in enumerate(rows):
+        print(f"{'workload' if i == 0 else '':<16}" + "".join(f"{n:>26}" for n in row))
+    timings = collections.defaultdict(list)  # (shape, ops) -> [(best s, mem_size_first s, bottom_up s)]
     verdicts = []
     for shape in ("chain", "branchy", "training"):
         for n in args.sizes:
@@ -116,15 +117,17 @@ def main() -> None:
                         best_time = took
                     elif name == "mem_size_first":
                         default_time = took
-                timings[(shape, n)].append((best_time, default_time))
+                    elif name == "bottom_up":
+                        bottom_up_time = took
+                timings[(shape, n)].append((best_time, default_time, bottom_up_time))
 
             def cell(name: str) -> str:
                 r = ratios[name]
                 return f"{min(r):.4f}/{statistics.median(r):.4f}/{max(r):.4f}"
 
             label = f"{shape} {n}"
-            print(f"{label:<16}" + "".join(f"{cell(name):>26}" for name in names[:4]))
-            print(f"{'':<16}" + "".join(f"{cell(name):>26}" for name in names[4:]))
+            for i, row in enumerate(rows):
+                print(f"{label if i == 0 else '':<16}" + "".join(f"{cell(name):>26}" for name in row))
             worst = max(ratios["best"])
             verdicts.append((label, worst, worst <= TARGET, dict(winners)))
 
@@ -132,12 +135,12 @@ def main() -> None:
     for label, worst, met, winners in verdicts:
         print(f"  {label:<16} {worst:.4f}  {'meets' if met else 'MISSES'} <= {TARGET}   won by {winners}")
 
-    print("\nplanning time per op (median over seeds), best (all eight, early exits) and mem_size_first:")
+    print("\nplanning time per op (median over seeds): best (all nine, early exits), mem_size_first, bottom_up:")
     for (shape, n), runs in timings.items():
-        best = statistics.median(t for t, _ in runs)
-        single = statistics.median(t for _, t in runs)
+        best, single, bottom_up = (statistics.median(run[k] for run in runs) for k in range(3))
         print(f"  {shape:<9} {n:>6} ops   best {best * 1e6 / n:7.1f} us/op ({best:7.3f} s)"
-              f"   mem_size_first {single * 1e6 / n:7.1f} us/op ({single:7.3f} s)")
+              f"   mem_size_first {single * 1e6 / n:7.1f} us/op ({single:7.3f} s)"
+              f"   bottom_up {bottom_up * 1e6 / n:7.1f} us/op ({bottom_up:7.3f} s)")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,11 @@
 * ``check`` catches broken placements (a regst moved onto one alive at the same time, a
   missing, misaligned or out-of-block regst).
 * to_dict / from_dict round-trip through JSON; report() and log(); clear errors.
-* Quality guard: on typical random DAGs (200 ops, log-uniform sizes) best <= 1.10 x the
-  lower bound (the benchmark's target is 1.02; that is measured, not asserted here).
+* ``bottom_up`` (pyflow's algorithm): valid on random branchy DAGs of 50-250 ops (hypothesis),
+  deterministic, exact on the hand-made cases, and within 2% of the lower bound on fixed random
+  DAGs of 200-500 ops where OneFlow's eight greedy algorithms miss by 3-13%.
+* Quality guard: on typical random DAGs (200 ops, log-uniform sizes) best <= 1.02 x the lower
+  bound (the benchmark's target; benchmarks/bench_memory_plan.py measures 1,000-10,000 ops).
 """
 
 from __future__ import annotations
@@ -53,6 +56,20 @@ def interval_requests(draw_):
     rows = draw_(st.lists(st.tuples(st.sampled_from(["cuda:0", "cuda:1"]), st.integers(0, 4096),
                                     st.integers(0, 20), st.integers(1, 12)), min_size=1, max_size=40))
     return [MemRequest(i, dev, size, start, start + length) for i, (dev, size, start, length) in enumerate(rows)]
+
+
+def branchy_dag(n: int, seed: int) -> list[MemRequest]:
+    """The benchmark's branchy shape: 1-3 parents among the last 50 ops, 2% also read any earlier op."""
+    rng = np.random.default_rng(seed)
+    sizes = np.exp(rng.uniform(np.log(1024), np.log(16 << 20), n)).astype(np.int64).tolist()
+    consumers = [[] for _ in range(n)]
+    for child in range(1, n):
+        parents = set(rng.integers(max(0, child - 50), child, size=int(rng.integers(1, 4))).tolist())
+        if rng.random() < 0.02:
+            parents.add(int(rng.integers(0, child)))
+        for parent in parents:
+            consumers[parent].append(child)
+    return requests_for_chain(DEVICE, sizes, consumers)
 
 
 def random_dag(n: int, seed: int) -> list[MemRequest]:
@@ -198,7 +215,8 @@ def test_worked_example_of_the_module_docstring():
     assert plan.algorithms == {"cuda:0": "mem_size_first"}  # OneFlow's default wins ties
 
 
-@pytest.mark.parametrize("algorithm", ["mem_size_first", "lifetime_first", "mem_volume_first", "best"])
+@pytest.mark.parametrize("algorithm",
+                         ["mem_size_first", "lifetime_first", "mem_volume_first", "bottom_up", "best"])
 def test_a_chain_reuses_two_buffers_perfectly(algorithm):
     """Op i reads only op i - 1: two equal buffers, ping-pong, exactly the lower bound."""
     requests = requests_for_chain(DEVICE, [4096] * 50, [[i + 1] for i in range(49)] + [[]])
@@ -215,7 +233,7 @@ def test_training_pattern_stacks_activations_exactly():
     consumers = [[f + 1, 2 * m - 1 - f] for f in range(m - 1)] + [[m]]
     consumers += [[b + 1] for b in range(m, 2 * m - 1)] + [[]]
     requests = requests_for_chain(DEVICE, sizes + sizes[::-1], consumers)
-    for algorithm in ("mem_size_first", "mem_size_first+compact", "lifetime_first", "best"):
+    for algorithm in ("mem_size_first", "mem_size_first+compact", "lifetime_first", "bottom_up", "best"):
         plan = plan_memory(requests, algorithm=algorithm)
         plan.check()
         assert plan.block_sizes[DEVICE] == lower_bound(requests)[DEVICE] == sum(sizes) + sizes[-1], algorithm
@@ -253,21 +271,65 @@ def test_devices_are_planned_separately():
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_typical_random_dags_come_within_ten_percent_of_the_lower_bound(seed):
+def test_typical_random_dags_come_within_two_percent_of_the_lower_bound(seed):
     requests = random_dag(200, seed)
     plan = plan_memory(requests)
     plan.check()
     (row,) = plan.report()
-    assert row["ratio"] <= 1.10, row
+    assert row["ratio"] <= 1.02, row
 
 
-def test_ten_thousand_requests_plan_in_seconds_not_minutes():
+@pytest.mark.parametrize("algorithm", ["mem_size_first", "bottom_up"])
+def test_ten_thousand_requests_plan_in_seconds_not_minutes(algorithm):
     """A guard against an O(n^3) placement, not a benchmark (benchmarks/bench_memory_plan.py is)."""
-    requests = random_dag(10_000, 0)
+    # branchy_dag(10_000, 2): bottom_up runs its whole search (20 decodes), ending at 1.0002
+    requests = random_dag(10_000, 0) if algorithm == "mem_size_first" else branchy_dag(10_000, 2)
     began = time.perf_counter()
-    plan = plan_memory(requests, algorithm="mem_size_first")
+    plan = plan_memory(requests, algorithm=algorithm)
     assert time.perf_counter() - began < 15
-    assert plan.report()[0]["ratio"] <= 1.10
+    assert plan.report()[0]["ratio"] <= (1.10 if algorithm == "mem_size_first" else 1.02)
+
+
+# --- bottom_up ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)  # ~0.1 s an example
+@given(st.integers(0, 2**32 - 1), st.integers(50, 250))
+def test_bottom_up_never_overlaps_live_regsts_on_random_branchy_dags(seed, n):
+    requests = branchy_dag(n, seed)
+    plan = plan_memory(requests, algorithm="bottom_up")
+    plan.check()
+    assert not brute_overlaps(plan)
+    assert set(plan.offsets) == {r.regst_id for r in requests}
+    assert plan.block_sizes[DEVICE] == max(plan.offsets[r.regst_id] + plan.size_of(r) for r in requests)
+    assert plan.block_sizes[DEVICE] >= lower_bound(requests)[DEVICE]
+
+
+# Random DAGs on which OneFlow's eight greedy algorithms (the best of them) miss the lower bound
+# by 3-13% (measured: random 300/0 1.050, 300/1 1.049, 300/4 1.049, 500/2 1.069; branchy 200/2
+# 1.063, 300/2 1.058, 500/2 1.127, 500/3 1.092).
+HARD_DAGS = [(random_dag, 300, 0), (random_dag, 300, 1), (random_dag, 300, 4), (random_dag, 500, 2),
+             (branchy_dag, 200, 2), (branchy_dag, 300, 2), (branchy_dag, 500, 2), (branchy_dag, 500, 3)]
+
+
+@pytest.mark.parametrize("make, n, seed", HARD_DAGS, ids=lambda v: getattr(v, "__name__", v))
+def test_bottom_up_comes_within_two_percent_of_the_lower_bound(make, n, seed):
+    requests = make(n, seed)
+    bound = lower_bound(requests)[DEVICE]
+    greedy = min(plan_memory(requests, algorithm=name).block_sizes[DEVICE] for name in ALGORITHMS[:-1])
+    assert greedy > 1.02 * bound  # the case is a hard one for OneFlow's algorithms
+    plan = plan_memory(requests, algorithm="bottom_up")
+    plan.check()
+    assert plan.block_sizes[DEVICE] <= 1.02 * bound
+    best = plan_memory(requests)
+    assert best.block_sizes[DEVICE] == plan.block_sizes[DEVICE] and best.algorithms[DEVICE] == "bottom_up"
+
+
+def test_bottom_up_is_deterministic():
+    requests = branchy_dag(300, 2)
+    first = plan_memory(requests, algorithm="bottom_up")
+    again = plan_memory(list(requests), algorithm="bottom_up")
+    assert first == again
 
 
 # --- serialisation, reports, the log --------------------------------------------------------
