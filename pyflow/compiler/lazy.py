@@ -23,6 +23,7 @@ while a trace is open on this thread.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
@@ -232,8 +233,7 @@ class Tracer:
         if not desc.shape or desc.shape[0] % k:
             raise GraphError(f"gradient accumulation {k}: graph input {index} has shape {list(desc.shape)}, whose "
                              f"dim 0 is not a multiple of {k}; give a batch that splits into {k} micro-batches")
-        micro = dataclasses_replace(desc)
-        micro.shape = (desc.shape[0] // k,) + tuple(desc.shape[1:])
+        micro = dataclasses.replace(desc, shape=(desc.shape[0] // k,) + tuple(desc.shape[1:]))
         (piece,) = self._record("unpack", [t._lbn], [micro], {"unpack_num": k}, prefix="unpack")
         return piece
 
@@ -243,7 +243,7 @@ class Tracer:
                              f"{index}; outputs must be tensors (or tuples/lists/dicts of tensors)")
         t = self.lazy(x)
         desc = self.job.blobs[t._lbn]
-        (o,) = self._record("output", [t._lbn], [dataclasses_replace(desc)], {"index": index}, prefix="output")
+        (o,) = self._record("output", [t._lbn], [dataclasses.replace(desc)], {"index": index}, prefix="output")
         self.job.output_ops.append(o._lbn.split("/")[0])
         return o._lbn
 
@@ -335,8 +335,3 @@ class Tracer:
                                "sum the losses and call backward() once")
         self.job.loss_lbn = loss._lbn
 
-
-def dataclasses_replace(desc: BlobDesc) -> BlobDesc:
-    import dataclasses
-
-    return dataclasses.replace(desc)

@@ -58,7 +58,7 @@ def _planned_tensor(plan, chunks: dict, regst) -> Tensor:
 
 def run_plan(plan, inputs: list, job) -> list:
     """Run one call of ``plan``: ``inputs`` are the graph's eager inputs; returns its outputs in order."""
-    for tensor, value in getattr(job, "feeds", ()):   # learning rates, step counts: refreshed per call
+    for tensor, value in job.feeds:   # learning rates, step counts: refreshed per call
         tensor.fill_(value())
     chunks = _chunks(plan)
     values: dict[int, Tensor] = {}   # regst id -> the tensor it is this call

@@ -67,7 +67,7 @@ class JobCtx:
                               device=self.input_places[i])
 
 
-def view_backward(job, tracer, op: JobOp, grad):
+def view_backward(job, op: JobOp, grad):
     """The gradient of a ``view`` op (shape, strides, offset into a contiguous input): scatter-add
     ``grad`` back to the positions the view read (an expanded dim reads one place many times)."""
     from pyflow.framework.tensor import tensor
@@ -82,8 +82,7 @@ def view_backward(job, tracer, op: JobOp, grad):
         positions = positions + (np.arange(n, dtype=np.int64) * s).reshape(index_shape)
     index = tensor(positions.reshape(-1), device=desc.device)
     flat = creation.zeros(int(np.prod(desc.shape, dtype=np.int64)), dtype=grad.dtype, device=desc.device)
-    return flat.index_add(0, index, grad.reshape(-1)).reshape(*desc.shape) if desc.shape else \
-        flat.index_add(0, index, grad.reshape(-1)).reshape(())
+    return flat.index_add(0, index, grad.reshape(-1)).reshape(tuple(desc.shape))
 
 
 def _wants(job, trainable: set) -> set:
@@ -135,7 +134,7 @@ def run(job, tracer) -> None:
             add(op.inputs[0], acc)
             continue
         if op.type == "view":
-            add(op.inputs[0], view_backward(job, tracer, op, out_grads[0]))
+            add(op.inputs[0], view_backward(job, op, out_grads[0]))
             continue
         rule = get_op(op.type).backward
         if rule is None:

@@ -57,19 +57,20 @@ def insert_repeats(job) -> None:
     if k == 1:
         return
     repeated: dict[str, str] = {}
-    for op in list(job.ops):
-        if not op.outputs or job.blobs[op.outputs[0]].time_shape == ONCE or op.type in ("repeat", "unpack"):
-            continue
-        for i, lbn in enumerate(op.inputs):
-            if not isinstance(lbn, str) or job.blobs[lbn].time_shape != ONCE or i in op.writes:
-                continue
-            if lbn not in repeated:
-                name = job.new_name("repeat")
-                desc = dataclasses.replace(job.blobs[lbn], time_shape=(1, k))
-                insert_before(job, op.name, JobOp(name, "repeat", [lbn], [lbn_of(name)], {"repeat_num": k},
-                                                  stage=op.stage, line=op.line), [desc])
-                repeated[lbn] = lbn_of(name)
-            op.inputs[i] = repeated[lbn]
+    ops, job.ops = job.ops, []   # rebuilt in one pass: each repeat goes just before its first reader
+    for op in ops:
+        if op.outputs and job.blobs[op.outputs[0]].time_shape != ONCE and op.type not in ("repeat", "unpack"):
+            for i, lbn in enumerate(op.inputs):
+                if not isinstance(lbn, str) or job.blobs[lbn].time_shape != ONCE or i in op.writes:
+                    continue
+                if lbn not in repeated:
+                    name = job.new_name("repeat")
+                    desc = dataclasses.replace(job.blobs[lbn], time_shape=(1, k))
+                    job.add_op(JobOp(name, "repeat", [lbn], [lbn_of(name)], {"repeat_num": k}, stage=op.stage,
+                                     line=op.line), [desc])
+                    repeated[lbn] = lbn_of(name)
+                op.inputs[i] = repeated[lbn]
+        job.ops.append(op)
 
 
 def run(job, tracer) -> None:

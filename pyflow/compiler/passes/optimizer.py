@@ -30,8 +30,8 @@ __all__ = ["run"]
 def run(job, tracer) -> None:
     if not job.optimizers:
         return
-    job.feeds = getattr(job, "feeds", [])
-    grads = getattr(job, "variable_grads", {})
+    grads = job.variable_grads
+    stages = {op.name: op.stage for op in job.ops}
     by_tensor = {id(t): name for name, t in job.variables.items()}
     for optim, _ in job.optimizers:
         if not hasattr(optim, "_graph_steps"):
@@ -54,7 +54,7 @@ def run(job, tracer) -> None:
                         job.feeds.append((steps[device], lambda optim=optim: optim._graph_steps + 1))
                     state = optim.state[p]
                     _make_state(optim, p, group, state)
-                tracer.stage, tracer.line = job.op(name).stage, f"update of {job.variable_names.get(name, name)}"
+                tracer.stage, tracer.line = stages[name], f"update of {job.variable_names.get(name, name)}"
                 grad = tracer.lazy_of(grads[name])
                 optim._update_op(p, grad, group, state, lrs[device], steps[device])
     tracer.stage = tracer.line = None
