@@ -25,6 +25,8 @@ tick          nothing
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from pyflow.framework.creation import empty
@@ -33,11 +35,20 @@ from pyflow.framework.op_registry import get_op
 from pyflow.framework.tensor import Tensor, _StorageHandle, _Version
 from pyflow.vm.eager_blob_object import EagerBlobObject
 
-__all__ = ["run_plan"]
+__all__ = ["run_plan", "act", "CallContext", "chunk_tensors", "planned_tensor", "produced_regsts"]
 
 
-def _chunks(plan) -> dict:
-    """One uint8 eager tensor per (rank, device) chunk, made once per plan."""
+@dataclasses.dataclass
+class CallContext:
+    """What one call of a Plan reads and fills besides its regsts."""
+
+    inputs: list                                  # the graph's eager inputs, by index
+    variables: dict                               # variable op name -> the eager tensor (job.variables)
+    outputs: dict = dataclasses.field(default_factory=dict)   # output index -> the tensor handed back
+
+
+def chunk_tensors(plan) -> dict:
+    """One uint8 eager tensor per (rank, device) chunk, made once per plan and kept on it."""
     chunks = getattr(plan, "_chunk_tensors", None)
     if chunks is None:
         chunks = {}
@@ -48,79 +59,94 @@ def _chunks(plan) -> dict:
     return chunks
 
 
-def _planned_tensor(plan, chunks: dict, regst) -> Tensor:
+def planned_tensor(plan, chunks: dict, regst, copy: int = 0) -> Tensor:
+    """Copy ``copy`` of a planned regst (of its ``max_regst_num``): a view into its device's chunk."""
     chunk = chunks[plan.chunk_key(regst)]
     dtype = np.dtype(regst.dtype)
-    offset = plan.memory.offsets[regst.id]
+    offset = plan.memory.offsets[regst.id] + copy * regst.nbytes
     blob = EagerBlobObject(chunk._blob.storage, regst.shape, dtype, None, offset // dtype.itemsize)
     return Tensor._wrap(blob, chunk._handle, _Version())
+
+
+def produced_regsts(plan, task) -> list:
+    """The data regsts ``task`` produces, ``out_0, out_1, ...`` (its ctrl regst left out)."""
+    return [plan.regsts[task.produced[f"out_{i}"]] for i in range(len(task.produced) - ("ctrl" in task.produced))]
 
 
 def run_plan(plan, inputs: list, job) -> list:
     """Run one call of ``plan``: ``inputs`` are the graph's eager inputs; returns its outputs in order."""
     for tensor, value in job.feeds:   # learning rates, step counts: refreshed per call
         tensor.fill_(value())
-    chunks = _chunks(plan)
+    chunks = chunk_tensors(plan)
     values: dict[int, Tensor] = {}   # regst id -> the tensor it is this call
     for regst in plan.regsts.values():
         if regst.mem == "planned":
-            values[regst.id] = _planned_tensor(plan, chunks, regst)
-    outputs: dict[int, Tensor] = {}
+            values[regst.id] = planned_tensor(plan, chunks, regst)
+    call = CallContext(list(inputs), job.variables)
     start, end = plan.loop
     order = plan.order
-    for tid in order[:start]:
-        _run_task(plan, plan.tasks[tid], values, inputs, job, outputs, 0)
-    for j in range(plan.loop_times if end > start else 0):
-        for tid in order[start:end]:
-            _run_task(plan, plan.tasks[tid], values, inputs, job, outputs, j)
-    for tid in order[end:]:
-        _run_task(plan, plan.tasks[tid], values, inputs, job, outputs, 0)
-    return [outputs[i] for i in sorted(outputs)]
+    steps = [(order[:start], 1), (order[start:end], plan.loop_times if end > start else 0), (order[end:], 1)]
+    for tids, times in steps:
+        for j in range(times):
+            for tid in tids:
+                task = plan.tasks[tid]
+                ins = {key: values[ids[0]] for key, ids in task.consumed.items() if key != "ctrl"}
+                produced = produced_regsts(plan, task)
+                results = act(plan, task, ins, [values.get(r.id) for r in produced], j, call)
+                for r, result in zip(produced, results):
+                    values[r.id] = result
+    return [call.outputs[i] for i in sorted(call.outputs)]
 
 
-def _run_task(plan, task, values: dict, inputs: list, job, outputs: dict, j: int) -> None:
+def act(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
+    """One act of ``task`` at micro-batch ``j`` (the table in the module docstring).
+
+    ``ins`` maps ``"in_0"``... to the tensors of the regsts it consumes; ``outs`` holds,
+    per produced regst, the tensor its memory is (planned regsts) or ``None``.  Returns
+    the tensor each produced regst is after this act (for an alias, variable or input
+    regst: the tensor it stands for).  The sequential interpreter and the actor runtime
+    both run tasks through this one function.
+    """
     op_type, op_inputs, attrs = plan.op_attrs[task.op_name]
-    produced = [plan.regsts[task.produced[f"out_{i}"]] for i in range(len(task.produced) - ("ctrl" in task.produced))]
-    args = [values[task.consumed[f"in_{i}"][0]] if isinstance(x, str) else x for i, x in enumerate(op_inputs)]
+    args = [ins[f"in_{i}"] if isinstance(x, str) else x for i, x in enumerate(op_inputs)]
     kind = task.kind
+    outs = list(outs)
     if kind == "tick":
-        return
+        return outs
     if kind == "variable":
-        values[produced[0].id] = job.variables[task.op_name]
-    elif kind == "input":
-        values[produced[0].id] = inputs[attrs["index"]]
-    elif kind == "repeat":
-        values[produced[0].id] = args[0]
-    elif kind == "output":
-        outputs[attrs["index"]] = args[0].clone()
-    elif kind == "unpack":
-        b = produced[0].shape[0]
-        apply("contiguous", [args[0].narrow(0, j * b, b)], out=[values[produced[0].id]])
+        return [call.variables[task.op_name]]
+    if kind == "input":
+        return [call.inputs[attrs["index"]]]
+    if kind == "repeat":
+        return [args[0]]
+    if kind == "output":
+        call.outputs[attrs["index"]] = args[0].clone()
+        return outs
+    if kind == "unpack":
+        b = outs[0].shape[0]
+        apply("contiguous", [args[0].narrow(0, j * b, b)], out=[outs[0]])
     elif kind == "acc":
-        out = values[produced[0].id]
         if j == 0:
-            apply("contiguous", [args[0]], out=[out])
+            apply("contiguous", [args[0]], out=[outs[0]])
         else:
-            apply("add", [out, args[0]], out=[out])
+            apply("add", [outs[0], args[0]], out=[outs[0]])
     elif kind == "pack":
-        out = values[produced[0].id]
         b = args[0].shape[0] if args[0].shape else 1
-        piece = out.narrow(0, j * b, b).view(*args[0].shape)
+        piece = outs[0].narrow(0, j * b, b).view(*args[0].shape)
         apply("contiguous", [args[0]], out=[piece])
     elif op_type == "view":
         (x,) = args
         view = x._view(attrs["shape"], attrs["strides"], x._blob.offset + attrs["offset"])   # offset: relative
-        apply("contiguous", [view], out=[values[produced[0].id]])
+        apply("contiguous", [view], out=[outs[0]])
     else:
         into = attrs.get("_out_into", ())
         kwargs = {k: v for k, v in attrs.items() if not k.startswith("_")}
         n_in = len(op_inputs) - len(into)
-        outs = [args[n_in + list(into).index(i)] if i in into else values[r.id] for i, r in enumerate(produced)]
+        targets = [args[n_in + list(into).index(i)] if i in into else outs[i] for i in range(len(outs))]
         k = get_op(op_type).updates_input
-        if k is not None and outs:   # the op writes only parts of input k: it starts as a copy of it
-            apply("contiguous", [args[k]], out=[outs[0]])
-            args[k] = outs[0]
-        results = apply(op_type, args[:n_in], out=outs or None, **kwargs)
-        for r, result in zip(produced, results):
-            if r.mem == "alias":
-                values[r.id] = result
+        if k is not None and targets:   # the op writes only parts of input k: it starts as a copy of it
+            apply("contiguous", [args[k]], out=[targets[0]])
+            args[k] = targets[0]
+        results = apply(op_type, args[:n_in], out=targets or None, **kwargs)
+        return list(results) if results is not None else outs
+    return outs
