@@ -35,7 +35,7 @@ from pyflow.framework.op_registry import get_op
 from pyflow.framework.tensor import Tensor, _StorageHandle, _Version
 from pyflow.vm.eager_blob_object import EagerBlobObject
 
-__all__ = ["run_plan", "act", "CallContext", "chunk_tensors", "planned_tensor", "produced_regsts"]
+__all__ = ["run_plan", "act", "CallContext", "call_context", "chunk_tensors", "planned_tensor", "produced_regsts"]
 
 
 @dataclasses.dataclass
@@ -45,6 +45,14 @@ class CallContext:
     inputs: list                                  # the graph's eager inputs, by index
     variables: dict                               # variable op name -> the eager tensor (job.variables)
     outputs: dict = dataclasses.field(default_factory=dict)   # output index -> the tensor handed back
+    feeds: dict = dataclasses.field(default_factory=dict)     # variable op name -> its value for this call
+
+
+def call_context(job, inputs: list, outputs: dict | None = None) -> CallContext:
+    """The context of one call: its inputs, and this call's values of the job's feeds (lr, step...)."""
+    by_tensor = {id(t): name for name, t in job.variables.items()}
+    feeds = {by_tensor[id(t)]: value() for t, value in job.feeds if id(t) in by_tensor}
+    return CallContext(list(inputs), job.variables, dict(outputs or {}), feeds)
 
 
 def chunk_tensors(plan) -> dict:
@@ -75,14 +83,12 @@ def produced_regsts(plan, task) -> list:
 
 def run_plan(plan, inputs: list, job) -> list:
     """Run one call of ``plan``: ``inputs`` are the graph's eager inputs; returns its outputs in order."""
-    for tensor, value in job.feeds:   # learning rates, step counts: refreshed per call
-        tensor.fill_(value())
     chunks = chunk_tensors(plan)
     values: dict[int, Tensor] = {}   # regst id -> the tensor it is this call
     for regst in plan.regsts.values():
         if regst.mem == "planned":
             values[regst.id] = planned_tensor(plan, chunks, regst)
-    call = CallContext(list(inputs), job.variables)
+    call = call_context(job, inputs)
     start, end = plan.loop
     order = plan.order
     steps = [(order[:start], 1), (order[start:end], plan.loop_times if end > start else 0), (order[end:], 1)]
@@ -114,13 +120,20 @@ def act(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
     if kind == "tick":
         return outs
     if kind == "variable":
-        return [call.variables[task.op_name]]
+        tensor = call.variables[task.op_name]
+        if task.op_name in call.feeds:   # a learning rate, a step count: this call's value
+            tensor.fill_(call.feeds[task.op_name])
+        return [tensor]
     if kind == "input":
         return [call.inputs[attrs["index"]]]
     if kind == "repeat":
         return [args[0]]
-    if kind == "output":
-        call.outputs[attrs["index"]] = args[0].clone()
+    if kind == "output":   # into the tensor the caller made for it, or a fresh one
+        target = call.outputs.get(attrs["index"])
+        if target is None:
+            call.outputs[attrs["index"]] = args[0].clone()
+        else:
+            apply("contiguous", [args[0]], out=[target])
         return outs
     if kind == "unpack":
         b = outs[0].shape[0]

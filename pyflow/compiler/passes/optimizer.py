@@ -14,8 +14,9 @@ traced once stays right:
 * the step count (Adam's bias correction, SGD's first momentum step): a 0-d int64
   tensor, refilled before every call.
 
-Those refills are ``job.feeds``: ``(tensor, function giving its value)``, run by whoever
-runs the Plan before each call.  Gradients were already scaled by ``1 / k`` (the
+Those refills are ``job.feeds``: ``(tensor, function giving its value)``; the values are
+taken when a call is launched (``run_plan.call_context``) and written by that tensor's
+``variable`` task when it acts for that call, so pipelined calls each see their own.  Gradients were already scaled by ``1 / k`` (the
 autograd pass) and Acc'ed over the micro-batches, so the update runs once per call.
 """
 
