@@ -28,17 +28,21 @@ import os
 import sys
 import threading
 
+import numpy as np
+
 from pyflow.compiler.job import BlobDesc, Job, JobOp, lbn_of
 from pyflow.errors import (ArgumentTypeError, AxisError, CompileError, DeviceError, DTypeError, GraphError,
                            IndexOutOfRangeError, ShapeError)
 from pyflow.framework import args, interpreter
 from pyflow.framework.dtypes import is_scalar
 from pyflow.framework.op_registry import TensorMeta, get_op
+from pyflow.framework.sbp import SbpParallel
 from pyflow.framework.tensor import Tensor, _Version
 from pyflow.kernels.layout import contiguous_strides
 
-__all__ = ["LazyTensor", "Tracer", "tracing", "paused", "current_job", "user_line"]
+__all__ = ["LazyTensor", "Tracer", "tracing", "paused", "current_job", "user_line", "device_of"]
 
+_S0 = SbpParallel("split", 0)
 _PYFLOW_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHECK_ERRORS = (ShapeError, DTypeError, AxisError, IndexOutOfRangeError, ArgumentTypeError, DeviceError)
 
@@ -52,6 +56,15 @@ def user_line() -> str:
             return f"{os.path.basename(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
+
+
+def device_of(desc: BlobDesc):
+    """Where this rank keeps a blob: a local blob's device, a global blob's device on this rank."""
+    if desc.placement is not None:
+        from pyflow import env
+
+        return desc.placement.device(env.get_rank())
+    return desc.device
 
 
 class LazyBlob:
@@ -81,10 +94,45 @@ class LazyTensor(Tensor):
     @classmethod
     def _make(cls, trace: "Tracer", lbn: str, desc: BlobDesc) -> "LazyTensor":
         t = object.__new__(cls)
-        t._blob, t._handle, t._versions, t._global, t._autograd = LazyBlob(desc.shape, desc.dtype, desc.device), \
+        t._blob, t._handle, t._versions, t._global, t._autograd = LazyBlob(desc.shape, desc.dtype, device_of(desc)), \
             None, _Version(), None, None
         t._lbn, t._trace, t._has_views, t._is_view = lbn, trace, False, False
         return t
+
+    # A global lazy tensor keeps ``_global`` None (nothing eager may touch its pieces); its
+    # placement and SBP are its blob desc's, the SBP as the signature inference left it.
+
+    @property
+    def _desc(self) -> BlobDesc:
+        return self._trace.job.blobs[self._lbn]
+
+    @property
+    def is_global(self) -> bool:
+        return self._desc.placement is not None
+
+    @property
+    def is_local(self) -> bool:
+        return self._desc.placement is None
+
+    @property
+    def placement(self):
+        if self._desc.placement is None:
+            return Tensor.placement.fget(self)   # the local tensor's error
+        return self._desc.placement
+
+    @property
+    def sbp(self) -> tuple:
+        if self._desc.placement is None:
+            return Tensor.sbp.fget(self)
+        return tuple(self._desc.sbp)
+
+    def to_global(self, placement=None, sbp=None) -> "LazyTensor":
+        """Inside build: a ``to_global`` op (the TaskGraph gives its edge the boxing sub-graph)."""
+        return self._trace.to_global(self, placement, sbp)
+
+    def to_local(self) -> "LazyTensor":
+        raise GraphError(f"to_local() of {self!r} at {user_line()}: inside nn.Graph.build a global tensor stays "
+                         "global; return it and call .to_local() on the result")
 
     def _view(self, shape, strides, offset) -> "LazyTensor":
         return self._trace.view(self, shape, strides, offset)
@@ -155,6 +203,10 @@ class _Hook:
 
     def apply(self, name, inputs, out, attrs):
         return _state.tracer.apply(name, inputs, out, attrs)
+
+    def lazy(self, x):
+        """The lazy twin of eager ``x`` (its variable op) in the open trace."""
+        return _state.tracer.lazy(x)
 
     def view(self, x, shape, strides, offset):
         """A view of a captured eager tensor: its offset made relative to the tensor's own (the blob the
@@ -230,9 +282,14 @@ class Tracer:
         if k == 1:
             return t
         # gradient accumulation: build sees one micro-batch (OneFlow's GradAccUnpack at the input)
-        if not desc.shape or desc.shape[0] % k:
+        pieces = 1   # a global input is unpacked piece by piece (OneFlow): each S(0) piece splits into k
+        if desc.placement is not None:
+            pieces = int(np.prod([n for n, s in zip(desc.placement.hierarchy, desc.sbp) if s == _S0], dtype=np.int64))
+        if not desc.shape or desc.shape[0] % (k * pieces):
             raise GraphError(f"gradient accumulation {k}: graph input {index} has shape {list(desc.shape)}, whose "
-                             f"dim 0 is not a multiple of {k}; give a batch that splits into {k} micro-batches")
+                             f"dim 0 is not a multiple of {k * pieces} ({k} micro-batches"
+                             f"{f' of each of {pieces} S(0) pieces' if pieces > 1 else ''}); give a batch that "
+                             f"splits into {k} micro-batches")
         micro = dataclasses.replace(desc, shape=(desc.shape[0] // k,) + tuple(desc.shape[1:]))
         (piece,) = self._record("unpack", [t._lbn], [micro], {"unpack_num": k}, prefix="unpack")
         return piece
@@ -257,6 +314,8 @@ class Tracer:
             if not isinstance(x, Tensor) and not is_scalar(x):
                 raise ArgumentTypeError(f"op {name!r}: expects tensors (or numbers), got {type(x).__name__}")
         tensors = [x for x in inputs if isinstance(x, Tensor)]
+        if any(self.job.blobs[t._lbn].placement is not None for t in tensors):
+            return self._global_apply(name, op, inputs, tensors, out, attrs)
         if "device" in attrs:
             attrs["device"] = args.device(attrs["device"], name)
         try:
@@ -278,6 +337,68 @@ class Tracer:
             return self._record(name, [x._lbn if isinstance(x, Tensor) else x for x in inputs], descs, attrs,
                                 writes=writes)
         return self._write(name, op, inputs, list(out), descs, attrs, writes)
+
+    def _global_apply(self, name, op, inputs, tensors, out, attrs) -> list:
+        """A global op: the eager global interpreter's checks and inference, its SBP signature chosen
+        now from the inputs' SBPs (the OpGraph repeats the same inference over the whole Job)."""
+        from pyflow.compiler.op_graph import infer_signature
+
+        descs_in = [self.job.blobs[x._lbn] if isinstance(x, Tensor) else None for x in inputs]
+        local = [t for t, d in zip(inputs, descs_in) if d is not None and d.placement is None]
+        if local:
+            raise DeviceError(f"op {name!r} at {user_line()}: global and local tensors mixed ({local[0]!r} is "
+                              "local); make it global with .to_global(placement, sbp) first")
+        placements = {d.placement for d in descs_in if d is not None}
+        if len(placements) > 1:
+            raise DeviceError(f"op {name!r} at {user_line()}: inputs on different placements "
+                              f"({', '.join(str(p) for p in placements)}); box them onto one with "
+                              ".to_global(placement=...) first")
+        (placement,) = placements
+        try:
+            dtypes = interpreter._promoted_dtypes(op, inputs)
+            metas = op.infer([TensorMeta(tuple(getattr(x, "shape", ())), d) for x, d in zip(inputs, dtypes)], attrs)
+        except _CHECK_ERRORS as error:
+            raise type(error)(f"{error} [op {name!r} in nn.Graph build at {user_line()}]") from None
+        writes = {i: inputs[i]._lbn for i in op.mutable_inputs if i < len(inputs) and isinstance(inputs[i], Tensor)}
+        try:
+            signature = infer_signature(name, descs_in, [m.shape for m in metas], attrs, placement, writes)
+        except CompileError as error:
+            raise CompileError(f"{error} [at {user_line()}]") from None
+        descs = [BlobDesc(tuple(m.shape), m.dtype, placement=placement, sbp=tuple(nd))
+                 for m, nd in zip(metas, signature.outputs)]
+        if out is not None:
+            return self._write(name, op, inputs, list(out), descs, attrs, writes)
+        return self._record(name, [x._lbn if isinstance(x, Tensor) else x for x in inputs], descs, attrs,
+                            writes=writes)
+
+    def to_global(self, x: "LazyTensor", placement=None, sbp=None) -> "LazyTensor":
+        """``x.to_global(placement, sbp)`` inside build: a ``to_global`` op with the requested layout."""
+        from pyflow.distributed.global_tensor import _checked_layout
+        from pyflow.framework.placement import placement as Placement
+
+        x = self.lazy(x)
+        desc = self.job.blobs[x._lbn]
+        if desc.placement is not None:
+            placement = desc.placement if placement is None else placement
+            sbp = desc.sbp if sbp is None else sbp
+        elif placement is None or sbp is None:
+            raise ArgumentTypeError("to_global of a local tensor needs both placement= and sbp=")
+        if not isinstance(placement, Placement):
+            raise ArgumentTypeError(f"to_global: placement must be a flow.placement, got {placement!r}")
+        shape = tuple(desc.shape)
+        if desc.placement is None:   # each rank's blob is its piece: the logical shape grows along splits
+            sbp = sbp if isinstance(sbp, (tuple, list)) else (sbp,)
+            shape = list(shape)
+            for axis, s in enumerate(sbp):
+                if s.is_split:
+                    shape[s.dim] *= placement.hierarchy[axis]
+            shape = tuple(shape)
+        nd = _checked_layout(shape, placement, sbp, "to_global")
+        if desc.placement is not None and desc.placement == placement and tuple(desc.sbp) == tuple(nd):
+            return x
+        out = BlobDesc(shape, desc.dtype, placement=placement, sbp=tuple(nd), time_shape=desc.time_shape)
+        (result,) = self._record("to_global", [x._lbn], [out], {"placement": placement, "sbp": tuple(nd)})
+        return result
 
     def _write(self, name, op, inputs, out, descs, attrs, writes) -> list:
         """``out=``: into a variable (an op that writes it), or a lazy tensor (renamed to the result)."""
@@ -318,6 +439,15 @@ class Tracer:
         attrs = {"shape": desc.shape, "strides": tuple(int(s) for s in strides), "offset": int(offset)}
         if detach:
             attrs["detach"] = True
+        source = self.job.blobs[x._lbn]
+        if source.placement is not None:   # a global view: its signature says how the pieces view
+            from pyflow.compiler.op_graph import _permutation, _view_signature
+
+            signature = _view_signature(source, attrs)
+            desc = BlobDesc(desc.shape, x.dtype, placement=source.placement, sbp=signature.outputs[0])
+            perm = _permutation(tuple(source.shape), attrs)
+            if perm is not None and signature.inputs[0] == tuple(source.sbp):
+                attrs["_perm"] = tuple(perm)
         (result,) = self._record("view", [x._lbn], [desc], attrs)
         x._has_views = True
         result._is_view = not detach

@@ -45,6 +45,7 @@ class Plan:
     loop_times: int      # k (gradient accumulation steps)
     memory: MemoryPlan
     op_attrs: dict = dataclasses.field(default_factory=dict)   # op name -> (op type, inputs, attrs)
+    boxings: list = dataclasses.field(default_factory=list)    # per boxed edge: lbn, consumer, builder, nodes
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -89,7 +90,7 @@ class Plan:
         """Graphviz text: a box per task (coloured by kind), an edge per regst consumer."""
         colours = {"compute": "lightblue", "tick": "grey90", "variable": "khaki", "input": "palegreen",
                    "output": "palegreen", "copy_h2d": "orange", "copy_d2h": "orange", "repeat": "plum",
-                   "unpack": "plum", "acc": "plum", "pack": "plum"}
+                   "unpack": "plum", "acc": "plum", "pack": "plum", "boxing": "salmon"}
         lines = [f'digraph "{self.job_name}" {{', "  rankdir=TB; node [shape=box, style=filled];"]
         for tid in self.order:
             t = self.tasks[tid]
@@ -112,6 +113,7 @@ class Plan:
             "order": self.order, "loop": list(self.loop), "loop_times": self.loop_times,
             "memory": self.memory.to_dict(),
             "op_attrs": {k: [v[0], v[1], _jsonable(v[2])] for k, v in self.op_attrs.items()},
+            "boxings": self.boxings,
         })
 
     @classmethod
@@ -121,7 +123,8 @@ class Plan:
         regsts = {r["id"]: RegstDesc(**{**r, "shape": tuple(r["shape"]), "time_shape": tuple(r["time_shape"])})
                   for r in d["regsts"]}
         return cls(d["job_name"], tasks, regsts, d["order"], tuple(d["loop"]), d["loop_times"],
-                   MemoryPlan.from_dict(d["memory"]), {k: tuple(v) for k, v in d["op_attrs"].items()})
+                   MemoryPlan.from_dict(d["memory"]), {k: tuple(v) for k, v in d["op_attrs"].items()},
+                   d.get("boxings", []))
 
 
 def _jsonable(value):
@@ -157,23 +160,35 @@ def _order(task_graph) -> tuple[list, tuple]:
             raise CompileError(f"op {node.name} (at {node.op.line}) runs once per micro-batch but needs {late[0]}, "
                                "which is made once per call after the micro-batch loop")
     order_nodes = before + loop + [n for n in task_graph.op_graph.nodes if n.name in after]
-    order = [tid for n in order_nodes for tid in task_graph.task_of_op[n.name]]
-    start = sum(len(task_graph.task_of_op[n.name]) for n in before)
-    return order, (start, start + sum(len(task_graph.task_of_op[n.name]) for n in loop))
+    order = [tid for n in order_nodes for tid in task_graph.tasks_in_order(n.name)]
+    start = sum(len(task_graph.tasks_in_order(n.name)) for n in before)
+    return order, (start, start + sum(len(task_graph.tasks_in_order(n.name)) for n in loop))
+
+
+def _readers(task_graph) -> dict:
+    """regst id -> every task that reads its memory: its consumers and those of the aliases of it."""
+    readers = {rid: list(r.consumers) for rid, r in task_graph.regsts.items()}
+    for r in task_graph.regsts.values():   # an alias's readers read the regst it stands for
+        source = r
+        while source.mem == "alias" and source.alias_of is not None:
+            source = task_graph.regsts[source.alias_of]
+            readers[source.id].extend(r.consumers)
+    return readers
 
 
 def _requests(task_graph, order: list, loop: tuple) -> list[MemRequest]:
     position = {tid: i for i, tid in enumerate(order)}
     total = len(order)
+    readers = _readers(task_graph)
     requests = []
     for r in task_graph.regsts.values():
         if r.mem != "planned":
             continue
         start = position[r.producer]
-        end = max([position[c] for c in r.consumers] + [start]) + 1
+        end = max([position[c] for c in readers[r.id]] + [start]) + 1
         if loop[0] <= start < loop[1] and r.time_shape[1] == 1:
             start = loop[0]                      # written over the whole loop (acc, pack)
-        if start < loop[0] and any(loop[0] <= position[c] < loop[1] for c in r.consumers):
+        if start < loop[0] and any(loop[0] <= position[c] < loop[1] for c in readers[r.id]):
             end = max(end, loop[1])              # read by every micro-batch
         if r.max_regst_num > 1:
             start, end = 0, total                # several copies in flight: not shared
@@ -187,5 +202,8 @@ def make_plan(task_graph, algorithm: str = "best") -> Plan:
     memory = plan_memory(_requests(task_graph, order, loop), algorithm=algorithm)
     job = task_graph.op_graph.job
     op_attrs = {op.name: (op.type, list(op.inputs), dict(op.attrs)) for op in job.ops}
+    op_attrs.update(task_graph.op_attrs)   # the boxing tasks
+    boxings = [{"lbn": lbn, "consumer": consumer, "builder": g.builder, "text": str(g)}
+               for lbn, consumer, g in task_graph.boxings]
     return Plan(job.name, dict(task_graph.tasks), dict(task_graph.regsts), order, loop, job.grad_acc_steps, memory,
-                op_attrs)
+                op_attrs, boxings)

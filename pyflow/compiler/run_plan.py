@@ -29,6 +29,9 @@ import dataclasses
 
 import numpy as np
 
+from pyflow import env
+from pyflow.compiler.boxing_tasks import run_boxing_task
+from pyflow.distributed.global_tensor import make_global, to_local
 from pyflow.framework.creation import empty
 from pyflow.framework.interpreter import apply
 from pyflow.framework.op_registry import get_op
@@ -46,21 +49,40 @@ class CallContext:
     variables: dict                               # variable op name -> the eager tensor (job.variables)
     outputs: dict = dataclasses.field(default_factory=dict)   # output index -> the tensor handed back
     feeds: dict = dataclasses.field(default_factory=dict)     # variable op name -> its value for this call
+    output_layouts: dict = dataclasses.field(default_factory=dict)   # output index -> (placement, sbp, shape,
+    #                                                                   dtype) of a global output
+    output_count: int = 0
+
+    def results(self) -> list:
+        """The outputs in order; a global output this rank holds no piece of is an empty piece of it."""
+        for i, layout in self.output_layouts.items():
+            if i not in self.outputs:
+                self.outputs[i] = make_global(None, *layout)
+        return [self.outputs[i] for i in range(self.output_count)]
 
 
 def call_context(job, inputs: list, outputs: dict | None = None) -> CallContext:
     """The context of one call: its inputs, and this call's values of the job's feeds (lr, step...)."""
     by_tensor = {id(t): name for name, t in job.variables.items()}
     feeds = {by_tensor[id(t)]: value() for t, value in job.feeds if id(t) in by_tensor}
-    return CallContext(list(inputs), job.variables, dict(outputs or {}), feeds)
+    layouts = {}
+    for name in job.output_ops:
+        op = job.op(name)
+        desc = job.blobs[op.outputs[0]]
+        if desc.placement is not None:
+            layouts[op.attrs["index"]] = (desc.placement, tuple(desc.sbp), tuple(desc.shape), desc.dtype)
+    return CallContext(list(inputs), job.variables, dict(outputs or {}), feeds, layouts, len(job.output_ops))
 
 
 def chunk_tensors(plan) -> dict:
-    """One uint8 eager tensor per (rank, device) chunk, made once per plan and kept on it."""
+    """One uint8 eager tensor per chunk of this rank's devices, made once per plan and kept on it."""
     chunks = getattr(plan, "_chunk_tensors", None)
     if chunks is None:
         chunks = {}
+        mine = f"rank{env.get_rank()}/"
         for key, size in plan.memory.block_sizes.items():
+            if not key.startswith(mine):
+                continue   # another rank's memory: its own process (or thread) makes it
             device = key.split("/", 1)[1]
             chunks[key] = empty(max(int(size), 1), dtype="uint8", device=device)
         plan._chunk_tensors = chunks
@@ -85,8 +107,9 @@ def run_plan(plan, inputs: list, job) -> list:
     """Run one call of ``plan``: ``inputs`` are the graph's eager inputs; returns its outputs in order."""
     chunks = chunk_tensors(plan)
     values: dict[int, Tensor] = {}   # regst id -> the tensor it is this call
+    rank = env.get_rank()
     for regst in plan.regsts.values():
-        if regst.mem == "planned":
+        if regst.mem == "planned" and regst.rank == rank:
             values[regst.id] = planned_tensor(plan, chunks, regst)
     call = call_context(job, inputs)
     start, end = plan.loop
@@ -96,12 +119,14 @@ def run_plan(plan, inputs: list, job) -> list:
         for j in range(times):
             for tid in tids:
                 task = plan.tasks[tid]
+                if task.rank != rank:
+                    continue   # every rank runs its own tasks of the one Plan
                 ins = {key: values[ids[0]] for key, ids in task.consumed.items() if key != "ctrl"}
                 produced = produced_regsts(plan, task)
                 results = act(plan, task, ins, [values.get(r.id) for r in produced], j, call)
                 for r, result in zip(produced, results):
                     values[r.id] = result
-    return [call.outputs[i] for i in sorted(call.outputs)]
+    return call.results()
 
 
 def act(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
@@ -120,21 +145,25 @@ def act(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
     if kind == "tick":
         return outs
     if kind == "variable":
-        tensor = call.variables[task.op_name]
+        tensor = to_local(call.variables[task.op_name])   # a global variable: this rank's piece
         if task.op_name in call.feeds:   # a learning rate, a step count: this call's value
             tensor.fill_(call.feeds[task.op_name])
         return [tensor]
     if kind == "input":
-        return [call.inputs[attrs["index"]]]
-    if kind == "repeat":
+        return [to_local(call.inputs[attrs["index"]])]
+    if kind == "repeat" or op_type == "to_global":   # the same memory, passed on
         return [args[0]]
     if kind == "output":   # into the tensor the caller made for it, or a fresh one
         target = call.outputs.get(attrs["index"])
         if target is None:
-            call.outputs[attrs["index"]] = args[0].clone()
+            desc = call.output_layouts.get(attrs["index"])
+            piece = args[0].clone()
+            call.outputs[attrs["index"]] = piece if desc is None else make_global(piece, *desc)
         else:
-            apply("contiguous", [args[0]], out=[target])
+            apply("contiguous", [args[0]], out=[to_local(target)])
         return outs
+    if kind == "boxing":
+        return [run_boxing_task(op_type, args, outs[0] if outs else None, attrs)]
     if kind == "unpack":
         b = outs[0].shape[0]
         apply("contiguous", [args[0].narrow(0, j * b, b)], out=[outs[0]])
@@ -149,7 +178,10 @@ def act(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
         apply("contiguous", [args[0]], out=[piece])
     elif op_type == "view":
         (x,) = args
-        view = x._view(attrs["shape"], attrs["strides"], x._blob.offset + attrs["offset"])   # offset: relative
+        if "_perm" in attrs:   # a global blob's split piece: permute the piece's own dims
+            view = x.permute(*attrs["_perm"])
+        else:
+            view = x._view(attrs["shape"], attrs["strides"], x._blob.offset + attrs["offset"])   # offset: relative
         apply("contiguous", [view], out=[outs[0]])
     else:
         into = attrs.get("_out_into", ())

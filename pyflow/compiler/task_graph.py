@@ -30,11 +30,13 @@ import dataclasses
 
 import numpy as np
 
+from pyflow import env
 from pyflow.compiler.ids import TaskId, encode_task_id, per_rank_id, thread_id
 
 __all__ = ["TaskNode", "RegstDesc", "TaskGraph", "STREAM_INDEX"]
 
-STREAM_INDEX = {"compute": 0, "host2device": 1, "device2host": 2, "ccl": 3}
+STREAM_INDEX = {"compute": 0, "host2device": 1, "device2host": 2, "ccl": 3, "comm_net": 4}
+HOST_DEVICE = "cpu"
 _KINDS = {"source_tick": "tick", "sink_tick": "tick", "variable": "variable", "input": "input", "output": "output",
           "unpack": "unpack", "repeat": "repeat", "acc": "acc", "pack": "pack"}
 
@@ -94,9 +96,13 @@ class TaskGraph:
         self.tasks: dict[int, TaskNode] = {}
         self.regsts: dict[int, RegstDesc] = {}
         self.task_of_op: dict[str, list[int]] = {}
+        self.boxing_of_op: dict[str, list[int]] = {}     # op name -> the boxing tasks of its inputs' edges
+        self.boxings: list = []                          # (lbn, consumer op, BoxingGraph), in build order
+        self.op_attrs: dict = {}                         # boxing task name -> (op type, inputs, attrs)
         self._task_counters: dict[tuple, int] = {}
         self._regst_counters: dict[int, int] = {}
-        regst_of_lbn: dict[str, int] = {}
+        self._boxing_memo: dict = {}
+        self._regsts_of_lbn: dict[str, list] = {}        # lbn -> regst id per parallel_id (None: not here)
         for node in op_graph.nodes:
             op = node.op
             ids = []
@@ -104,25 +110,128 @@ class TaskGraph:
                 task = self._new_task(node, rank, device, parallel_id)
                 ids.append(task.task_id)
                 for i, lbn in enumerate(op.inputs):
-                    if isinstance(lbn, str):
-                        regst = self.regsts[regst_of_lbn[lbn]]
-                        task.consumed[f"in_{i}"] = [regst.id]
-                        regst.consumers.append(task.task_id)
+                    if not isinstance(lbn, str):
+                        continue
+                    regst_id = self._input_regst(node, i, lbn, parallel_id, rank)
+                    if regst_id is None:
+                        continue   # another rank's local blob: that rank's own plan has the edge
+                    task.consumed[f"in_{i}"] = [regst_id]
+                    self.regsts[regst_id].consumers.append(task.task_id)
                 for j, lbn in enumerate(op.outputs):
-                    regst = self._new_regst(task, lbn, job.blobs[lbn], op, j, regst_of_lbn)
+                    regst = self._new_regst(task, lbn, job.blobs[lbn], op, j, node, parallel_id)
                     task.produced[f"out_{j}"] = regst.id
-                    regst_of_lbn[lbn] = regst.id
+                    self._regsts_of_lbn.setdefault(lbn, [None] * len(node.parallel))[parallel_id] = regst.id
             self.task_of_op[op.name] = ids
-        for node in op_graph.nodes:   # control edges: a ctrl regst of the producer, consumed
+        for node in op_graph.nodes:   # control edges: a ctrl regst of the producer on the same rank
             for name in node.op.ctrl_inputs:
-                for producer_id, consumer_id in zip(self.task_of_op[name], self.task_of_op[node.name]):
-                    producer = self.tasks[producer_id]
-                    if "ctrl" not in producer.produced:
-                        regst = self._regst(producer, f"{name}/ctrl", (), "int8", mem="ctrl")
-                        producer.produced["ctrl"] = regst.id
-                    regst = self.regsts[producer.produced["ctrl"]]
-                    regst.consumers.append(consumer_id)
-                    self.tasks[consumer_id].consumed.setdefault("ctrl", []).append(regst.id)
+                for consumer_id in self.task_of_op[node.name]:
+                    consumer = self.tasks[consumer_id]
+                    for producer_id in self.task_of_op[name]:
+                        producer = self.tasks[producer_id]
+                        if producer.rank != consumer.rank:
+                            continue
+                        if "ctrl" not in producer.produced:
+                            regst = self._regst(producer, f"{name}/ctrl", (), "int8", mem="ctrl")
+                            producer.produced["ctrl"] = regst.id
+                        regst = self.regsts[producer.produced["ctrl"]]
+                        regst.consumers.append(consumer_id)
+                        consumer.consumed.setdefault("ctrl", []).append(regst.id)
+
+    def tasks_in_order(self, op_name: str) -> list:
+        """The tasks of one op in execution order: its input edges' boxing tasks, then its own."""
+        return self.boxing_of_op.get(op_name, []) + self.task_of_op[op_name]
+
+    # --- edges ----------------------------------------------------------------------------------
+
+    def _input_regst(self, node, i: int, lbn: str, parallel_id: int, rank: int):
+        """The regst task ``parallel_id`` of ``node`` reads as input ``i``: the producer's piece when the
+        layouts agree (one-to-one), else the boxing sub-graph's piece for it."""
+        from pyflow.compiler.op_graph import layout_of_blob, placement_of
+        from pyflow.distributed.boxing import Layout
+
+        producers = self._regsts_of_lbn[lbn]
+        src = layout_of_blob(self.op_graph.job.blobs[lbn])
+        if node.signature is None or src is None:   # local -> local, or local -> global (its own piece)
+            return producers[0] if rank == env.get_rank() else None
+        dst = Layout(placement_of(self.op_graph.job, node.op), tuple(node.signature.inputs[i]))
+        if src == dst:
+            return producers[parallel_id]
+        return self._boxing(node, lbn, src, dst)[parallel_id]
+
+    def _boxing(self, node, lbn: str, src, dst) -> list:
+        """The boxing sub-graph of edge ``lbn`` -> ``dst`` (built once, shared by its readers): a task per
+        boxing node (a comm_net node: a send task and a recv task); the regst of each dst piece."""
+        key = (lbn, dst)
+        if key in self._boxing_memo:
+            return self._boxing_memo[key]
+        from pyflow.compiler.boxing import build_boxing
+
+        desc = self.op_graph.job.blobs[lbn]
+        graph = build_boxing(src, dst, tuple(desc.shape), desc.dtype)
+        self.boxings.append((lbn, node.name, graph))
+        edge = len(self.boxings) - 1
+        producers = self._regsts_of_lbn[lbn]
+        made: list = []    # regst id per boxing node (None: it makes nothing)
+        tasks = self.boxing_of_op.setdefault(node.name, [])
+
+        def regst_of(ref):
+            return producers[ref[1]] if ref[0] == "in" else made[ref[1]]
+
+        for k, bnode in enumerate(graph.nodes):
+            name = f"{lbn.split('/')[0]}-boxing{edge}-n{k}"
+            inputs = [regst_of(ref) for ref in bnode.inputs]
+            if bnode.kind == "comm_net":   # OneFlow's comm_net: the sender's half and the receiver's
+                src_rank = bnode.attrs["src_rank"]
+                send = self._boxing_task(f"{name}-send", "send", src_rank, HOST_DEVICE, "comm_net", inputs,
+                                         desc, dst_rank=bnode.rank, tag=self._tag(edge, k))
+                tasks.append(send.task_id)
+                recv = self._boxing_task(f"{name}-recv", "recv", bnode.rank, HOST_DEVICE, "comm_net", [],
+                                         desc, src_rank=src_rank, tag=self._tag(edge, k))
+                tasks.append(recv.task_id)
+                made.append(self._boxing_regst(recv, lbn, bnode, desc).id)
+                continue
+            stream, device = "compute", bnode.device
+            if bnode.kind == "copy":
+                stream = "host2device" if bnode.attrs["direction"] == "h2d" else "device2host"
+                if stream == "device2host":
+                    device = self.tasks[self.regsts[inputs[0]].producer].device   # on the cuda device's stream
+            attrs = dict(bnode.attrs)
+            if bnode.kind == "collective":
+                stream, attrs["logical_shape"] = "ccl", tuple(desc.shape)   # what every member agrees on
+            task = self._boxing_task(name, bnode.kind, bnode.rank, device, stream, inputs, desc, **attrs)
+            tasks.append(task.task_id)
+            made.append(None if bnode.shape is None else self._boxing_regst(task, lbn, bnode, desc).id)
+        result = [regst_of(ref) for ref in graph.outputs]
+        self._boxing_memo[key] = result
+        return result
+
+    @staticmethod
+    def _tag(edge: int, k: int) -> int:
+        """The message tag of one comm_net node: the same on every rank (every rank compiles the same job)."""
+        return (edge * 64 + k) % 32767 + 1
+
+    def _boxing_task(self, name, kind, rank, device, stream, inputs, desc, **attrs) -> TaskNode:
+        from pyflow.device import Device
+
+        device = Device(device) if isinstance(device, str) else device
+        key = (rank, device.device_type, device.index, STREAM_INDEX[stream])
+        index = self._task_counters.get(key, 0)
+        self._task_counters[key] = index + 1
+        task_id = encode_task_id(TaskId(rank, device.device_type, device.index, STREAM_INDEX[stream], index))
+        task = TaskNode(task_id, "boxing", name, kind, rank, str(device), stream, 0, tuple(desc.time_shape))
+        for i, regst_id in enumerate(inputs):
+            task.consumed[f"in_{i}"] = [regst_id]
+            self.regsts[regst_id].consumers.append(task_id)
+        self.tasks[task_id] = task
+        self.op_attrs[name] = (kind, [f"in_{i}" for i in range(len(inputs))], dict(attrs))
+        return task
+
+    def _boxing_regst(self, task: TaskNode, lbn: str, bnode, desc) -> RegstDesc:
+        regst = self._regst(task, lbn, bnode.shape, bnode.dtype, time_shape=desc.time_shape)
+        if task.device != bnode.device and task.op_type == "copy":
+            regst.device = bnode.device   # a d2h copy runs on the cuda stream, writes host memory
+        task.produced["out_0"] = regst.id
+        return regst
 
     def _new_task(self, node, rank: int, device, parallel_id: int) -> TaskNode:
         stream_index = STREAM_INDEX[node.stream]
@@ -150,23 +259,30 @@ class TaskGraph:
         self.regsts[regst.id] = regst
         return regst
 
-    def _new_regst(self, task: TaskNode, lbn: str, desc, op, j: int, regst_of_lbn: dict) -> RegstDesc:
+    def _new_regst(self, task: TaskNode, lbn: str, desc, op, j: int, node, parallel_id: int) -> RegstDesc:
         mem, alias_of, num = "planned", None, 1
         if op.type in ("variable", "input", "output"):
             mem = op.type
         elif op.type in ("source_tick", "sink_tick"):
             mem, num = "ctrl", 2 if op.type == "source_tick" else 1
-        elif op.type == "repeat":
-            mem, alias_of = "alias", regst_of_lbn[op.inputs[0]]
+        elif op.type in ("repeat", "to_global"):   # the same memory, passed on
+            mem = "alias"
+            alias_of = task.consumed["in_0"][0] if "in_0" in task.consumed else None
         elif j in op.attrs.get("_out_into", ()):
-            written = op.writes[len(op.inputs) - len(op.attrs["_out_into"]) + op.attrs["_out_into"].index(j)]
-            mem, alias_of = "alias", regst_of_lbn[written]
+            written = len(op.inputs) - len(op.attrs["_out_into"]) + op.attrs["_out_into"].index(j)
+            mem, alias_of = "alias", task.consumed[f"in_{written}"][0]
         if task.kind == "copy_h2d":
             num = 2
         buffer = op.attrs.get("buffer_size")
         if buffer:
             num = buffer
-        return self._regst(task, lbn, desc.shape, desc.dtype, time_shape=desc.time_shape, min_regst_num=num,
+        shape = desc.shape
+        if desc.placement is not None:   # a global blob's regst holds this parallel_id's piece
+            from pyflow.compiler.boxing.graph import region_of, shape_of_region
+            from pyflow.compiler.op_graph import layout_of_blob
+
+            shape = shape_of_region(region_of(layout_of_blob(desc), parallel_id, tuple(desc.shape)))
+        return self._regst(task, lbn, shape, desc.dtype, time_shape=desc.time_shape, min_regst_num=num,
                            max_regst_num=num, mem=mem, alias_of=alias_of)
 
     def __str__(self) -> str:

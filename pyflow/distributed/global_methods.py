@@ -39,6 +39,24 @@ _ON_BROADCAST = ("view", "reshape", "flatten", "unsqueeze", "squeeze", "expand",
                  "chunk", "__getitem__", "view_as", "reshape_as", "repeat")
 
 
+def _traced(x: Tensor):
+    """Inside ``nn.Graph.build``, an eager global tensor's method works on its lazy twin (the graph
+    reads the tensor at run time); None otherwise."""
+    from pyflow.framework import interpreter
+
+    hook = interpreter._lazy_tracer
+    if x._global is None or hook is None or not hook.active():
+        return None
+    return hook.lazy(x)
+
+
+def _to_global(x: Tensor, placement=None, sbp=None) -> Tensor:
+    lazy = _traced(x)
+    if lazy is not None:
+        return lazy.to_global(placement, sbp)
+    return to_global(x, placement, sbp)
+
+
 def _broadcast(x: Tensor) -> Tensor:
     layout = Layout(x._global.placement, (_B,) * len(x._global.placement.hierarchy))
     return x if layout_of(x) == layout else box(x, layout, f"{describe(x)} -> broadcast for a view")
@@ -64,6 +82,9 @@ def _on_broadcast(method, name: str):
     def wrapper(self, *args, **kwargs):
         if self._global is None:
             return method(self, *args, **kwargs)
+        lazy = _traced(self)
+        if lazy is not None:
+            return method(lazy, *args, **kwargs)
         placement = self._global.placement
         if placement.has(env.get_rank()):
             return _wrap_results(method(to_local(_broadcast(self)), *args, **kwargs), placement)
@@ -77,6 +98,9 @@ def _permute(method):
     def wrapper(self, *dims):
         if self._global is None:
             return method(self, *dims)
+        lazy = _traced(self)
+        if lazy is not None:
+            return method(lazy, *dims)
         info = self._global
         ghost = method(_ghost(self), *dims)  # the permuted logical shape, checked by the local method
         order = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
@@ -155,7 +179,7 @@ def install() -> None:
     """Make Tensor's methods global-aware (idempotent)."""
     if getattr(Tensor, "_global_methods_installed", False):
         return
-    Tensor.to_global = to_global
+    Tensor.to_global = _to_global
     Tensor.to_local = to_local
     for name in _ON_BROADCAST:
         if hasattr(Tensor, name):

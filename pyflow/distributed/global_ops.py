@@ -56,6 +56,16 @@ class GlobalInterpreter:
         """A global tensor whose logical value is ``values`` (the same on every rank)."""
         return global_tensor(values, dtype, placement, sbp)
 
+    def scalar(self, value, dtype, placement) -> Tensor:
+        """A Python number as a 0-d global B tensor (every rank knows it: no communication)."""
+        from pyflow.framework.sbp import SbpParallel
+
+        piece = Tensor._empty(placement.device(env.get_rank()), (), np.dtype(dtype)) \
+            if placement.has(env.get_rank()) else None
+        if piece is not None:
+            piece.fill_(value)
+        return make_global(piece, placement, (SbpParallel("broadcast"),) * len(placement.hierarchy), (), dtype)
+
     def apply(self, name: str, inputs, out, attrs) -> list:
         op = get_op(name)
         inputs = list(inputs)

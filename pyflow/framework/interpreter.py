@@ -184,6 +184,19 @@ def _kernel(op, stream):
     return get_kernel(op.kernel, target)
 
 
+def _global_scalars(op, inputs: list) -> list:
+    """The inputs backward sees: Python numbers as global B tensors on the op's placement (as the
+    local path saves them as tensors), so the same rules serve both."""
+    from pyflow.framework.tensor import Tensor
+
+    if not any(is_scalar(x) for x in inputs):
+        return list(inputs)
+    placement = next(x._global.placement for x in inputs if isinstance(x, Tensor) and x._global is not None)
+    dtypes = _promoted_dtypes(op, inputs)
+    return [global_interpreter().scalar(to_scalar(x, d, op.name), d, placement) if is_scalar(x) else x
+            for x, d in zip(inputs, dtypes)]
+
+
 def apply(name: str, inputs, *, out=None, **attrs) -> list:
     """Run op ``name`` eagerly on ``inputs``; returns the output tensors.
 
@@ -201,7 +214,7 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
     if any(t._global is not None for t in tensors) or any(getattr(o, "_global", None) is not None for o in out or ()):
         if recording:
             _recorder.check_inplace(name, out)
-        saved = _recorder.before(name, inputs, out) if recording else None
+        saved = _recorder.before(name, _global_scalars(op, inputs), out) if recording else None
         results = global_interpreter().apply(name, inputs, out, attrs)
         if recording:
             _recorder.after(name, op.backward, saved, results, attrs)

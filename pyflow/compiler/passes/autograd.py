@@ -20,14 +20,17 @@ the tracer.  It is the eager engine's walk, done once at compile time:
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from pyflow.compiler.job import BlobDesc, JobOp, lbn_of
+from pyflow.compiler.job import JobOp, lbn_of
 from pyflow.compiler.lazy import LazyTensor
 from pyflow.compiler.passes.grad_acc import assign_time_shapes, insert_repeats
 from pyflow.errors import CompileError
 from pyflow.framework import creation
 from pyflow.framework.op_registry import get_op
+from pyflow.framework.sbp import SbpParallel
 
 __all__ = ["run", "JobCtx", "view_backward"]
 
@@ -41,11 +44,10 @@ class JobCtx:
         self.inputs = [self._lazy(x) for x in op.inputs]
         if any(not isinstance(x, str) for x in op.inputs):   # Python numbers: tensors, as eager saves them
             from pyflow.framework import interpreter
-            from pyflow.framework.tensor import tensor
 
             dtypes = interpreter._promoted_dtypes(get_op(op.type), self.inputs)
-            device = job.blobs[op.outputs[0]].device
-            self.inputs = [x if isinstance(x, LazyTensor) else tensor(x, dtype=d, device=device)
+            like = job.blobs[op.outputs[0]]
+            self.inputs = [x if isinstance(x, LazyTensor) else constant(x, d, like)
                            for x, d in zip(self.inputs, dtypes)]
         self.outputs = [self._lazy(x) for x in op.outputs]
         descs = [job.blobs[x] if isinstance(x, str) else None for x in op.inputs]
@@ -63,8 +65,28 @@ class JobCtx:
         return self._needs[i]
 
     def zeros_like_input(self, i: int, dtype=None):
-        return creation.zeros(*self.input_shapes[i], dtype=dtype or self.input_dtypes[i],
-                              device=self.input_places[i])
+        desc = self._job.blobs[self._op.inputs[i]]
+        return zeros(desc, dtype or desc.dtype)
+
+
+def zeros(desc, dtype):
+    """Zeros like blob ``desc``, as a blob of the job (rules may write into it in place)."""
+    if desc.placement is None:
+        return creation.zeros(*desc.shape, dtype=dtype, device=desc.device)
+    return constant(np.zeros(desc.shape), dtype, desc).clone()
+
+
+def constant(value, dtype, like):
+    """An eager tensor of ``value`` where blob desc ``like`` lives (on its device, or global and B on its
+    placement), made outside the trace: the graph reads it as a variable."""
+    from pyflow.compiler.lazy import paused
+    from pyflow.framework.tensor import tensor
+
+    with paused():
+        if like.placement is None:
+            return tensor(value, dtype=dtype, device=like.device)
+        whole = (SbpParallel("broadcast"),) * len(like.placement.hierarchy)
+        return tensor(value, dtype=dtype, placement=like.placement, sbp=whole)
 
 
 def view_backward(job, op: JobOp, grad):
@@ -74,14 +96,21 @@ def view_backward(job, op: JobOp, grad):
 
     (src,) = op.inputs
     desc = job.blobs[src]
+    if "_perm" in op.attrs:   # a permutation of a split global blob: permute the gradient back
+        perm = op.attrs["_perm"]
+        return grad.permute(*[perm.index(d) for d in range(len(perm))])
     shape, strides, offset = op.attrs["shape"], op.attrs["strides"], op.attrs["offset"]
     positions = np.full(shape, offset, dtype=np.int64)
     for d, (n, s) in enumerate(zip(shape, strides)):
         index_shape = [1] * len(shape)
         index_shape[d] = n
         positions = positions + (np.arange(n, dtype=np.int64) * s).reshape(index_shape)
-    index = tensor(positions.reshape(-1), device=desc.device)
-    flat = creation.zeros(int(np.prod(desc.shape, dtype=np.int64)), dtype=grad.dtype, device=desc.device)
+    if desc.placement is None:
+        index = tensor(positions.reshape(-1), device=desc.device)
+        flat = creation.zeros(int(np.prod(desc.shape, dtype=np.int64)), dtype=grad.dtype, device=desc.device)
+    else:   # a global view reads the whole (B) blob: the scatter runs on B constants too
+        index = constant(positions.reshape(-1), np.int64, desc)
+        flat = zeros(dataclasses.replace(desc, shape=(int(np.prod(desc.shape, dtype=np.int64)),)), grad.dtype)
     return flat.index_add(0, index, grad.reshape(-1)).reshape(tuple(desc.shape))
 
 
@@ -111,7 +140,8 @@ def run(job, tracer) -> None:
     forward = list(job.ops)
     k = job.grad_acc_steps
     loss = job.blobs[job.loss_lbn]
-    seed = creation.full((), 1.0 / k, dtype=loss.dtype, device=loss.device)
+    seed = creation.full((), 1.0 / k, dtype=loss.dtype, device=loss.device) if loss.placement is None else \
+        tracer.lazy(constant(np.array(1.0 / k), loss.dtype, loss))
     if loss.time_shape != (1, 1):   # one seed per micro-batch: every gradient is made k times, then acc'ed
         seed = _repeat(job, seed)
     grads: dict[str, LazyTensor] = {job.loss_lbn: seed}
@@ -142,8 +172,7 @@ def run(job, tracer) -> None:
                                "a gradient through it")
         tracer.stage, tracer.line = op.stage, f"backward of {op.line}"
         ctx = JobCtx(job, tracer, op, wants)
-        out_grads = [g if g is not None else creation.zeros(*job.blobs[lbn].shape, dtype=job.blobs[lbn].dtype,
-                                                            device=job.blobs[lbn].device)
+        out_grads = [g if g is not None else zeros(job.blobs[lbn], job.blobs[lbn].dtype)
                      for g, lbn in zip(out_grads, op.outputs)]
         result = rule(ctx, out_grads if len(out_grads) > 1 else out_grads[0])
         result = list(result) if isinstance(result, (list, tuple)) else [result]
@@ -160,7 +189,7 @@ def run(job, tracer) -> None:
 
 def _repeat(job, x: LazyTensor) -> LazyTensor:
     name = job.new_name("repeat")
-    desc = BlobDesc((), x.dtype, device=x.device, time_shape=(1, job.grad_acc_steps))
+    desc = dataclasses.replace(job.blobs[x._lbn], shape=(), time_shape=(1, job.grad_acc_steps))
     job.add_op(JobOp(name, "repeat", [x._lbn], [lbn_of(name)], {"repeat_num": job.grad_acc_steps},
                      line="loss gradient", backward=True), [desc])
     return LazyTensor._make(x._trace, lbn_of(name), desc)
@@ -169,7 +198,7 @@ def _repeat(job, x: LazyTensor) -> LazyTensor:
 def _acc(job, repeat: JobOp, grad: LazyTensor) -> LazyTensor:
     """An ``acc`` op: the sum of a ``(1, k)`` gradient over the k micro-batches, made once per call."""
     name = job.new_name("acc")
-    desc = BlobDesc(tuple(grad.shape), grad.dtype, device=grad.device, time_shape=(1, 1))
+    desc = dataclasses.replace(job.blobs[grad._lbn], time_shape=(1, 1))
     job.add_op(JobOp(name, "acc", [grad._lbn], [lbn_of(name)], {"acc_num": job.grad_acc_steps},
                      stage=repeat.stage, line=repeat.line, backward=True), [desc])
     return LazyTensor._make(grad._trace, lbn_of(name), desc)

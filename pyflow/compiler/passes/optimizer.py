@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from pyflow.compiler.lazy import paused
 from pyflow.framework import creation
+from pyflow.framework.placement import placement as Placement
+from pyflow.framework.sbp import SbpParallel
 
 __all__ = ["run"]
 
@@ -45,13 +47,13 @@ def run(job, tracer) -> None:
                 name = by_tensor.get(id(p))
                 if name is None or name not in grads:
                     continue   # not used by build, or no gradient reaches it
-                device = str(p.device)
+                device = p.placement if p.is_global else p.device   # a global parameter's: B on its placement
                 with paused():
                     if device not in lrs:
-                        lrs[device] = creation.zeros((), dtype="float32", device=p.device)
+                        lrs[device] = _scalar("float32", device)
                         job.feeds.append((lrs[device], lambda group=group: float(group["lr"])))
                     if device not in steps:
-                        steps[device] = creation.zeros((), dtype="int64", device=p.device)
+                        steps[device] = _scalar("int64", device)
                         job.feeds.append((steps[device], lambda optim=optim: optim._graph_steps + 1))
                     state = optim.state[p]
                     _make_state(optim, p, group, state)
@@ -59,6 +61,13 @@ def run(job, tracer) -> None:
                 grad = tracer.lazy_of(grads[name])
                 optim._update_op(p, grad, group, state, lrs[device], steps[device])
     tracer.stage = tracer.line = None
+
+
+def _scalar(dtype: str, where):
+    """A 0-d zero on a device, or global and B on a placement (every rank holds the same value)."""
+    if isinstance(where, Placement):
+        return creation.tensor(0, dtype=dtype, placement=where, sbp=(SbpParallel("broadcast"),) * len(where.hierarchy))
+    return creation.zeros((), dtype=dtype, device=where)
 
 
 def _steps_taken(optim) -> int:
