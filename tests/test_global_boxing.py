@@ -359,3 +359,14 @@ def test_any_global_tensor_prints_its_values_on_every_rank(ranks, sbp):
     for text, rep in run(body, world_size=4):
         assert "[[0., 1.]," in text and "[4., 5.]]" in text and "placement=" in text
         assert "shape=[3, 2]" in rep and f"sbp={tuple(sbp)}" in rep
+
+
+def test_a_0d_tensor_crosses_between_disjoint_placements_and_stays_0d():
+    """The generic exchange once sent 0-d pieces as 1-d arrays (np.ascontiguousarray), failing the receiver."""
+    def body():
+        x = flow.tensor(3.5, placement=flow.placement("cpu", [0]), sbp=flow.sbp.broadcast)
+        y = x.to_global(placement=flow.placement("cpu", [1]), sbp=flow.sbp.broadcast)
+        return tuple(y.shape), y.numpy()
+
+    for shape, value in flow.distributed.run(body, world_size=2):
+        assert shape == () and value.shape == () and value == 3.5

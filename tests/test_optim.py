@@ -467,3 +467,21 @@ def test_a_broadcast_parameters_partial_sum_gradient_is_all_reduced():
         np.testing.assert_allclose(piece, expected, rtol=1e-12)
         assert sbp == buf_sbp == (flow.sbp.broadcast,)
         np.testing.assert_allclose(buf, [5.7, -5.7], rtol=1e-12)
+
+
+def test_momentum_on_parameters_of_disjoint_placements_makes_their_state_on_every_rank_in_order():
+    """Each rank once made only its own parameters' momentum buffers, so the ranks' collectives diverged."""
+    def body():
+        p0, p1 = flow.placement("cpu", [0]), flow.placement("cpu", [1])
+        a = flow.tensor([1.0, 2.0], placement=p0, sbp=flow.sbp.broadcast).requires_grad_()
+        b = flow.tensor([3.0], placement=p1, sbp=flow.sbp.broadcast).requires_grad_()
+        opt = flow.optim.SGD([a, b], lr=0.5, momentum=0.9)
+        for _ in range(2):
+            (a.sum() + b.to_global(placement=p0).sum()).backward()
+            opt.step()
+            opt.zero_grad()
+        return a.numpy(), b.numpy()
+
+    for a, b in flow.distributed.run(body, world_size=2):
+        np.testing.assert_allclose(a, [1.0 - 0.5 - 0.5 * 1.9, 2.0 - 0.5 - 0.5 * 1.9])
+        np.testing.assert_allclose(b, [3.0 - 0.5 - 0.5 * 1.9])

@@ -4,12 +4,13 @@
 * ``job``          - the Job: logical ops, lbns, blob descs
 * ``lazy``         - lazy mode: LazyTensor and the Tracer that ``nn.Graph.build`` records with
 * ``passes``       - JobCompleter passes: grad_acc, autograd, optimizer, variable_order, checks, ticks
-* ``op_graph``     - SBP signatures and time shapes of the logical graph
-* ``task_graph``   - one task per op per device, copies, boxing sub-graphs; thread ids
-* ``regst``        - regst descs (regst num, time shape, inplace) and the memory requests
+* ``op_graph``     - where each op runs; SBP signatures by the cost model (global ops)
+* ``task_graph``   - one task per op per device, copies, boxing sub-graphs; regst descs (regst num, time shape)
 * ``memory``       - the memory planner (offsets in one mem block per device)
 * ``plan``         - the Plan: TaskProtos, regsts, memory; light-plan print, dot, JSON
-* ``run_plan``     - a sequential interpreter of a Plan (tests; nn.Graph until the actor runtime)
+* ``boxing``       - the boxing builder chain (SubTskGphBuilders): one edge -> a sub-graph of boxing nodes
+* ``boxing_tasks`` - what a boxing task does when it acts (slice, concat, add, send/recv, collectives...)
+* ``run_plan``     - ``act``: one act of any task; a sequential interpreter of a Plan (each rank its own tasks)
 
 ``compile_job(job, tracer)`` runs them in that order.
 """

@@ -18,10 +18,23 @@ produces and its readers' tasks consume.  What backs a regst's memory:
 
 **Regst num** (how many copies of a regst may be in flight, the actor runtime's back
 pressure): 1, except host2device copies and the source tick (2, OneFlow's rule: the
-next load overlaps this compute), and the pipeline buffers.
+next load overlaps this compute), and the pipeline buffers (``passes/pipeline_buffer.py``).
 
-Local blobs only so far; every edge is one-to-one (the boxing builders of
-``pyflow/compiler/boxing/`` will build the edges of global blobs).
+**Edges.**  A local edge, and a global edge whose producer already has the layout
+(placement and SBP) the consumer's signature asks for, is one-to-one: parallel_id p
+reads parallel_id p's regst.  Any other global edge is offered to the boxing chain
+(``pyflow/compiler/boxing/``, OneFlow's SubTskGphBuilder chain), built once per
+(blob, layout) and shared by the readers; each node of the sub-graph it returns
+becomes a ``boxing`` task on its rank (``op_type`` = the node kind; ``copy`` nodes on
+the h2d / d2h streams, ``collective`` nodes on the ccl stream), a ``comm_net`` node
+becomes a ``send`` task on the sender's rank and a ``recv`` task on the receiver's,
+so no task reads another rank's memory.  ``boxing_of_op`` keeps an op's boxing
+tasks (they run just before it) and ``boxings`` every edge's sub-graph.
+
+**Ranks.**  Every rank compiles the same Job into the same Plan, tasks of every rank
+included; a global op has a task per rank of its placement, a local op one on the
+compiling rank (its twins on the other ranks are in their own Plans), a tick one per
+rank (control edges join tasks of one rank).  A global blob's regst holds one piece.
 """
 
 from __future__ import annotations
@@ -273,9 +286,9 @@ class TaskGraph:
             mem, alias_of = "alias", task.consumed[f"in_{written}"][0]
         if task.kind == "copy_h2d":
             num = 2
-        buffer = op.attrs.get("buffer_size")
+        buffer = op.attrs.get("_buffer_size")   # the pipeline_buffer pass
         if buffer:
-            num = buffer
+            num = max(num, buffer)
         shape = desc.shape
         if desc.placement is not None:   # a global blob's regst holds this parallel_id's piece
             from pyflow.compiler.boxing.graph import region_of, shape_of_region

@@ -322,7 +322,8 @@ class Exchange(Step):
         def call(*arrays):
             payload = {}
             for d, region in sends:
-                payload.setdefault(d, []).append((region, np.ascontiguousarray(arrays[0][_relative(region, mine)])))
+                part = np.array(arrays[0][_relative(region, mine)], copy=True)   # 0-d stays 0-d (not ascontiguousarray)
+                payload.setdefault(d, []).append((region, part))
             everyone = transport.exchange(union, seq, desc, payload)
             out = np.zeros(out_shape, dtype)
             if target is not None:

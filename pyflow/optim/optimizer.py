@@ -210,16 +210,15 @@ class Optimizer:
     def _step_parameter(self, p: Tensor, group: dict) -> None:
         """One parameter's update: its gradient, its state made and advanced, the fused op."""
         grad = self._gradient(p, group)
-        if p.is_global:
-            if any(s.is_partial for s in p.sbp):
-                raise OptimizerError(f"{type(self).__name__}: parameter {_describe(p)} is a partial sum; the "
-                                     "update is not linear in it: box it to broadcast or split first")
-            if not p.placement.has(env.get_rank()):
-                return   # this rank holds no piece of p
+        if p.is_global and any(s.is_partial for s in p.sbp):
+            raise OptimizerError(f"{type(self).__name__}: parameter {_describe(p)} is a partial sum; the "
+                                 "update is not linear in it: box it to broadcast or split first")
+        state = self.state[p]
+        train_step = self._prepare(p, group, state)   # on every rank: making global state talks to all of them
+        if p.is_global and not p.placement.has(env.get_rank()):
+            return   # this rank holds no piece of p
         piece = _local(p)
         learning_rate = self._learning_rate(group, piece.device, piece.dtype)
-        state = self.state[p]
-        train_step = self._prepare(p, group, state)
         local_state = {key: _local(value) for key, value in state.items()} if p.is_global else state
         self._update_op(piece, _local(grad), group, local_state, learning_rate, train_step)
 

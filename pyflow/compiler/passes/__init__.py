@@ -10,6 +10,7 @@ OneFlow runs a list of job passes over the user's Job before it builds the OpGra
 ``optimizer``       the update ops of every ``add_optimizer`` (gradients Acc'ed over k)
 ``variable_order``  control edges: an op that writes a variable runs after its readers
 ``checks``          links between pipeline stages go through ``to_global`` / ``.to()``
+``pipeline_buffer`` regst nums between pipeline stages (OneFlow's pipeline_buffer_pass)
 ``ticks``           one source tick and one sink tick: the graph starts and ends at one op
 ==================  =================================================================
 
@@ -20,12 +21,13 @@ from __future__ import annotations
 
 import time
 
-from pyflow.compiler.passes import autograd, checks, grad_acc, optimizer, ticks, variable_order
+from pyflow.compiler.passes import autograd, checks, grad_acc, optimizer, pipeline_buffer, ticks, variable_order
 
 __all__ = ["PASSES", "run_passes"]
 
 PASSES = [("grad_acc", grad_acc.run), ("autograd", autograd.run), ("optimizer", optimizer.run),
-          ("variable_order", variable_order.run), ("checks", checks.run), ("ticks", ticks.run)]
+          ("variable_order", variable_order.run), ("checks", checks.run),
+          ("pipeline_buffer", pipeline_buffer.run), ("ticks", ticks.run)]
 
 
 def run_passes(job, tracer, log=None) -> dict:

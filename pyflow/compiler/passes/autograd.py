@@ -114,6 +114,19 @@ def view_backward(job, op: JobOp, grad):
     return flat.index_add(0, index, grad.reshape(-1)).reshape(tuple(desc.shape))
 
 
+def to_global_backward(job, op: JobOp, grad):
+    """The gradient of a ``to_global``: boxed back to the input's placement with the dual SBP (B <-> P,
+    S stays), as eager autograd does (``pyflow/autograd/views.py``)."""
+    from pyflow.autograd.engine import dual_sbp
+
+    src = job.blobs[op.inputs[0]]
+    if src.placement is None:
+        raise CompileError(f"the gradient of {op.name} (to_global of the local blob {op.inputs[0]}, at {op.line}): "
+                           "inside nn.Graph a local tensor made global cannot get a gradient yet; make it global "
+                           "before the call")
+    return grad.to_global(placement=src.placement, sbp=dual_sbp(tuple(src.sbp)))
+
+
 def _wants(job, trainable: set) -> set:
     """The lbns from which a trainable variable can be reached backwards (floating blobs only)."""
     wants = set()
@@ -165,6 +178,9 @@ def run(job, tracer) -> None:
             continue
         if op.type == "view":
             add(op.inputs[0], view_backward(job, op, out_grads[0]))
+            continue
+        if op.type == "to_global":
+            add(op.inputs[0], to_global_backward(job, op, out_grads[0]))
             continue
         rule = get_op(op.type).backward
         if rule is None:
