@@ -211,6 +211,36 @@ def test_random_programs_match_eager_bitwise(ops, n):
     g.plan.memory.check()
 
 
+def test_inplace_proposals_are_accepted_only_when_nothing_else_reads_the_input():
+    """relu/neg/exp of a blob nobody else reads write over it (one memory for the chain); a blob with two
+    readers keeps its memory; the values stay the eager ones."""
+    x = flow.tensor(np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4))
+
+    class Chain(nn.Graph):
+        def build(self, x):
+            y = x * 2.0               # read by relu only: relu may write over it
+            z = y.relu().neg().exp()  # each link read once: one memory for y, relu, neg, exp
+            t = x * 3.0               # read by tanh and by the sum below: keeps its memory
+            return z, t.tanh() + t
+
+    g = Chain()
+    z, u = g(x)
+    np.testing.assert_array_equal(z.numpy(), (x * 2.0).relu().neg().exp().numpy())
+    np.testing.assert_array_equal(u.numpy(), ((x * 3.0).tanh() + x * 3.0).numpy())
+    plan = g.plan
+    by_op = {plan.tasks[r.producer].op_name: r for r in plan.regsts.values() if r.mem == "planned"}
+    assert by_op["relu_0"].inplace_of == by_op["mul_0"].id
+    assert by_op["neg_0"].inplace_of == by_op["relu_0"].id and by_op["exp_0"].inplace_of == by_op["neg_0"].id
+    assert {plan.memory_root(by_op[n]).id for n in ("relu_0", "neg_0", "exp_0")} == {by_op["mul_0"].id}
+    assert by_op["tanh_0"].inplace_of is None          # mul_1 has two readers
+    assert "inplace_of: " in str(plan)
+    root_request = next(q for q in plan.memory.requests if q.regst_id == by_op["mul_0"].id)
+    position = {tid: i for i, tid in enumerate(plan.order)}
+    exp_reader = max(position[c] for c in by_op["exp_0"].consumers)
+    assert root_request.end == exp_reader + 1          # the input's memory lives until the chain's last reader
+    plan.memory.check()
+
+
 def _tiny_train_graph(k=2):
     model = nn.Linear(2, 2)
     opt = flow.optim.SGD(model.parameters(), lr=0.1)

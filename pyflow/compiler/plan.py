@@ -59,6 +59,12 @@ class Plan:
     def chunk_key(self, regst: RegstDesc) -> str:
         return f"rank{regst.rank}/{regst.device}"
 
+    def memory_root(self, regst: RegstDesc) -> RegstDesc:
+        """The regst whose planned memory ``regst`` uses: itself, or the input an inplace output overwrites."""
+        while regst.inplace_of is not None:
+            regst = self.regsts[regst.inplace_of]
+        return regst
+
     def __str__(self) -> str:
         """OneFlow's light plan: one record per actor, its consumed and produced regsts."""
         lines = []
@@ -83,8 +89,9 @@ class Plan:
 
     @staticmethod
     def _regst_text(r: RegstDesc) -> str:
+        inplace = "" if r.inplace_of is None else f", inplace_of: {r.inplace_of}"
         return (f"{{regst_num: {r.max_regst_num}, device: {r.device}, time_shape: {tuple(r.time_shape)}, shape: "
-                f"{tuple(r.shape)}, dtype: {r.dtype}, mem: {r.mem}}}")
+                f"{tuple(r.shape)}, dtype: {r.dtype}, mem: {r.mem}{inplace}}}")
 
     def to_dot(self) -> str:
         """Graphviz text: a box per task (coloured by kind), an edge per regst consumer."""
@@ -168,10 +175,10 @@ def _order(task_graph) -> tuple[list, tuple]:
 def _readers(task_graph) -> dict:
     """regst id -> every task that reads its memory: its consumers and those of the aliases of it."""
     readers = {rid: list(r.consumers) for rid, r in task_graph.regsts.items()}
-    for r in task_graph.regsts.values():   # an alias's readers read the regst it stands for
+    for r in task_graph.regsts.values():   # an alias's (an inplace output's) readers read the regst it stands for
         source = r
-        while source.mem == "alias" and source.alias_of is not None:
-            source = task_graph.regsts[source.alias_of]
+        while source.inplace_of is not None or (source.mem == "alias" and source.alias_of is not None):
+            source = task_graph.regsts[source.inplace_of if source.inplace_of is not None else source.alias_of]
             readers[source.id].extend(r.consumers)
     return readers
 
@@ -182,7 +189,7 @@ def _requests(task_graph, order: list, loop: tuple) -> list[MemRequest]:
     readers = _readers(task_graph)
     requests = []
     for r in task_graph.regsts.values():
-        if r.mem != "planned":
+        if r.mem != "planned" or r.inplace_of is not None:   # an inplace output lives in its input's request
             continue
         start = position[r.producer]
         end = max([position[c] for c in readers[r.id]] + [start]) + 1

@@ -93,7 +93,7 @@ def planned_tensor(plan, chunks: dict, regst, copy: int = 0) -> Tensor:
     """Copy ``copy`` of a planned regst (of its ``max_regst_num``): a view into its device's chunk."""
     chunk = chunks[plan.chunk_key(regst)]
     dtype = np.dtype(regst.dtype)
-    offset = plan.memory.offsets[regst.id] + copy * regst.nbytes
+    offset = plan.memory.offsets[plan.memory_root(regst).id] + copy * regst.nbytes   # inplace: the input's memory
     blob = EagerBlobObject(chunk._blob.storage, regst.shape, dtype, None, offset // dtype.itemsize)
     return Tensor._wrap(blob, chunk._handle, _Version())
 

@@ -16,6 +16,10 @@ produces and its readers' tasks consume.  What backs a regst's memory:
 ``ctrl``       nothing: a control edge (``ctrl_inputs``), or a tick
 =============  ===================================================================
 
+**Inplace**: an op that may overwrite its input (relu, add: ``same_view_in_place``) writes
+its output into its input's regst when no other task reads that input (``inplace_of``);
+the two share one memory request, alive until the output's last reader.
+
 **Regst num** (how many copies of a regst may be in flight, the actor runtime's back
 pressure): 1, except host2device copies and the source tick (2, OneFlow's rule: the
 next load overlaps this compute), and the pipeline buffers (``passes/pipeline_buffer.py``).
@@ -71,6 +75,7 @@ class RegstDesc:
     max_regst_num: int = 1
     mem: str = "planned"                # planned | variable | input | output | alias | ctrl
     alias_of: int | None = None         # regst id (mem == "alias")
+    inplace_of: int | None = None       # an accepted inplace proposal: written into this regst's memory
 
     @property
     def nbytes(self) -> int:
@@ -149,6 +154,25 @@ class TaskGraph:
                         regst = self.regsts[producer.produced["ctrl"]]
                         regst.consumers.append(consumer_id)
                         consumer.consumed.setdefault("ctrl", []).append(regst.id)
+        self._accept_inplace()
+
+    def _accept_inplace(self) -> None:
+        """Inplace proposals: an op that may write its output over its input (``same_view_in_place``,
+        e.g. relu, add) gets its input's memory when nothing else reads that input (OneFlow's rule), the
+        two regsts alike in shape, dtype, device, time shape and regst num 1."""
+        from pyflow.framework.op_registry import OP_REGISTRY
+
+        for task in self.tasks.values():
+            opdef = OP_REGISTRY.get(task.op_type)
+            if task.kind != "compute" or opdef is None or not opdef.same_view_in_place or \
+                    opdef.updates_input is not None or "in_0" not in task.consumed or "out_0" not in task.produced:
+                continue
+            src, out = self.regsts[task.consumed["in_0"][0]], self.regsts[task.produced["out_0"]]
+            if src.mem == out.mem == "planned" and src.consumers == [task.task_id] and \
+                    src.max_regst_num == out.max_regst_num == 1 and \
+                    (src.rank, src.device, tuple(src.shape), src.dtype, tuple(src.time_shape)) == \
+                    (out.rank, out.device, tuple(out.shape), out.dtype, tuple(out.time_shape)):
+                out.inplace_of = src.id
 
     def tasks_in_order(self, op_name: str) -> list:
         """The tasks of one op in execution order: its input edges' boxing tasks, then its own."""
