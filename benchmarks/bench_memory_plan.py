@@ -18,6 +18,14 @@ of ``best``, of ``mem_size_first`` (OneFlow's default) and of ``bottom_up`` (pyf
     python benchmarks/bench_memory_plan.py [--sizes 100 1000 10000] [--seeds 3]
 
 Target: ``best`` within 1.02x of the lower bound on every workload (OneFlow's ViT plan: 1.0023x).
+
+Then real compiles: ``nn.Graph`` training graphs (an MLP of ``depth`` Linear + ReLU layers,
+SGD with momentum, gradient accumulation 2, the graph of tutorial 07 grown deeper): the Job's
+op count, the whole compile time (trace, passes, OpGraph, TaskGraph, Plan) per op, which should
+stay flat as the graph grows (OneFlow users report minutes: #9198, #10180), and the plan's
+planned / lower bound bytes.
+
+    python benchmarks/bench_memory_plan.py [--depths 2 8 32 128]
 """
 
 from __future__ import annotations
@@ -90,6 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--depths", type=int, nargs="+", default=[2, 8, 32, 128])
     args = parser.parse_args()
 
     names = (*ALGORITHMS, "best")
@@ -141,6 +150,42 @@ def main() -> None:
         print(f"  {shape:<9} {n:>6} ops   best {best * 1e6 / n:7.1f} us/op ({best:7.3f} s)"
               f"   mem_size_first {single * 1e6 / n:7.1f} us/op ({single:7.3f} s)"
               f"   bottom_up {bottom_up * 1e6 / n:7.1f} us/op ({bottom_up:7.3f} s)")
+
+    graph_compiles(args.depths)
+
+
+def graph_compiles(depths: list[int]) -> None:
+    """Compile nn.Graph training graphs of growing depth: ops, compile time per op, planned / lower bound."""
+    import pyflow as flow
+
+    print("\nnn.Graph training graphs (MLP, Linear(16, 16) + ReLU per layer, SGD momentum, grad acc 2):")
+    print(f"  {'depth':>5} {'job ops':>8} {'tasks':>6} {'compile s':>10} {'us/op':>8}   planned / lower bound")
+    for depth in depths:
+        flow.manual_seed(0)
+        layers = []
+        for _ in range(depth):
+            layers += [flow.nn.Linear(16, 16), flow.nn.ReLU()]
+        model = flow.nn.Sequential(*layers)
+        optimizer = flow.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        class Train(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+                self.add_optimizer(optimizer)
+                self.config.set_gradient_accumulation_steps(2)
+
+            def build(self, x):
+                loss = (self.model(x) ** 2).mean()
+                loss.backward()
+                return loss
+
+        g = Train()
+        g(flow.randn(8, 16))
+        seconds = sum(took for _, took in g.compile_log)
+        (row,) = g.plan.memory_report()
+        print(f"  {depth:>5} {len(g.job):>8} {len(g.plan.tasks):>6} {seconds:>10.3f} {seconds * 1e6 / len(g.job):>8.0f}"
+              f"   {row['ratio']:.4f} ({row['planned_bytes']} / {row['lower_bound_bytes']} bytes)")
 
 
 if __name__ == "__main__":
