@@ -1,4 +1,4 @@
-"""Cocktailer: host executor vs compiled executor (vs PyTorch eager on a GPU) for LSTM, RAE, random programs.
+"""Cocktailer: host vs compiled executor (vs PyTorch eager on a GPU): LSTM, RAE, NASRNN, Attention, random programs.
 
     python benchmarks/bench_cocktailer.py                 # simulator: counts only
     PYFLOW_CUDA=gpu python benchmarks/bench_cocktailer.py --warmup 100 --repeats 100
@@ -11,7 +11,8 @@ block 0 waited at, the critical path.  In the simulator that is all: simulated
 time means nothing.
 
 On a real GPU it also times, at batch 1 and 64, the artifact's sizes (LSTM 10
-layers, hidden 256, seq 64; RAE Linear(1024 -> 512) + tanh over a 127-node tree),
+layers, hidden 256, seq 64; RAE Linear(1024 -> 512) + tanh over a 127-node tree;
+NASRNN hidden 256, seq 1000; Attention 12 heads x 64, a KV cache of 64, 32 steps),
 the compiled executor against the host executor and against PyTorch eager on the
 same GPU (the same model written as a Python loop of torch ops, as the artifact's
 baselines are; ``nn.LSTM``'s cuDNN kernel is printed as a separate reference).
@@ -35,7 +36,7 @@ from pyflow.cocktailer.optimize import unroll_recursion
 from pyflow.cocktailer.random_programs import build, inputs, random_description
 from pyflow.kernels import backend
 from pyflow.kernels.backend import cuda
-from pyflow.models import LSTM, RAE
+from pyflow.models import LSTM, NASRNN, RAE, Attention
 
 
 def balanced_tree(leaves: int):
@@ -95,6 +96,8 @@ def counts(sizes: dict) -> None:
     print(counts_row(f"RAE dim{sizes['dim']} {len(left)} nodes, rec. unroll", host, unrolled)
           + "  (block 0's barriers: its group walks the left subtree)")
 
+    nasrnn_attention_counts(sizes)
+
     r = random.Random(0)
     totals = {"host": [0, 0], "compiled": [0, 0, 0]}
     for k in range(sizes["random"]):
@@ -111,6 +114,34 @@ def counts(sizes: dict) -> None:
     h, c = totals["host"], totals["compiled"]
     print(f"{sizes['random']} random programs (depth 3), total: host {h[0]} launches {h[1]} syncs | compiled "
           f"{c[0]} launches {c[1]} syncs {c[2]} barriers | launches host/compiled = {h[0] / max(c[0], 1):.1f}")
+
+
+def attention_inputs(rng, batch: int, heads: int, head_size: int, cache: int, start: int):
+    """The artifact's Attention inputs: a token, caches random in the first ``start`` rows, zeros after."""
+    x = rng.standard_normal((batch, heads, 1, head_size)).astype(np.float32)
+    k, v = (np.zeros((batch, heads, cache, head_size), np.float32) for _ in range(2))
+    k[:, :, :start] = rng.standard_normal((batch, heads, start, head_size))
+    v[:, :, :start] = rng.standard_normal((batch, heads, start, head_size))
+    return x, k, v
+
+
+def nasrnn_attention_counts(sizes: dict) -> None:
+    """The count rows of NASRNN and Attention (issue 17)."""
+    rng = np.random.default_rng(2)
+    nasrnn = NASRNN(sizes["input"], sizes["hidden"], **sizes["options"])
+    x = rng.standard_normal((sizes["seq"], sizes["batch"], sizes["input"])).astype(np.float32)
+    a = nasrnn(x, mode="host")
+    host = nasrnn.last_compiled
+    assert np.array_equal(a, nasrnn(x, mode="compiled"))
+    print(counts_row(f"NASRNN H{sizes['hidden']} seq{sizes['seq']} b{sizes['batch']}", host, nasrnn.last_compiled))
+    heads, head_size, cache, start = sizes["heads"], sizes["head_size"], sizes["cache"], sizes["start"]
+    attention = Attention(heads, head_size, start, **sizes["options"])
+    inputs = attention_inputs(rng, sizes["batch"], heads, head_size, cache, start)
+    a = attention(*inputs, mode="host")
+    host = attention.last_compiled
+    assert all(np.array_equal(p, q) for p, q in zip(a, attention(*inputs, mode="compiled")))
+    print(counts_row(f"Attention {heads}x{head_size} S{cache} {cache - start} steps b{sizes['batch']}", host,
+                     attention.last_compiled))
 
 
 def timed(fn, warmup: int, repeats: int) -> float:
@@ -199,6 +230,78 @@ def gpu_latency(warmup: int, repeats: int) -> None:
 
     results["torch eager (recursion)"] = timed(torch_rae, warmup, repeats)
     report(f"RAE dim {dim}, {len(left)} nodes, batch 1", results)
+    nasrnn_attention_latency(warmup, repeats, opts)
+
+
+def torch_nasrnn(torch, weight_ih, weight_hh, inputs):
+    """The artifact's NasRNN forward as a Python loop of torch ops (its PyTorch baseline); returns sum(c + m)."""
+    c = torch.zeros(inputs.shape[1], weight_hh.shape[-1], device=inputs.device)
+    m = torch.zeros_like(c)
+    acts = (torch.sigmoid, torch.relu, torch.sigmoid, torch.relu, torch.tanh, torch.sigmoid, torch.tanh, torch.sigmoid)
+    for t in range(inputs.shape[0]):
+        ih, hh = torch.matmul(inputs[t], weight_ih), torch.matmul(m, weight_hh)
+        l1 = [act(ih[g] + hh[g]) for g, act in enumerate(acts)]
+        c = torch.tanh(torch.tanh(l1[0] * l1[1]) + c) * torch.tanh(l1[2] + l1[3])
+        m = torch.tanh(c * torch.tanh(torch.tanh(l1[4] * l1[5]) + torch.sigmoid(l1[6] + l1[7])))
+    return torch.sum(c + m)
+
+
+def torch_attention(torch, weights, x, k, v, start: int, scale: float = 0.125):
+    """The artifact's Attention forward as a Python loop of torch ops (its PyTorch baseline); returns (k, v, x)."""
+    w_q, w_k, w_v, w_o = weights
+    k, v = k + 0.0, v + 0.0
+    for gen_id in range(start, k.shape[2]):
+        q = torch.matmul(x, w_q)
+        k[:, :, gen_id, :] = torch.matmul(x, w_k)[:, :, 0]
+        v[:, :, gen_id, :] = torch.matmul(x, w_v)[:, :, 0]
+        attn = torch.softmax(torch.matmul(k, q.transpose(2, 3)).transpose(2, 3) * scale, dim=3)
+        x = torch.matmul(torch.matmul(attn, v), w_o)
+    return k, v, x
+
+
+def nasrnn_attention_latency(warmup: int, repeats: int, opts: dict) -> None:
+    """GPU rows for NASRNN (hidden 256, seq 1000) and Attention (12 x 64, cache 64, 32 steps), batch 1 and 64."""
+    import torch
+
+    dev = torch.device("cuda")
+    H, S = 256, 1000
+    heads, head_size, cache, start = 12, 64, 64, 32
+    for batch in (1, 64):
+        rng = np.random.default_rng(0)
+        nasrnn = NASRNN(H, H, **opts)
+        x = rng.standard_normal((S, batch, H)).astype(np.float32)
+        dev_args = [cuda.to_device(a) for a in nasrnn.program_inputs(x)]
+        results = {}
+        for mode in ("compiled", "host"):
+            c = nasrnn.compiled_for(S, batch, mode)
+            results[mode] = timed(lambda c=c: (c(*dev_args, to_host=False), cuda.synchronize()), warmup, repeats)
+        w_ih, w_hh, xt = (torch.tensor(a, device=dev) for a in (nasrnn.weight_ih, nasrnn.weight_hh, x))
+
+        def nasrnn_eager():
+            with torch.no_grad():
+                torch_nasrnn(torch, w_ih, w_hh, xt)
+            torch.cuda.synchronize()
+
+        results["torch eager (loop)"] = timed(nasrnn_eager, warmup, repeats)
+        report(f"NASRNN H{H} seq{S} batch {batch}", results)
+
+        attention = Attention(heads, head_size, start, **opts)
+        inputs = attention_inputs(rng, batch, heads, head_size, cache, start)
+        dev_args = [cuda.to_device(a) for a in attention.program_inputs(*inputs)]
+        results = {}
+        for mode in ("compiled", "host"):
+            c = attention.compiled_for(batch, cache, mode)
+            results[mode] = timed(lambda c=c: (c(*dev_args, to_host=False), cuda.synchronize()), warmup, repeats)
+        weights = [torch.tensor(w, device=dev) for w in attention.weights]
+        tensors = [torch.tensor(a, device=dev) for a in inputs]
+
+        def attention_eager():
+            with torch.no_grad():
+                torch_attention(torch, weights, *tensors, start)
+            torch.cuda.synchronize()
+
+        results["torch eager (loop)"] = timed(attention_eager, warmup, repeats)
+        report(f"Attention {heads}x{head_size} cache {cache}, {cache - start} steps, batch {batch}", results)
 
 
 def report(name: str, results: dict) -> None:
@@ -209,6 +312,7 @@ def report(name: str, results: dict) -> None:
 
 
 SIM_SIZES = {"input": 4, "hidden": 4, "layers": 2, "seq": 4, "batch": 2, "dim": 4, "leaves": 8, "random": 10,
+             "heads": 2, "head_size": 4, "cache": 6, "start": 3,
              "options": {"threads": 4, "chunk": 8, "tile": 4}}
 
 

@@ -19,6 +19,10 @@ This package holds the device functions such a kernel calls, one family per modu
 * ``reduce``      - ``make_reduce_row_utask(combine, dtype)`` (sum, max: one row
   per uTask, shared-memory tree) and ``make_softmax_row_utask(dtype)`` (stable).
 * ``cell``        - the fused LSTM cell and a fill.
+* ``batched``     - ``make_broadcast_matmul_utask``: batched matmul tiles where one
+  operand repeats (per-gate / per-head weights) and outputs may be strided (KV cache rows).
+* ``nasrnn``      - the fused NASRNN cell.
+* ``scaled_softmax`` - ``softmax(scale * x)`` per row (Attention's scores).
 * ``groups``      - ``group_barrier``: a barrier among a group of blocks (recursion
   unroll runs sibling subtrees on disjoint groups; ``grid.sync`` would wait for all).
 * ``program``     - a small persistent kernel (an RNN loop, Cocktailer's Fig. 10)

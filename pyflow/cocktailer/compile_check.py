@@ -5,7 +5,7 @@ cannot compile (a Python object in device code, an untyped global).  This traces
 example programs covering every construct the code generator emits - a for loop
 over a device trip count, a while loop, branches, a non-inlined function uTask,
 recursion through the shared-memory frame stack, recursion unroll's block groups
-with their group barriers - and compiles each generated
+with their group barriers, the LSTM, NASRNN and Attention models - and compiles each generated
 kernel to PTX with the argument types it is launched with:
 
     pip install -e ".[ptx]"
@@ -80,6 +80,12 @@ def examples():
                                    ck.spec(2, 5, dtype="float64"), ck.spec(20, 4, dtype="float64"),
                                    ck.spec(20, 5, dtype="float64"), ck.spec(20, dtype="float64"),
                                    ck.spec(20, dtype="float64")), True
+    # the paper's NASRNN and Attention: broadcast/strided batched matmuls (several specializations of
+    # one shared-memory uTask in one kernel), cache rows at a run-time offset, the scaled softmax
+    from pyflow.models import NASRNN, Attention
+
+    yield "nasrnn", NASRNN(8, 8, tile=4).program(3, 2), True
+    yield "attention", Attention(2, 8, 3, tile=4).program(2, 6), True
 
 
 def argtypes(compiled: CompiledKernel):

@@ -1,4 +1,4 @@
-"""Models written as Cocktailer programs (seed 001, issue 5): the paper's LSTM and RAE benchmarks.
+"""Models written as Cocktailer programs (seed 001, issues 5 and 17): the paper's LSTM, RAE, NASRNN, Attention.
 
 Each model is a small class that holds its parameters as numpy arrays (loaded under
 PyTorch's names with ``load_state_dict``), traces itself into a ``cocktailer``
@@ -9,6 +9,10 @@ executor:
   matmuls and a fused cell per layer per step: the paper's loop case.
 * ``RAE`` (``rae.py``): a recursive autoencoder over a binary tree; a recursive
   function uTask: the paper's recursion case (its best speed-up, 8.22x).
+* ``NASRNN`` (``nasrnn.py``): the artifact's NasRNN cell; a ``for_loop`` over time with
+  two matmuls over 8 gates and a fused cell per step.
+* ``Attention`` (``attention.py``): decoding with a KV cache; a ``for_loop`` over the
+  generation steps whose matmuls write cache rows at a run-time index.
 
 ``mode="compiled"`` runs the whole program as one persistent kernel, ``mode="host"``
 one kernel launch per operator with control flow on the host; the two are bitwise
@@ -16,8 +20,10 @@ equal.  ``model.compiled_for(...)`` gives the ``cocktailer.Compiled`` object
 (``source``, ``last_stats``) for benchmarks.
 """
 
+from pyflow.models.attention import Attention
 from pyflow.models.lstm import LSTM
+from pyflow.models.nasrnn import NASRNN
 from pyflow.models.rae import RAE
 from pyflow.models.state_dict import StateDictError
 
-__all__ = ["LSTM", "RAE", "StateDictError"]
+__all__ = ["LSTM", "RAE", "NASRNN", "Attention", "StateDictError"]

@@ -1,0 +1,185 @@
+"""Batched matmul uTasks with a broadcast operand and a strided output (seed 001): per-gate and per-head weights.
+
+Two of the Cocktailer paper's models multiply by a *stack* of weight matrices that
+only one side of the product has:
+
+    NASRNN      ih[g]       = x_t    @ W_ih[g]     g < 8: x_t (B, I) is shared by the 8 gates
+    Attention   q[b, h]     = x[b, h] @ W_q[h]     W_q (heads, d, d) is shared by the batch rows b
+                k[b, h, gen] = x[b, h] @ W_k[h]    the result is row ``gen`` of the KV cache k (B, heads, S, d)
+
+``matmul.py``'s uTask pairs matrix ``m`` of ``a`` with matrix ``m`` of ``b`` and packs
+the outputs.  Here output matrix ``m < batch`` is
+
+    out[m * out_stride : ...] (M, N) = a[m % a_period] (M, K) @ b[m % b_period] (K, N)   (b.T with transpose_b)
+
+``a_period``/``b_period`` repeat an operand (numpy broadcasting, when an operand's
+batch dims are a suffix of the output's: W_q[h] for m = b * heads + h is
+``m % heads``; a shared x_t has period 1).  ``out_stride = M * N`` packs the outputs
+one after another; a larger stride puts output ``m`` into rows of a bigger matrix
+(with ``out`` a view starting at row ``gen`` of the first cache matrix and
+``out_stride = S * d``, row ``gen`` of every cache matrix).
+
+uTask ``u`` is tile ``u % per_matrix`` of output matrix ``m = u // per_matrix``
+(``per_matrix = ceil(M / tile) * ceil(N / tile)``, as in ``matmul.py``), computed by
+the same tiled shared-memory loop as ``matmul.py``'s, with the three matrices' start
+offsets worked out from ``m`` (so its results are bitwise ``matmul_utask``'s).
+``out`` must not overlap ``a`` or ``b``.  The arguments end with ``M, N, K, batch``
+like ``matmul_utask``'s (the scheduler's cost model reads K there).
+
+Why not call ``matmul.py``'s tile uTask on views of the three matrices (ten lines
+instead of forty)?  numba.cuda compiles a device function once per argument types,
+and the generated kernels pass sizes as literals, so two of these uTasks with
+different periods but the same M, N, K reach ONE specialization of the inner tile
+uTask through two callers; numba-cuda then links its module twice, and its shared
+arrays (strong globals, unlike the functions) are defined twice: NVVM rejects the
+kernel (``ERROR_INVALID_IR``).  A uTask with shared memory is therefore called only
+directly from a kernel, and owns its shared arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from numba import from_dtype
+
+from pyflow.errors import ShapeError
+from pyflow.kernels.backend import cuda
+from pyflow.kernels.jit import jit
+from pyflow.kernels.utask.matmul import _normalize, matmul_utask_count
+from pyflow.kernels.utask.sizes import require_sizes
+
+__all__ = ["make_broadcast_matmul_utask", "make_broadcast_matmul_kernel", "broadcast_matmul_utask_count",
+           "check_periods"]
+
+
+def broadcast_matmul_utask_count(M: int, N: int, tile: int, batch: int) -> int:
+    """uTasks of ``batch`` M x N products: ``batch * ceil(M / tile) * ceil(N / tile)`` (periods do not matter).
+
+    >>> broadcast_matmul_utask_count(1, 8, tile=4, batch=6)
+    12
+    """
+    return matmul_utask_count(M, N, tile, batch)
+
+
+def check_periods(batch: int, a_period: int, b_period: int, out_stride: int, M: int, N: int) -> None:
+    """``ShapeError`` unless each period is >= 1 and divides ``batch``, and outputs do not overlap."""
+    require_sizes("broadcast_matmul", minimum=1, a_period=a_period, b_period=b_period)
+    require_sizes("broadcast_matmul", minimum=M * N, out_stride=out_stride)
+    if batch % a_period or batch % b_period:
+        raise ShapeError(f"broadcast_matmul uTasks: the periods {a_period} and {b_period} must divide "
+                         f"batch {batch}")
+
+
+# --- device code ----------------------------------------------------------------
+
+
+def make_broadcast_matmul_utask(tile: int = 16, dtype="float32", transpose_b: bool = False):
+    """``broadcast_matmul_utask(u, out, a, b, a_period, b_period, out_stride, M, N, K, batch)``.
+
+    ``a`` holds ``a_period`` matrices (M, K), ``b`` holds ``b_period`` matrices (K, N)
+    (with ``transpose_b``: (N, K)), ``out`` is at least ``(batch - 1) * out_stride + M * N``
+    long; all flat and contiguous.  A ``u`` past the count writes nothing.
+    """
+    tile, dtype, transpose_b, _ = _normalize(tile, dtype, transpose_b, False)
+    return _build(tile, dtype, transpose_b)
+
+
+@functools.cache
+def _build(tile, dtype, transpose_b):
+    T = tile
+    TT = tile * tile
+    DTYPE = from_dtype(dtype)
+    TRANS_B = transpose_b
+
+    @jit(device=True)
+    def broadcast_matmul_utask(u, out, a, b, a_period, b_period, out_stride, M, N, K, batch):
+        """uTask ``u``: one output tile of ``a[m % a_period] @ b[m % b_period]``, see the module doc."""
+        a_tile = cuda.shared.array(TT, DTYPE)  # a_tile[i * T + k] = A_m[row0 + i, k0 + k]
+        b_tile = cuda.shared.array(TT, DTYPE)  # b_tile[k * T + j] = B_m[k0 + k, col0 + j]
+        acc = cuda.shared.array(TT, DTYPE)     # acc[i * T + j]: partial sums of the tile
+        t = cuda.threadIdx.x
+        step = cuda.blockDim.x
+        tiles_n = (N + T - 1) // T
+        per_matrix = ((M + T - 1) // T) * tiles_n
+        if u < batch * per_matrix:  # u and the sizes are block-uniform: barriers inside are safe
+            # Code plan: 1. product m, its tile (row0, col0), where its three matrices start;
+            # 2.-4. matmul.py's tiled loop: zero the owned accumulators; per K step load
+            # an A and a B tile (zeros outside), barrier, add T products, barrier; write.
+            m = u // per_matrix
+            row0 = ((u % per_matrix) // tiles_n) * T
+            col0 = ((u % per_matrix) % tiles_n) * T
+            a_base = (m % a_period) * M * K
+            b_base = (m % b_period) * K * N
+            out_base = m * out_stride
+            for e in range(t, TT, step):
+                acc[e] = 0
+            for k0 in range(0, K, T):
+                for e in range(t, TT, step):
+                    row = row0 + e // T
+                    k = k0 + e % T
+                    if row < M and k < K:
+                        a_tile[e] = a[a_base + row * K + k]
+                    else:
+                        a_tile[e] = 0
+                    k = k0 + e // T
+                    col = col0 + e % T
+                    if k < K and col < N:
+                        if TRANS_B:
+                            b_tile[e] = b[b_base + col * K + k]
+                        else:
+                            b_tile[e] = b[b_base + k * N + col]
+                    else:
+                        b_tile[e] = 0
+                cuda.syncthreads()
+                for e in range(t, TT, step):
+                    i = e // T
+                    j = e % T
+                    s = acc[e]
+                    for kk in range(T):
+                        s += a_tile[i * T + kk] * b_tile[kk * T + j]
+                    acc[e] = s
+                cuda.syncthreads()
+            for e in range(t, TT, step):
+                row = row0 + e // T
+                col = col0 + e % T
+                if row < M and col < N:
+                    out[out_base + row * N + col] = acc[e]
+
+    return broadcast_matmul_utask
+
+
+def make_broadcast_matmul_kernel(tile: int = 16, dtype="float32", transpose_b: bool = False):
+    """The uOperator kernel ``(u_begin, u_end, out, a, b, a_period, b_period, out_stride, M, N, K, batch)``."""
+    tile, dtype, transpose_b, _ = _normalize(tile, dtype, transpose_b, False)
+    return _build_kernel(tile, dtype, transpose_b)
+
+
+@functools.cache
+def _build_kernel(tile, dtype, transpose_b):
+    utask = _build(tile, dtype, transpose_b)
+
+    @jit
+    def broadcast_matmul_kernel(u_begin, u_end, out, a, b, a_period, b_period, out_stride, M, N, K, batch):
+        for u in range(u_begin + cuda.blockIdx.x, u_end, cuda.gridDim.x):  # block-uniform
+            utask(u, out, a, b, a_period, b_period, out_stride, M, N, K, batch)
+
+    return broadcast_matmul_kernel
+
+
+def ptx_cases():
+    """(label, py_func, argtypes, is_device) for the PTX compile check."""
+    from numba import types
+
+    from pyflow.kernels.compile_check import array
+
+    i64 = types.int64
+    cases = []
+    for tile, dtype, transpose_b in ((16, "float32", False), (8, "float32", True), (4, "float64", False)):
+        x = array(dtype)
+        ints = (i64,) * 7
+        label = f"[tile={tile},{dtype}{',b.T' if transpose_b else ''}]"
+        utask = make_broadcast_matmul_utask(tile, dtype, transpose_b)
+        kernel = make_broadcast_matmul_kernel(tile, dtype, transpose_b)
+        cases.append((f"broadcast_matmul_utask{label}", utask.py_func, (i64, x, x, x, *ints), True))
+        cases.append((f"broadcast_matmul_kernel{label}", kernel.py_func, (i64, i64, x, x, x, *ints), False))
+    return cases

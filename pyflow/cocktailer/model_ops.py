@@ -1,0 +1,162 @@
+"""Front-end ops for the paper's NASRNN and Attention (seed 001, issue 17): each emits one UOperator.
+
+Like ``ops.py`` (read it first): each op checks shapes at trace time, allocates
+its output and appends a ``UOperator`` whose uTasks call a device function from
+``kernels/utask/``, listing what they read and write and how, for the barrier plan.
+
+* ``batched_matmul(a, b, transpose_b=False, into=None, at=None)``: ``a @ b`` over
+  leading batch dims, where the operand with fewer of them is repeated (numpy
+  broadcasting; its batch dims must be a suffix of the other's):
+  ``batched_matmul(x_t, W_ih)`` with x_t (B, I) and W_ih (8, I, H) is (8, B, H).
+  ``into=cache, at=row``: the result's M rows go to rows ``row .. row + M - 1`` of
+  each matrix of ``cache`` (a KV cache write; ``row`` may be a device Scalar, e.g.
+  the loop counter); ``into=x`` alone overwrites ``x`` (a loop's state, no copy).
+  Either way ``into`` is written in place: the op returns its new version and the
+  old Tensor is stale, as with ``ops.update``.  uTasks: one output tile each
+  (``kernels/utask/batched.py``); reads and writes cross blocks (pattern None).
+* ``nasrnn_cell(ih, hh, c) -> (c_new, m_new)``: the fused NASRNN cell
+  (``kernels/utask/nasrnn.py``); elementwise in ``c`` and its outputs (so a copy of
+  them into the loop state needs no barrier), whole rows of the gates.
+* ``scaled_softmax_rows(x, scale)``: ``softmax(scale * x)`` over the last axis, one
+  uTask per row (``kernels/utask/scaled_softmax.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from pyflow.cocktailer.ir import Const, TensorRef
+from pyflow.cocktailer.trace import Tensor, TraceError, _current, _emit_op, _float, _int_argument, _same_dtype, _tensor
+from pyflow.errors import DTypeError, ShapeError
+from pyflow.kernels.utask.batched import check_periods, make_broadcast_matmul_utask
+from pyflow.kernels.utask.nasrnn import GATES, nasrnn_cell_utask
+from pyflow.kernels.utask.scaled_softmax import make_scaled_softmax_row_utask
+from pyflow.kernels.utask.sizes import ceil_div
+
+__all__ = ["batched_matmul", "nasrnn_cell", "scaled_softmax_rows"]
+
+
+def _batch_shape(op: str, a: tuple, b: tuple) -> tuple:
+    """The output's batch dims: the longer of ``a``/``b``, the other must be its suffix."""
+    longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
+    if longer[len(longer) - len(shorter):] != shorter:
+        raise ShapeError(f"{op}: batch dims {a} and {b} do not broadcast (the shorter must be a suffix of "
+                         "the longer)")
+    return longer
+
+
+def _overlaps(x: TensorRef, y: TensorRef) -> bool:
+    if x.buffer is not y.buffer:
+        return False
+    rx, ry = x.region, y.region
+    return rx is None or ry is None or (rx[0] < ry[1] and ry[0] < rx[1])
+
+
+def batched_matmul(a, b, *, transpose_b: bool = False, into=None, at=None) -> Tensor:
+    """``a @ b`` (``b.T`` per matrix with ``transpose_b``) over broadcast batch dims; see the module doc.
+
+    a (*A, M, K), b (*B, K, N) (or (*B, N, K)) -> (*batch, M, N) with batch the longer
+    of A and B.  ``into`` (*batch, R, N), R >= M: write the result into rows
+    ``at .. at + M - 1`` of each of its matrices instead (``at`` an int, a device
+    Scalar, or None for 0 with R == M); returns ``into``'s new version.
+    """
+    op = "batched_matmul"
+    t = _current()
+    a, b = _float(_tensor(a, op), op), _float(_tensor(b, op), op)
+    _same_dtype(op, a, b)
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise ShapeError(f"{op}: needs matrices (..., M, K) and (..., K, N), got {a.shape} and {b.shape}")
+    M, K = a.shape[-2:]
+    N, Kb = (b.shape[-2], b.shape[-1]) if transpose_b else (b.shape[-1], b.shape[-2])
+    if K != Kb:
+        layout = "(..., N, K)" if transpose_b else "(..., K, N)"
+        raise ShapeError(f"{op}: {a.shape} @ {b.shape}{'.T' if transpose_b else ''}: K differs (a is (..., M, K), "
+                         f"b is {layout})")
+    batch_shape = _batch_shape(op, a.shape[:-2], b.shape[:-2])
+    batch, a_period, b_period = math.prod(batch_shape), math.prod(a.shape[:-2]), math.prod(b.shape[:-2])
+    if into is None:
+        if at is not None:
+            raise TraceError(f"{op}: at= needs into= (the tensor whose rows it names)")
+        out = t.new_ref(batch_shape + (M, N), a.dtype)
+        view, out_stride, result = out, M * N, out
+    else:
+        target = _tensor(into, op)
+        if target.readonly:
+            raise TraceError(f"{op}: program inputs are read-only; write into a copy (cocktailer.copy(x))")
+        out = _float(target, op)
+        _same_dtype(op, a, out)
+        if len(out.shape) < 2 or out.shape[:-2] != batch_shape or out.shape[-1] != N or out.shape[-2] < M:
+            raise ShapeError(f"{op}: the result {batch_shape + (M, N)} does not fit into {out.shape} (need "
+                             f"{batch_shape} + (R >= {M}, {N}))")
+        R = out.shape[-2]
+        if at is None:
+            if R != M:
+                raise ShapeError(f"{op}: into {out.shape} has {R} rows per matrix, the result {M}: say at= which")
+            at = 0
+        row = _int_argument(at, f"{op}: at")
+        span = (batch - 1) * R * N + M * N if batch else 0
+        if isinstance(row, Const):  # the rows are known now
+            if not 0 <= row.value <= R - M:
+                raise ShapeError(f"{op}: at={row.value} puts {M} rows outside the {R} of {out.shape}")
+            start = out.offset + row.value * N
+        else:  # a device value: the view starts at run time, checked against into's range
+            start = out.offset + row * N
+        view = TensorRef(out.buffer, (span,), start, out.region if start.dynamic is not None else None)
+        out_stride, result = R * N, out
+        for operand in (a, b):
+            if _overlaps(view, operand):
+                raise ShapeError(f"{op}: into= overlaps an operand ({operand!r}); matmul outputs may not")
+    check_periods(batch, max(a_period, 1), max(b_period, 1), out_stride, M, N)
+    tile = t.tile
+    fn = make_broadcast_matmul_utask(tile, a.dtype, transpose_b)
+    name = f"bmm{'_bt' if transpose_b else ''}_t{tile}_{a.dtype}"
+    shown = f"{b!r}{'.T' if transpose_b else ''}"
+    if into is None:
+        note = f"{view!r} = {a!r} @ {shown}"
+    elif R == M and isinstance(row, Const):
+        note = f"{out!r} = {a!r} @ {shown}  # in place"
+    else:
+        note = f"{out!r}[..., {row!r}:+{M}, :] = {a!r} @ {shown}  # rows of each matrix"
+    _emit_op("matmul", fn, name, batch * ceil_div(M, tile) * ceil_div(N, tile),
+             (view, a, b, max(a_period, 1), max(b_period, 1), out_stride, M, N, K, batch),
+             [(a, None), (b, None)], [(view, None)], note)
+    if into is not None:
+        target._use(op)
+        target._stale_by = f"{op}(into=...)"
+    return Tensor(result)
+
+
+def nasrnn_cell(ih, hh, c):
+    """The fused NASRNN cell: gates ``ih``, ``hh`` (8, B, H), cell ``c`` (B, H) -> ``(c_new, m_new)``."""
+    op = "nasrnn_cell"
+    t = _current()
+    ih, hh, c = (_float(_tensor(v, op), op) for v in (ih, hh, c))
+    _same_dtype(op, ih, hh, c)
+    if len(c.shape) != 2 or ih.shape != (GATES,) + c.shape or hh.shape != ih.shape:
+        raise ShapeError(f"{op}: gates {ih.shape} and {hh.shape} do not fit cell {c.shape} "
+                         f"(need ({GATES}, B, H), ({GATES}, B, H), (B, H))")
+    n = c.size
+    c_out, m_out = t.new_ref(c.shape, c.dtype), t.new_ref(c.shape, c.dtype)
+    ew = ("elementwise", t.chunk)
+    _emit_op(op, nasrnn_cell_utask, "nasrnn_cell_utask", ceil_div(n, t.chunk), (c_out, m_out, ih, hh, c, n, t.chunk),
+             [(ih, None), (hh, None), (c, ew)], [(c_out, ew), (m_out, ew)],
+             f"{c_out!r}, {m_out!r} = nasrnn_cell({ih!r}, {hh!r}, {c!r})")
+    return Tensor(c_out), Tensor(m_out)
+
+
+def scaled_softmax_rows(x, scale: float) -> Tensor:
+    """``softmax(scale * x)`` over the last axis (``scale`` a Python number, fixed at trace time)."""
+    op = "scaled_softmax_rows"
+    t = _current()
+    src = _float(_tensor(x, op), op)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise DTypeError(f"{op}: scale must be a finite number, got {scale!r}")
+    if not src.shape or src.shape[-1] == 0:
+        raise ShapeError(f"{op}: needs rows of at least one element, got shape {src.shape}")
+    rows, width = math.prod(src.shape[:-1]), src.shape[-1]
+    out = t.new_ref(src.shape, src.dtype)
+    fn = make_scaled_softmax_row_utask(float(scale), src.dtype)
+    _emit_op("softmax_rows", fn, f"scaled_softmax_row_{src.dtype}", rows, (out, src, rows, width),
+             [(src, None)], [(out, None)], f"{out!r} = softmax({float(scale)!r} * {src!r})")
+    return Tensor(out)
