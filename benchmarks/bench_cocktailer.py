@@ -1,4 +1,4 @@
-"""Cocktailer: host vs compiled executor (vs PyTorch eager on a GPU): LSTM, RAE, NASRNN, Attention, random programs.
+"""Cocktailer: host vs compiled executor (vs PyTorch eager on a GPU): the paper's models, random programs.
 
     python benchmarks/bench_cocktailer.py                 # simulator: counts only
     PYFLOW_CUDA=gpu python benchmarks/bench_cocktailer.py --warmup 100 --repeats 100
@@ -12,7 +12,8 @@ time means nothing.
 
 On a real GPU it also times, at batch 1 and 64, the artifact's sizes (LSTM 10
 layers, hidden 256, seq 64; RAE Linear(1024 -> 512) + tanh over a 127-node tree;
-NASRNN hidden 256, seq 1000; Attention 12 heads x 64, a KV cache of 64, 32 steps),
+NASRNN hidden 256, seq 1000; Attention 12 heads x 64, a KV cache of 64, 32 steps;
+Seq2seq LSTM 256, vocabulary 3797, at most 50 steps, forced to the artifact's sentences),
 the compiled executor against the host executor and against PyTorch eager on the
 same GPU (the same model written as a Python loop of torch ops, as the artifact's
 baselines are; ``nn.LSTM``'s cuDNN kernel is printed as a separate reference).
@@ -36,7 +37,7 @@ from pyflow.cocktailer.optimize import unroll_recursion
 from pyflow.cocktailer.random_programs import build, inputs, random_description
 from pyflow.kernels import backend
 from pyflow.kernels.backend import cuda
-from pyflow.models import LSTM, NASRNN, RAE, Attention
+from pyflow.models import LSTM, NASRNN, RAE, Attention, Seq2seq
 
 
 def balanced_tree(leaves: int):
@@ -97,6 +98,7 @@ def counts(sizes: dict) -> None:
           + "  (block 0's barriers: its group walks the left subtree)")
 
     nasrnn_attention_counts(sizes)
+    seq2seq_counts(sizes)
 
     r = random.Random(0)
     totals = {"host": [0, 0], "compiled": [0, 0, 0]}
@@ -142,6 +144,33 @@ def nasrnn_attention_counts(sizes: dict) -> None:
     assert all(np.array_equal(p, q) for p, q in zip(a, attention(*inputs, mode="compiled")))
     print(counts_row(f"Attention {heads}x{head_size} S{cache} {cache - start} steps b{sizes['batch']}", host,
                      attention.last_compiled))
+
+
+def artifact_std(batch: int, max_length: int, vocab: int, shortest: int = 10) -> np.ndarray:
+    """The artifact's Seq2seq benchmark input: row ``b`` forced to ``1, 2, ..., l - 1, EOS`` (then EOS), where
+    ``l = min(max(b, shortest), max_length)``, by 1e6 at those tokens (its ``gen_mask_from_sequence``); ids past
+    the vocabulary wrap around, skipping EOS."""
+    std = np.zeros((max_length, batch, vocab), np.float32)
+    for b in range(batch):
+        length = min(max(b, shortest), max_length)
+        sentence = [1 + (t - 1) % (vocab - 1) for t in range(1, length)] + [0] * (max_length - length + 1)
+        std[np.arange(max_length), b, sentence] = 1e6
+    return std
+
+
+def seq2seq_counts(sizes: dict) -> None:
+    """The count row of Seq2seq (issue 17): a while loop whose trip count the forced sentences decide."""
+    rng = np.random.default_rng(3)
+    H, V, L, B = sizes["hidden"], sizes["vocab"], sizes["max_length"], sizes["batch"]
+    seq2seq = Seq2seq(H, V, L, **sizes["options"])
+    std = artifact_std(B, L, V, shortest=sizes["sentence"])
+    encoder_output = rng.standard_normal((L, B, H)).astype(np.float32)
+    h, c = (rng.standard_normal((B, H)).astype(np.float32) for _ in range(2))
+    a = seq2seq(encoder_output, std, h, c, mode="host")
+    host = seq2seq.last_compiled
+    b = seq2seq(encoder_output, std, h, c, mode="compiled")
+    assert all(np.array_equal(p, q) for p, q in zip(a, b))
+    print(counts_row(f"Seq2seq H{H} V{V} max{L} {seq2seq.last_steps} steps b{B}", host, seq2seq.last_compiled))
 
 
 def timed(fn, warmup: int, repeats: int) -> float:
@@ -231,6 +260,7 @@ def gpu_latency(warmup: int, repeats: int) -> None:
     results["torch eager (recursion)"] = timed(torch_rae, warmup, repeats)
     report(f"RAE dim {dim}, {len(left)} nodes, batch 1", results)
     nasrnn_attention_latency(warmup, repeats, opts)
+    seq2seq_latency(warmup, repeats, opts)
 
 
 def torch_nasrnn(torch, weight_ih, weight_hh, inputs):
@@ -304,6 +334,56 @@ def nasrnn_attention_latency(warmup: int, repeats: int, opts: dict) -> None:
         report(f"Attention {heads}x{head_size} cache {cache}, {cache - start} steps, batch {batch}", results)
 
 
+def torch_seq2seq(torch, model: Seq2seq, std, h, c):
+    """The artifact's AttnDecoderRNN forward as a Python loop of torch ops (its PyTorch baseline): the
+    condition is read on the host every step (``bool(...)``, as its TorchScript variant does)."""
+    w_ih, w_hh, b_ih, b_hh, out_w, out_b, emb = (torch.tensor(w, device=std.device) for w in model._weights())
+    batch, L = std.shape[1], model.max_length
+    output_all = torch.zeros(L, batch, dtype=torch.int64, device=std.device)
+    output = torch.full((batch,), 1, dtype=torch.int64, device=std.device)
+    step, cond = 0, True
+    while cond:
+        x = emb[output]
+        ih, hh = torch.matmul(x, w_ih), torch.matmul(h, w_hh)
+        z = [(ih[g] + b_ih[g]) + (hh[g] + b_hh[g]) for g in range(4)]
+        c = torch.sigmoid(z[1]) * c + torch.sigmoid(z[0]) * torch.tanh(z[2])
+        h = torch.sigmoid(z[3]) * torch.tanh(c)
+        output = (h @ out_w.T + out_b + std[step]).argmax(1)
+        output_all[step] = output
+        step += 1
+        cond = bool(torch.max(output) > 0) and step < L
+    return output_all, h
+
+
+def seq2seq_latency(warmup: int, repeats: int, opts: dict) -> None:
+    """GPU rows for Seq2seq (LSTM 256, vocabulary 3797, at most 50 steps), batch 1 and 64."""
+    import torch
+
+    dev = torch.device("cuda")
+    H, V, L = 256, 3797, 50
+    for batch in (1, 64):
+        rng = np.random.default_rng(0)
+        seq2seq = Seq2seq(H, V, L, **opts)
+        std = artifact_std(batch, L, V)
+        encoder_output = rng.standard_normal((L, batch, H)).astype(np.float32)
+        h, c = (rng.standard_normal((batch, H)).astype(np.float32) for _ in range(2))
+        dev_args = [cuda.to_device(a) for a in seq2seq.program_inputs(encoder_output, std, h, c)]
+        results = {}
+        for mode in ("compiled", "host"):
+            run = seq2seq.compiled_for(batch, mode)
+            results[mode] = timed(lambda run=run: (run(*dev_args, to_host=False), cuda.synchronize()), warmup, repeats)
+        std_t, h_t, c_t = (torch.tensor(a, device=dev) for a in (std, h, c))
+
+        def seq2seq_eager():
+            with torch.no_grad():
+                torch_seq2seq(torch, seq2seq, std_t, h_t, c_t)
+            torch.cuda.synchronize()
+
+        results["torch eager (loop, host reads cond)"] = timed(seq2seq_eager, warmup, repeats)
+        seq2seq(encoder_output, std, h, c)   # for last_steps, in the row's name
+        report(f"Seq2seq H{H} V{V} max {L}, {seq2seq.last_steps} steps, batch {batch}", results)
+
+
 def report(name: str, results: dict) -> None:
     base = results["compiled"]
     print(f"{name}:")
@@ -312,7 +392,7 @@ def report(name: str, results: dict) -> None:
 
 
 SIM_SIZES = {"input": 4, "hidden": 4, "layers": 2, "seq": 4, "batch": 2, "dim": 4, "leaves": 8, "random": 10,
-             "heads": 2, "head_size": 4, "cache": 6, "start": 3,
+             "heads": 2, "head_size": 4, "cache": 6, "start": 3, "vocab": 7, "max_length": 6, "sentence": 4,
              "options": {"threads": 4, "chunk": 8, "tile": 4}}
 
 

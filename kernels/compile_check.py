@@ -39,7 +39,8 @@ FAMILIES = ["pyflow.kernels.examples", "pyflow.kernels.elementwise", "pyflow.ker
             "pyflow.kernels.utask.matmul",
             "pyflow.kernels.utask.reduce", "pyflow.kernels.utask.program",
             "pyflow.kernels.utask.cell", "pyflow.kernels.utask.groups", "pyflow.kernels.utask.batched",
-            "pyflow.kernels.utask.nasrnn", "pyflow.kernels.utask.scaled_softmax"]
+            "pyflow.kernels.utask.nasrnn", "pyflow.kernels.utask.scaled_softmax",
+            "pyflow.kernels.utask.embedding", "pyflow.kernels.utask.argmax", "pyflow.kernels.utask.seq2seq"]
 
 
 def array(dtype, ndim: int = 1, layout: str = "C"):

@@ -23,6 +23,9 @@ This package holds the device functions such a kernel calls, one family per modu
   operand repeats (per-gate / per-head weights) and outputs may be strided (KV cache rows).
 * ``nasrnn``      - the fused NASRNN cell.
 * ``scaled_softmax`` - ``softmax(scale * x)`` per row (Attention's scores).
+* ``embedding``   - rows of a table gathered by token ids read from device memory.
+* ``argmax``      - ``argmax(x + y)`` per row, the first maximum on a tie (greedy decoding).
+* ``seq2seq``     - the Seq2seq decoder's gate-major LSTM cell with per-gate biases.
 * ``groups``      - ``group_barrier``: a barrier among a group of blocks (recursion
   unroll runs sibling subtrees on disjoint groups; ``grid.sync`` would wait for all).
 * ``program``     - a small persistent kernel (an RNN loop, Cocktailer's Fig. 10)

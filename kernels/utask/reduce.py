@@ -10,11 +10,19 @@
   needs it.  ``out`` may be ``x`` (in place).
 
 Both use ``block_reduce``: a shared-memory tree reduction over the block's threads.
-The shared array needs a compile-time size and dtype, so factories build it:
-``make_block_reduce(combine, dtype, max_block)`` supports blocks of up to
+The shared array needs a compile-time size and dtype, so factories build the
+uTasks: ``make_reduce_row_utask(combine, dtype, max_block)`` supports blocks of up to
 ``max_block`` threads doing the work (``MAX_BLOCK`` = 1024, every legal block, by
 default); threads beyond it only join the barriers.  ``dtype`` is the accumulator's
 type (use int64 to sum int32 without overflow, as numpy does).
+
+Each row uTask declares its own shared array and hands it to ``block_reduce(tmp,
+value, active)``, which owns none.  numba-cuda links a device function's module
+into every caller's, so a device function with a shared array, reached from one
+kernel along two paths (a softmax and a sum in one program both calling the sum
+tree), is defined twice: NVVM rejects the kernel with ``ERROR_INVALID_IR``
+(``batched.py`` tells the whole story).  Functions are merged (linkonce), shared
+arrays are not; so only the uTasks, which a kernel calls directly, own shared memory.
 
 Code plan of a row uTask:
 1. each active thread ``t`` folds the elements ``t, t + lanes, t + 2 * lanes, ...`` of
@@ -80,22 +88,22 @@ def _normalize(op, dtype, max_block, allowed):
 
 
 def make_block_reduce(combine, dtype="float32", max_block: int = MAX_BLOCK):
-    """``block_reduce(value, active)``: ``combine`` of ``value`` over threads ``0 .. active - 1``.
+    """``block_reduce(tmp, value, active)``: ``combine`` of ``value`` over threads ``0 .. active - 1``.
 
     Called by every thread of the block (``active <= min(blockDim.x, max_block)``,
     block-uniform); every thread gets the result.  ``active == 0`` gives garbage.
+    ``tmp`` is the caller's shared array of ``dtype``, at least ``active`` long (see
+    the module doc for why the caller declares it); it is free again on return.
     """
     return _block_reduce(combine, *_normalize("block_reduce", dtype, max_block, _REDUCE_DTYPES))
 
 
 @functools.cache
 def _block_reduce(combine, dtype, max_block):
-    DTYPE = from_dtype(dtype)
-    LANES = max_block
+    # dtype and max_block only key the cache (and are checked): the caller's tmp carries both
 
     @jit(device=True)
-    def block_reduce(value, active):
-        tmp = cuda.shared.array(LANES, DTYPE)
+    def block_reduce(tmp, value, active):
         t = cuda.threadIdx.x
         if t < active:
             tmp[t] = value
@@ -127,9 +135,11 @@ def make_reduce_row_utask(combine, dtype="float32", max_block: int = MAX_BLOCK):
 def _reduce_row(combine, dtype, max_block):
     block_reduce = _block_reduce(combine, dtype, max_block)
     LANES = max_block
+    DTYPE = from_dtype(dtype)
 
     @jit(device=True)
     def reduce_row_utask(u, out, x, rows, width):
+        tmp = cuda.shared.array(LANES, DTYPE)  # this uTask's: block_reduce owns no shared memory
         t = cuda.threadIdx.x
         lanes = min(cuda.blockDim.x, LANES)
         active = min(lanes, width)
@@ -140,7 +150,7 @@ def _reduce_row(combine, dtype, max_block):
                 acc = x[base + t]
                 for j in range(t + lanes, width, lanes):
                     acc = combine(acc, x[base + j])
-            total = block_reduce(acc, active)
+            total = block_reduce(tmp, acc, active)
             if t == 0:
                 out[u] = total
 
@@ -157,9 +167,11 @@ def _softmax_row(dtype, max_block):
     block_max = _block_reduce(scalar_ops.maximum, dtype, max_block)
     block_sum = _block_reduce(scalar_ops.add, dtype, max_block)
     LANES = max_block
+    DTYPE = from_dtype(dtype)
 
     @jit(device=True)
     def softmax_row_utask(u, out, x, rows, width):
+        tmp = cuda.shared.array(LANES, DTYPE)  # both trees use it, one after the other
         t = cuda.threadIdx.x
         lanes = min(cuda.blockDim.x, LANES)
         active = min(lanes, width)
@@ -171,7 +183,7 @@ def _softmax_row(dtype, max_block):
                 m = x[base + t]
                 for j in range(t + lanes, width, lanes):
                     m = scalar_ops.maximum(m, x[base + j])
-            m = block_max(m, active)
+            m = block_max(tmp, m, active)
             # 2. e = exp(x - max) into out (each thread its own elements), and their sum.
             #    Every read of x is done (barriers in block_max), so out may be x.
             s = m - m
@@ -180,7 +192,7 @@ def _softmax_row(dtype, max_block):
                     e = math.exp(x[base + j] - m)
                     out[base + j] = e
                     s += e
-            s = block_sum(s, active)
+            s = block_sum(tmp, s, active)
             # 3. normalise the elements this thread wrote in step 2
             if t < active:
                 for j in range(t, width, lanes):
@@ -238,7 +250,7 @@ def ptx_cases():
                              ("sum", "int32", "int64"), ("max", "int64", "int64")):
         x, out = array(dtype), array(acc)
         block = make_block_reduce(COMBINE[name], acc, 256)
-        cases.append((f"block_reduce[{name},{acc}]", block.py_func, (from_dtype(np.dtype(acc)), i64), True))
+        cases.append((f"block_reduce[{name},{acc}]", block.py_func, (out, from_dtype(np.dtype(acc)), i64), True))
         utask = make_reduce_row_utask(COMBINE[name], acc, 256)
         kernel = make_reduce_row_kernel(COMBINE[name], acc, 256)
         cases.append((f"reduce_row_utask[{name},{dtype}->{acc}]", utask.py_func, (i64, out, x, i64, i64), True))

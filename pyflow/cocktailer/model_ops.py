@@ -1,4 +1,4 @@
-"""Front-end ops for the paper's NASRNN and Attention (seed 001, issue 17): each emits one UOperator.
+"""Front-end ops for the paper's NASRNN, Attention and Seq2seq (seed 001, issue 17): each emits one UOperator.
 
 Like ``ops.py`` (read it first): each op checks shapes at trace time, allocates
 its output and appends a ``UOperator`` whose uTasks call a device function from
@@ -19,6 +19,21 @@ its output and appends a ``UOperator`` whose uTasks call a device function from
   them into the loop state needs no barrier), whole rows of the gates.
 * ``scaled_softmax_rows(x, scale)``: ``softmax(scale * x)`` over the last axis, one
   uTask per row (``kernels/utask/scaled_softmax.py``).
+
+For Seq2seq (``models/seq2seq.py``), whose tokens never leave the device:
+
+* ``embedding(weight, ids)``: ``weight[ids]``, rows picked by token ids held (as
+  floats) in a device tensor (``kernels/utask/embedding.py``); elementwise in its output.
+* ``argmax_sum_rows(x, y)``: per row, the first index maximising ``x + y``, as a
+  float token id (``kernels/utask/argmax.py``); one uTask per row.
+* ``max_rows_into(x, into)``: ``ops.max_rows`` (``kernels/utask/reduce.py``'s row
+  uTask) written into a loop's state in place: a while condition computed in the body.
+* ``gate_lstm_cell(ih, hh, b_ih, b_hh, c) -> (h_new, c_new)``: the artifact's LSTM
+  cell on gate-major gates (4, B, H) with per-gate biases (4, H)
+  (``kernels/utask/seq2seq.py``); elementwise in ``c`` and its outputs.
+* ``while_loop_counted(cond_fn, body, *carried)``: ``control.while_loop`` whose
+  condition and body also get the iteration count ``i``, a device int that can
+  index (``std[i]``, ``update(out, i, tok)``) as ``for_loop``'s counter can.
 """
 
 from __future__ import annotations
@@ -26,15 +41,25 @@ from __future__ import annotations
 import math
 import numbers
 
-from pyflow.cocktailer.ir import Const, TensorRef
-from pyflow.cocktailer.trace import Tensor, TraceError, _current, _emit_op, _float, _int_argument, _same_dtype, _tensor
+from pyflow.cocktailer.checks import static_int
+from pyflow.cocktailer.control import _loop_state, _unwrap, _write_back
+from pyflow.cocktailer.ir import Block, Const, Loop, Scalar, TensorRef, Var
+from pyflow.cocktailer.trace import (Tensor, TraceError, _as_tuple, _current, _emit_op, _float, _int_argument,
+                                     _same_dtype, _tensor)
 from pyflow.errors import DTypeError, ShapeError
+from pyflow.kernels import scalar_ops
+from pyflow.kernels.utask.argmax import make_argmax_sum_row_utask
 from pyflow.kernels.utask.batched import check_periods, make_broadcast_matmul_utask
+from pyflow.kernels.utask.embedding import embedding_utask
 from pyflow.kernels.utask.nasrnn import GATES, nasrnn_cell_utask
+from pyflow.kernels.utask.reduce import make_reduce_row_utask
 from pyflow.kernels.utask.scaled_softmax import make_scaled_softmax_row_utask
+from pyflow.kernels.utask.seq2seq import GATES as LSTM_GATES
+from pyflow.kernels.utask.seq2seq import gate_lstm_cell_utask
 from pyflow.kernels.utask.sizes import ceil_div
 
-__all__ = ["batched_matmul", "nasrnn_cell", "scaled_softmax_rows"]
+__all__ = ["batched_matmul", "nasrnn_cell", "scaled_softmax_rows", "embedding", "argmax_sum_rows",
+           "max_rows_into", "gate_lstm_cell", "while_loop_counted"]
 
 
 def _batch_shape(op: str, a: tuple, b: tuple) -> tuple:
@@ -160,3 +185,123 @@ def scaled_softmax_rows(x, scale: float) -> Tensor:
     _emit_op("softmax_rows", fn, f"scaled_softmax_row_{src.dtype}", rows, (out, src, rows, width),
              [(src, None)], [(out, None)], f"{out!r} = softmax({float(scale)!r} * {src!r})")
     return Tensor(out)
+
+
+# ---- Seq2seq ------------------------------------------------------------------------------
+
+
+def embedding(weight, ids) -> Tensor:
+    """``weight[ids]``: weight (V, D), ids (R,) token ids held as floats on the device -> (R, D).
+
+    An id outside ``[0, V)`` gives a row of NaN (the uTask never reads outside ``weight``).
+    """
+    op = "embedding"
+    t = _current()
+    w, tok = _float(_tensor(weight, op), op), _float(_tensor(ids, op), op)
+    _same_dtype(op, w, tok)
+    if len(w.shape) != 2 or len(tok.shape) != 1:
+        raise ShapeError(f"{op}: needs a table (V, D) and ids (R,), got {w.shape} and {tok.shape}")
+    (rows,), (vocab, dim) = tok.shape, w.shape
+    out = t.new_ref((rows, dim), w.dtype)
+    ew = ("elementwise", t.chunk)
+    _emit_op(op, embedding_utask, "embedding_utask", ceil_div(rows * dim, t.chunk),
+             (out, w, tok, rows, dim, vocab, t.chunk), [(w, None), (tok, None)], [(out, ew)],
+             f"{out!r} = {w!r}[{tok!r}]")
+    return Tensor(out)
+
+
+def argmax_sum_rows(x, y) -> Tensor:
+    """Per row of ``x + y`` (same shapes, (..., W)), the first index of the maximum, as a float: (...)."""
+    op = "argmax_sum_rows"
+    t = _current()
+    a, b = _float(_tensor(x, op), op), _float(_tensor(y, op), op)
+    _same_dtype(op, a, b)
+    if a.shape != b.shape or not a.shape or a.shape[-1] == 0:
+        raise ShapeError(f"{op}: needs two tensors of one shape (..., W) with W >= 1, got {a.shape} and {b.shape}")
+    rows, width = math.prod(a.shape[:-1]), a.shape[-1]
+    out = t.new_ref(a.shape[:-1], a.dtype)
+    _emit_op(op, make_argmax_sum_row_utask(a.dtype), f"argmax_sum_row_{a.dtype}", rows, (out, a, b, rows, width),
+             [(a, None), (b, None)], [(out, None)], f"{out!r} = argmax({a!r} + {b!r})")
+    return Tensor(out)
+
+
+def max_rows_into(x, into) -> Tensor:
+    """``ops.max_rows(x)`` written into ``into`` in place (a loop's state: no copy); returns its new version.
+
+    x (..., W) with W >= 1, into (...): a while loop's condition computed at the end
+    of the body, where its one uTask's write is covered by the barrier the body
+    already has, instead of being copied into the state (which would need one more).
+    The old ``into`` Tensor is stale afterwards, as with ``ops.update``.
+    """
+    op = "max_rows_into"
+    t = _current()
+    src, target = _float(_tensor(x, op), op), _tensor(into, op)
+    if target.readonly:
+        raise TraceError(f"{op}: program inputs are read-only; write into a copy (cocktailer.copy(x))")
+    out = _float(target, op)
+    _same_dtype(op, src, out)
+    if not src.shape or src.shape[-1] == 0 or out.shape != src.shape[:-1]:
+        raise ShapeError(f"{op}: the maxima of {src.shape} (need rows of at least one element) do not fit into "
+                         f"{out.shape}")
+    if _overlaps(out, src):
+        raise ShapeError(f"{op}: into= overlaps the rows it reduces")
+    rows, width = math.prod(src.shape[:-1]), src.shape[-1]
+    _emit_op("max_rows", make_reduce_row_utask(scalar_ops.maximum, src.dtype), f"max_row_{src.dtype}", rows,
+             (out, src, rows, width), [(src, None)], [(out, None)], f"{out!r} = max_rows({src!r})  # in place")
+    target._stale_by = f"{op}(into=...)"
+    return Tensor(out)
+
+
+def gate_lstm_cell(ih, hh, b_ih, b_hh, c):
+    """The artifact's LSTM cell: gates ``ih``, ``hh`` (4, B, H), biases (4, H), cell ``c`` (B, H) -> ``(h, c_new)``."""
+    op = "gate_lstm_cell"
+    t = _current()
+    ih, hh, b_ih, b_hh, c = (_float(_tensor(v, op), op) for v in (ih, hh, b_ih, b_hh, c))
+    _same_dtype(op, ih, hh, b_ih, b_hh, c)
+    if (len(c.shape) != 2 or ih.shape != (LSTM_GATES,) + c.shape or hh.shape != ih.shape
+            or b_ih.shape != (LSTM_GATES, c.shape[1]) or b_hh.shape != b_ih.shape):
+        raise ShapeError(f"{op}: gates {ih.shape}, {hh.shape} and biases {b_ih.shape}, {b_hh.shape} do not fit cell "
+                         f"{c.shape} (need ({LSTM_GATES}, B, H) twice, ({LSTM_GATES}, H) twice, (B, H))")
+    batch, hidden = c.shape
+    h_out, c_out = t.new_ref(c.shape, c.dtype), t.new_ref(c.shape, c.dtype)
+    ew = ("elementwise", t.chunk)
+    _emit_op(op, gate_lstm_cell_utask, "gate_lstm_cell_utask", ceil_div(batch * hidden, t.chunk),
+             (h_out, c_out, ih, hh, b_ih, b_hh, c, batch, hidden, t.chunk),
+             [(ih, None), (hh, None), (b_ih, None), (b_hh, None), (c, ew)], [(h_out, ew), (c_out, ew)],
+             f"{h_out!r}, {c_out!r} = gate_lstm_cell({ih!r}, {hh!r}, {b_ih!r}, {b_hh!r}, {c!r})")
+    return Tensor(h_out), Tensor(c_out)
+
+
+def while_loop_counted(cond_fn, body, *init, max_iters: int = 10_000):
+    """``while cond_fn(i, *carried): carried = body(i, *carried)``, ``i`` the iterations done so far.
+
+    ``control.while_loop`` with the loop's own counter (``Loop.var``, which every while
+    loop keeps for ``max_iters``) handed to ``cond_fn`` and ``body`` as their first
+    argument, as ``for_loop`` hands its ``i``: ``i`` is 0 at the first test and in the
+    first body, and goes up by one after each body.  It is a device int, so it can
+    index a tensor (``std[i]``) or name a row (``update(out, i, tok)``), which a
+    counter carried as a float tensor cannot.  The rest is ``while_loop``'s.
+    """
+    what = "while_loop_counted"
+    t = _current()
+    if not init:
+        raise TraceError(f"{what}: needs at least one loop-carried tensor")
+    max_iters = static_int(max_iters, f"{what}: max_iters")
+    states = _loop_state(init, what)
+    var = Var(t.fresh("i"))
+    loop = Loop(var, Block(), head=Block(), max_iters=max_iters)
+    t.loop_depth += 1
+    try:
+        with t.block(loop.head):
+            predicate = cond_fn(var, *states)
+            if not isinstance(predicate, Scalar):
+                raise TraceError(f"{what}: the condition must be a device Scalar (t.item() > 0, i < n), "
+                                 f"got {type(predicate).__name__}")
+            loop.cond = predicate
+        with t.block(loop.body):
+            results = _as_tuple(body(var, *states), f"{what} body")
+            _write_back(states, results, what)
+    finally:
+        t.loop_depth -= 1
+    t.emit(loop)
+    return _unwrap(tuple(Tensor(s.ref) for s in states), len(states) == 1)

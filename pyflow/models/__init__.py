@@ -1,4 +1,4 @@
-"""Models written as Cocktailer programs (seed 001, issues 5 and 17): the paper's LSTM, RAE, NASRNN, Attention.
+"""Models written as Cocktailer programs (seed 001, issues 5 and 17): the paper's LSTM, RAE, NASRNN, Attention, Seq2seq.
 
 Each model is a small class that holds its parameters as numpy arrays (loaded under
 PyTorch's names with ``load_state_dict``), traces itself into a ``cocktailer``
@@ -13,6 +13,9 @@ executor:
   two matmuls over 8 gates and a fused cell per step.
 * ``Attention`` (``attention.py``): decoding with a KV cache; a ``for_loop`` over the
   generation steps whose matmuls write cache rows at a run-time index.
+* ``Seq2seq`` (``seq2seq.py``): greedy decoding with an LSTM cell until every row
+  says EOS; a while loop whose condition (a row max of the tokens) is computed and
+  tested on the device: the paper's while-loop case.
 
 ``mode="compiled"`` runs the whole program as one persistent kernel, ``mode="host"``
 one kernel launch per operator with control flow on the host; the two are bitwise
@@ -24,6 +27,7 @@ from pyflow.models.attention import Attention
 from pyflow.models.lstm import LSTM
 from pyflow.models.nasrnn import NASRNN
 from pyflow.models.rae import RAE
+from pyflow.models.seq2seq import Seq2seq
 from pyflow.models.state_dict import StateDictError
 
-__all__ = ["LSTM", "RAE", "NASRNN", "Attention", "StateDictError"]
+__all__ = ["LSTM", "RAE", "NASRNN", "Attention", "Seq2seq", "StateDictError"]
