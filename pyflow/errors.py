@@ -264,3 +264,12 @@ class StackOverflowError(CocktailerError):
 
 class IterationLimitError(CocktailerError):
     """A while loop ran more iterations than its ``max_iters``."""
+
+
+# --- the actor runtime (seed 003) ----------------------------------------------------------
+
+
+class RuntimeHangError(PyflowError, RuntimeError):
+    """The actor runtime made no progress for its hang timeout (``PYFLOW_HANG_TIMEOUT``) with calls in
+    flight and no device work pending, or (deterministic mode) ran out of messages before a call
+    finished: names every waiting actor and the regst desc it waits for."""

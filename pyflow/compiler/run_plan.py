@@ -1,8 +1,10 @@
 """A sequential interpreter of a Plan: run every task once per call, in the Plan's order.
 
-This is the smallest thing that executes a Plan, kept for the tests (and used by
-``nn.Graph`` until the actor runtime runs Plans): no threads, no messages, no back
-pressure; the tasks run in ``plan.order``, the micro-batch loop k times.  What it
+This is the smallest thing that executes a Plan, kept for the tests and for debugging
+(``nn.Graph`` runs its Plans on the actor runtime, ``pyflow/runtime``; its
+``executor="sequential"`` picks this one): no threads, no messages, no back pressure;
+the tasks run in ``plan.order``, the micro-batch loop k times.  ``act`` - one act of
+one task - is shared with the actor runtime.  What it
 does check is the compiler's output: every regst lives where the memory plan put it
 (a view into its device's chunk), so a plan that let two live regsts overlap gives
 wrong numbers here.

@@ -25,8 +25,17 @@ What happens at the first call (``g.debug(1)`` prints each step with its time):
    tensors) a ``variable`` op, every op call a Job op.
 2. **Compile** (``pyflow.compiler.compile_job``): the passes, the OpGraph (SBP), the
    TaskGraph (boxing, copies), regsts and memory, the Plan (``g.plan``).
-3. **Run**: until the actor runtime exists, the Plan runs on the sequential Plan
-   interpreter (``pyflow/compiler/run_plan.py``); outputs come back as eager tensors.
+3. **Run**: the Plan runs on the actor runtime (``pyflow/runtime``), one per graph, made
+   at the first call and kept (closed when the graph is garbage-collected or at exit).
+   Each call, as OneFlow's: the outputs are made from the Plan's output regsts, a
+   ``LaunchLazyJob`` VM instruction (reading the inputs, writing the outputs) hands the
+   call to the runtime, and the call returns once the call's sink tick acted: every op
+   of the call has then been issued to the VM, so eager ops issued afterwards (reading
+   an output, a parameter) come after it, and ``numpy()`` of an output waits only for
+   the ops that make it.  A failed act raises here and the next call gets a fresh runtime.
+   ``g.executor`` (or ``PYFLOW_GRAPH_EXECUTOR``) picks ``"actors"`` (default),
+   ``"deterministic"`` (the runtime on the caller's thread, for pdb) or ``"sequential"``
+   (the sequential Plan interpreter, ``pyflow/compiler/run_plan.py``).
 
 After each call that trains, the graph steps its learning-rate scheduler (OneFlow steps
 it once per graph call) and counts the step (Adam's bias correction reads it).
@@ -34,17 +43,24 @@ it once per graph call) and counts the step (Adam's bias correction reads it).
 
 from __future__ import annotations
 
+import os
 import time
+import weakref
 
+from pyflow import vm
 from pyflow.compiler import compile_job
 from pyflow.compiler.job import Job
 from pyflow.compiler.lazy import LazyTensor, Tracer, tracing
 from pyflow.compiler.run_plan import run_plan
 from pyflow.errors import GraphError
+from pyflow.framework.creation import empty
 from pyflow.framework.tensor import Tensor
 from pyflow.nn.module import Module
+from pyflow.runtime import Runtime
 
 __all__ = ["Graph", "GraphModule", "GraphConfig"]
+
+_EXECUTORS = ("actors", "deterministic", "sequential")
 
 
 class GraphConfig:
@@ -214,9 +230,84 @@ class Graph:
                                  "nested; call its modules directly")
         if self._plan is None:
             self._compile(args)
-        outputs = run_plan(self._plan, list(args), self._job)
+        outputs = self._run(list(args))
         self._after_call()
         return _rebuild(self._out_shape, outputs)
+
+    # --- running the Plan -----------------------------------------------------------------------
+
+    executor = None   # "actors" | "deterministic" | "sequential"; None: $PYFLOW_GRAPH_EXECUTOR, else "actors"
+
+    def _executor(self) -> str:
+        choice = self.__dict__.get("executor") or os.environ.get("PYFLOW_GRAPH_EXECUTOR") or "actors"
+        if choice not in _EXECUTORS:
+            raise GraphError(f"nn.Graph {self.name}: executor {choice!r} is not one of {', '.join(_EXECUTORS)}")
+        return choice
+
+    def _run(self, args: list) -> list:
+        """One call of the Plan: through LaunchLazyJob on the actor runtime, or the sequential interpreter."""
+        executor = self._executor()
+        if executor == "sequential":
+            return run_plan(self._plan, args, self._job)
+        runtime = self._runtime_for(deterministic=executor == "deterministic")
+        handle = runtime.register(args)   # checks the inputs first: an error here runs nothing
+        try:
+            self._make_outputs(runtime, handle.context)
+            inputs = [a._blob for a in args if not a.is_global]
+            outputs = [t._blob for t in handle.context.outputs.values()]
+            vm.run(lambda builder: builder.launch_lazy_job(self.name, lambda: runtime.start(handle), inputs,
+                                                   outputs))
+            return handle.result()
+        except BaseException:
+            if runtime.error is not None or not handle.started:   # dead, or missing a call: the next call
+                self._close_runtime(quiet=True)                   # gets a new runtime
+            raise
+
+    def _make_outputs(self, runtime, context) -> None:
+        """The call's local outputs, made now from this rank's output regsts (the call writes into them).
+
+        A global output is left to its output tasks, which make the global tensor from their pieces.
+        """
+        plan = self._plan
+        for task in plan.tasks.values():
+            index = plan.op_attrs[task.op_name][2].get("index")
+            if task.kind == "output" and task.rank == runtime.rank and index not in context.output_layouts:
+                desc = plan.regsts[task.produced["out_0"]]
+                context.outputs[index] = empty(tuple(desc.shape), dtype=desc.dtype, device=desc.device)
+
+    @property
+    def runtime(self):
+        """The actor runtime running this graph's Plan (``None`` before the first call)."""
+        return self.__dict__.get("_runtime")
+
+    def _runtime_for(self, deterministic: bool) -> Runtime:
+        runtime = self.__dict__.get("_runtime")
+        if runtime is not None and runtime.deterministic != deterministic:
+            self._close_runtime()
+            runtime = None
+        if runtime is None:
+            runtime = Runtime(self._plan, self._job, deterministic=deterministic, name=self.name,
+                              max_calls_in_flight=self.config.outputs_buffer_size)
+            object.__setattr__(self, "_runtime", runtime)
+            # closes the runtime when the graph is garbage-collected, or at exit (holds no ref to the graph)
+            object.__setattr__(self, "_runtime_closer", weakref.finalize(self, runtime.close))
+        return runtime
+
+    def _close_runtime(self, quiet: bool = False) -> None:
+        """Close this graph's runtime now (its threads stop); the next call makes a new one.
+
+        ``quiet``: an error while closing is dropped (the caller is raising the one that matters).
+        """
+        closer = self.__dict__.get("_runtime_closer")
+        object.__setattr__(self, "_runtime", None)
+        object.__setattr__(self, "_runtime_closer", None)
+        if closer is None:
+            return
+        try:
+            closer()
+        except Exception:  # noqa: BLE001 - see the docstring
+            if not quiet:
+                raise
 
     def _log(self, step: str, seconds: float) -> None:
         self.compile_log.append((step, seconds))

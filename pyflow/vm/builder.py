@@ -36,7 +36,7 @@ from pyflow.errors import DistributedError
 from pyflow.vm import interrupts
 from pyflow.vm.failure import issue_site
 from pyflow.vm.instruction import Instruction
-from pyflow.vm.policies import (AccessBlobByCallback, AllocateTensors, Barrier, OpCall, RecordEvent,
+from pyflow.vm.policies import (AccessBlobByCallback, AllocateTensors, Barrier, LaunchLazyJob, OpCall, RecordEvent,
                                 ReleaseTensor, StreamRecordEvent, StreamWait, StreamWaitEvent)
 
 __all__ = ["InstructionsBuilder", "physical_run", "supports_stream_wait_between", "no_instructions"]
@@ -132,6 +132,13 @@ class InstructionsBuilder:
         if blob.storage.producer_stream is None:
             blob.storage.producer_stream = stream
         self._append(stream, AccessBlobByCallback(blob, callback, modifier, name))
+
+    def launch_lazy_job(self, job_name: str, launch, inputs, outputs) -> None:
+        """One call of a compiled graph (OneFlow's LaunchLazyJob): ``launch()`` hands it to the actor runtime,
+        on the lazy-job-launcher stream, reading ``inputs`` and writing ``outputs`` (EagerBlobObjects)."""
+        stream = StreamSymbol.new(Device("cpu"), StreamType.lazy_job_launcher)
+        self.soft_sync_stream(list(inputs) + list(outputs), stream)
+        self._append(stream, LaunchLazyJob(job_name, launch, inputs, outputs))
 
     # --- barriers ------------------------------------------------------------------------------
 

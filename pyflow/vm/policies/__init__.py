@@ -2,9 +2,10 @@
 
 from pyflow.vm.policies.base import InstructionPolicy
 from pyflow.vm.policies.fuse import Fuse
+from pyflow.vm.policies.launch_lazy_job import LaunchLazyJob
 from pyflow.vm.policies.op_call import OpCall
 from pyflow.vm.policies.sync import Barrier, RecordEvent, StreamRecordEvent, StreamWait, StreamWaitEvent
 from pyflow.vm.policies.tensor import AccessBlobByCallback, AllocateTensors, ReleaseTensor
 
-__all__ = ["InstructionPolicy", "OpCall", "AllocateTensors", "ReleaseTensor", "AccessBlobByCallback",
+__all__ = ["InstructionPolicy", "OpCall", "LaunchLazyJob", "AllocateTensors", "ReleaseTensor", "AccessBlobByCallback",
            "RecordEvent", "StreamWait", "StreamRecordEvent", "StreamWaitEvent", "Barrier", "Fuse"]

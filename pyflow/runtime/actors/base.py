@@ -1,0 +1,392 @@
+"""Seed 003 (5.5): the Actor: a task of the Plan brought to life, driven only by messages.
+
+An actor owns
+
+* one **consumed slot** per regst desc it reads (``InSlot``): the regsts that arrived
+  from the producer, in piece order;
+* one **produced slot** per regst desc it writes (``OutSlot``): its own Regsts, the
+  free ones in a deque.
+
+Its state machine (OneFlow's ``HandlerNormal`` / ``HandlerZombie``)::
+
+    process_msg(msg)                       a regst arrived / came back, an eord, a cmd
+      -> act_until_fail()                  while is_read_ready() and is_write_ready(): act
+    every input saw eord, nothing left     -> zombie: wait until every produced regst is
+                                              back, then send eord downstream and exit
+
+``is_read_ready``: every consumed slot holds the piece this act needs.
+``is_write_ready``: every produced slot has a free regst (or one it is still filling).
+
+One **act** (``act_once``): take the inputs' tensors, perform the task with the
+compiler's ``act(plan, task, ins, outs, j, call)`` (the one definition of what a task
+does, shared with the sequential interpreter), then send each produced regst to its
+consumers (reading count = number of consumers) and return each consumed regst to
+its producer.  Messages to actors on this thread go out at once; the others after
+the act's device work is done (``device_ctx.py``).
+
+**Rates** (time shapes).  An actor acts ``A = time_shape[1]`` times per call (k inside
+the gradient-accumulation loop, else 1).  A regst desc whose producer makes ``P``
+pieces per call is consumed
+
+* one piece per act when ``P == A``;
+* each piece **held** for ``A / P`` acts when ``P < A`` (Repeat, Unpack: one input,
+  k acts; the input goes back after the k-th);
+* ``P / A`` pieces per act when ``P > A``: only control regsts do this (an optimizer
+  update waiting for every micro-batch's last read of its variable); all but the last
+  piece of each group go straight back (**absorbed**).
+
+A produced desc normally gets one piece per act; Acc and Pack fill one regst over k acts
+and send it after the k-th (``acts_per_piece``).
+
+**Alias regsts** (a repeat's output, an op writing a variable in place) and **inplace
+regsts** (an output the compiler put in its input's memory) are the memory of a regst
+the actor consumed.  That input stays **pinned** until every alias made
+from it came back (seed 003: inplace stretches the consumed regst's life to the produced
+one's), so its producer cannot overwrite memory someone still reads.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import time
+
+from pyflow.compiler.run_plan import produced_regsts
+from pyflow.errors import OpError
+from pyflow.runtime.device_ctx import after_device_work
+from pyflow.runtime.msg import CMD, EORD, REGST, eord_msg, regst_msg
+
+__all__ = ["Actor", "InSlot", "OutSlot", "pieces_per_call"]
+
+
+def pieces_per_call(task) -> int:
+    """How many pieces of each produced regst ``task`` makes per call (Acc and Pack: one, after k acts)."""
+    return 1 if task.kind in ("acc", "pack") else task.time_shape[1]
+
+
+class InSlot:
+    """A consumed regst desc: the regsts that arrived, kept in piece order."""
+
+    def __init__(self, key: str, desc, producer_task, acts_per_call: int):
+        self.key = key                  # "in_0", "in_1"... or "ctrl"
+        self.desc = desc
+        self.producer = desc.producer   # actor id to return regsts to
+        self.producer_op = producer_task.op_name
+        made = pieces_per_call(producer_task)
+        if made == acts_per_call:
+            self.mode, self.ratio = "one", 1
+        elif acts_per_call % made == 0:
+            self.mode, self.ratio = "held", acts_per_call // made      # uses per piece
+        elif made % acts_per_call == 0:
+            self.mode, self.ratio = "absorb", made // acts_per_call    # pieces per act
+        else:
+            raise ValueError(f"regst desc {desc.lbn}: {made} pieces per call cannot feed {acts_per_call} acts")
+        self.regsts: list = []          # sorted by piece
+        self.uses = 0                   # acts that used the front regst ("held")
+        self.eord = False
+
+    def expected_piece(self, acts: int, acts_per_call: int) -> tuple:
+        """The piece the act number ``acts`` (counted from the first call) reads from this slot."""
+        n, j = divmod(acts, acts_per_call)
+        if self.mode == "held":
+            return (n, j // self.ratio)
+        if self.mode == "absorb":
+            return (n, j * self.ratio + self.ratio - 1)
+        return (n, j)
+
+    def add(self, regst) -> None:
+        bisect.insort(self.regsts, regst, key=lambda r: r.piece)
+
+    def ready(self, acts: int, acts_per_call: int) -> bool:
+        return bool(self.regsts) and self.regsts[0].piece == self.expected_piece(acts, acts_per_call)
+
+
+class OutSlot:
+    """A produced regst desc: every copy of it, the free ones first in line."""
+
+    def __init__(self, key: str, desc, regsts: list, acts_per_piece: int, consumers: list):
+        self.key = key
+        self.desc = desc
+        self.regsts = regsts            # all copies (regst num of them)
+        self.free = list(regsts)        # FIFO of free copies
+        self.acts_per_piece = acts_per_piece
+        self.consumers = consumers      # actor ids
+        self.current = None             # the copy being filled (taken from ``free`` by an act)
+
+    def all_back(self) -> bool:
+        return self.current is None and len(self.free) == len(self.regsts)
+
+
+class Actor:
+    """The normal actor (OneFlow's NormalForward): all inputs there, a free output, act, repeat."""
+
+    kind = "normal"
+
+    def __init__(self, runtime, task, thread):
+        self.runtime, self.plan, self.task, self.thread = runtime, runtime.plan, task, thread
+        self.actor_id = task.task_id
+        self.op_name = task.op_name
+        self.acts_per_call = task.time_shape[1]
+        self.acts = 0                   # acts done since the runtime started
+        self.exited = False
+        self.zombie = False
+        self.in_slots: dict[int, InSlot] = {}
+        for key, ids in task.consumed.items():
+            for rid in ids:
+                desc = self.plan.regsts[rid]
+                self.in_slots[rid] = InSlot(key, desc, self.plan.tasks[desc.producer], self.acts_per_call)
+        self.data_keys = [(key, ids[0]) for key, ids in task.consumed.items() if key != "ctrl"]
+        for slot in self.in_slots.values():
+            if slot.mode == "absorb" and slot.desc.mem != "ctrl":
+                raise ValueError(f"actor {self.actor_id} ({self.op_name}): data regst {slot.desc.lbn} arrives "
+                                 f"{slot.ratio}x per act; only control regsts may be absorbed")
+        made = pieces_per_call(task)
+        self.out_slots: dict[int, OutSlot] = {}
+        for key, rid in task.produced.items():
+            desc = self.plan.regsts[rid]
+            self.out_slots[rid] = OutSlot(key, desc, runtime.regst_mgr.regsts_of(rid),
+                                          self.acts_per_call // made, list(dict.fromkeys(desc.consumers)))
+        self.data_out = [self.out_slots[r.id] for r in produced_regsts(self.plan, task)]
+        self.pins: collections.Counter = collections.Counter()   # consumed regst -> its aliases in flight
+        self.deferred: set = set()      # consumed regsts used up, going back once their pins reach 0
+        self.handler = self.handler_normal
+
+    # --- messages ---------------------------------------------------------------------------
+
+    def process_msg(self, msg) -> None:
+        """Update the state with ``msg``, act while possible, wind down once the inputs ended."""
+        self.handler(msg)
+
+    def handler_normal(self, msg) -> None:
+        self.receive(msg)
+        self.act_until_fail()
+        if self.input_finished():
+            self.become_zombie()
+
+    def handler_zombie(self, msg) -> None:
+        """After eord: only returned regsts matter; exit once all of them are back."""
+        if msg.kind == REGST and msg.regst.producer == self.actor_id:
+            self.on_returned(msg.regst, msg.src)
+        self.try_exit()
+
+    def receive(self, msg) -> None:
+        """The state change of one message, without acting (step-through mode calls it alone)."""
+        if msg.kind == REGST:
+            regst = msg.regst
+            if regst.producer == self.actor_id:
+                self.on_returned(regst, msg.src)
+            else:
+                self.on_arrived(regst)
+        elif msg.kind == EORD:
+            self.in_slots[msg.desc_id].eord = True
+        elif msg.kind == CMD:
+            self.on_cmd(msg)
+
+    def on_arrived(self, regst) -> None:
+        slot = self.in_slots[regst.desc.id]
+        if slot.mode == "absorb" and regst.piece[1] % slot.ratio != slot.ratio - 1:
+            self.give_back([regst], [])   # not the last of its group: only its arrival counted
+            return
+        slot.add(regst)
+
+    def on_returned(self, regst, consumer: int) -> None:
+        regst.readers_left.discard(consumer)
+        if regst.readers_left:
+            return
+        self.free_regst(regst)
+
+    def free_regst(self, regst) -> None:
+        regst.piece = None
+        if regst.desc.mem not in ("planned", "ctrl"):
+            regst.tensor = None   # a parameter, an input, an alias: not ours to keep alive
+        self.out_slots[regst.desc.id].free.append(regst)
+        pinned = regst.pinned_input
+        if pinned is not None:   # an alias came back: its input may go back too
+            regst.pinned_input = None
+            self.pins[pinned] -= 1
+            if not self.pins[pinned]:
+                del self.pins[pinned]
+                if pinned in self.deferred:
+                    self.deferred.remove(pinned)
+                    self.give_back([pinned], [pinned.tensor] if pinned.tensor is not None else [])
+
+    def on_cmd(self, msg) -> None:
+        raise RuntimeError(f"actor {self.actor_id} ({self.op_name}) got an unexpected command {msg.cmd!r}")
+
+    # --- readiness --------------------------------------------------------------------------
+
+    def is_read_ready(self) -> bool:
+        return all(slot.ready(self.acts, self.acts_per_call) for slot in self.in_slots.values())
+
+    def is_write_ready(self) -> bool:
+        return all(slot.current is not None or slot.free for slot in self.out_slots.values())
+
+    def act_until_fail(self) -> int:
+        """Act while read-ready and write-ready; returns how many acts ran."""
+        count = 0
+        while not self.zombie and self.is_read_ready() and self.is_write_ready():
+            self.act_once()
+            count += 1
+        return count
+
+    # --- one act ----------------------------------------------------------------------------
+
+    def piece(self) -> tuple:
+        """(call, j) of the next act."""
+        return divmod(self.acts, self.acts_per_call)
+
+    def act_once(self) -> None:
+        n, j = self.piece()
+        call = self.runtime.call_context(n)
+        ins = {key: self.in_slots[rid].regsts[0].tensor for key, rid in self.data_keys}
+        for slot in self.out_slots.values():
+            if slot.current is None:
+                slot.current = slot.free.pop(0)
+        start = time.perf_counter()
+        try:
+            results = self.runtime.act_fn(self.plan, self.task, ins, [s.current.tensor for s in self.data_out], j,
+                                          call)
+        except Exception as error:
+            raise OpError(f"actor {self.actor_id} ({self.kind} actor of op {self.op_name!r}, task kind "
+                          f"{self.task.kind}) failed at piece {(n, j)}: {type(error).__name__}: {error}",
+                          op=self.op_name) from error
+        end = time.perf_counter()
+        for slot, tensor in zip(self.data_out, results):
+            slot.current.tensor = tensor
+        self.acts += 1
+        self.after_act(n, j, start, end)
+
+    def after_act(self, n: int, j: int, start: float, end: float) -> None:
+        """Send what is complete downstream, give back what was used up; record the act."""
+        sends, written = [], []
+        produced, consumed = [], []
+        for slot in self.out_slots.values():
+            if j % slot.acts_per_piece != slot.acts_per_piece - 1:
+                continue   # Acc / Pack: this regst is not full yet
+            regst, slot.current = slot.current, None
+            regst.piece = (n, j // slot.acts_per_piece)
+            produced.append((slot.desc.id, regst.index, regst.piece))
+            if regst.tensor is not None:
+                written.append(regst.tensor)
+            self.pin_alias(regst)
+            if not slot.consumers:
+                self.free_regst(regst)
+                continue
+            regst.readers_left = set(slot.consumers)
+            sends.extend(regst_msg(self.actor_id, c, regst) for c in slot.consumers)
+        returned, read = [], []
+        for slot in self.in_slots.values():
+            regst = slot.regsts[0]
+            consumed.append((slot.desc.id, regst.index, regst.piece))
+            slot.uses += 1
+            if slot.mode == "held" and slot.uses < slot.ratio:
+                continue
+            slot.uses = 0
+            slot.regsts.pop(0)
+            if self.pins[regst]:
+                self.deferred.add(regst)   # an alias of it is still out there
+                continue
+            returned.append(regst)
+            if regst.tensor is not None:
+                read.append(regst.tensor)
+        self.runtime.record_act(self, (n, j), start, end, consumed, produced)
+        self.dispatch(sends + [regst_msg(self.actor_id, r.producer, r) for r in returned], read, written)
+
+    def pin_alias(self, regst) -> None:
+        """An alias (or inplace) regst keeps the consumed regst whose memory it is from going back."""
+        desc = regst.desc
+        source_id = desc.alias_of if desc.mem == "alias" else desc.inplace_of
+        if source_id not in self.in_slots:
+            return
+        source = self.in_slots[source_id].regsts[0]
+        self.pins[source] += 1
+        regst.pinned_input = source
+
+    def give_back(self, regsts: list, read: list) -> None:
+        self.dispatch([regst_msg(self.actor_id, r.producer, r) for r in regsts], read, [])
+
+    # --- sending ----------------------------------------------------------------------------
+
+    def dispatch(self, msgs: list, read: list, written: list) -> None:
+        """Send ``msgs``: to this thread at once; to other threads once the device work is done."""
+        bus, here = self.runtime.bus, self.thread
+        later = []
+        for msg in msgs:
+            if bus.thread_of(msg.dst) is here:
+                bus.send(msg, here)
+            else:
+                later.append(msg)
+        if not later:
+            return
+        if not read and not written:
+            for msg in later:
+                bus.send(msg, here)
+            return
+        runtime = self.runtime
+        runtime.callback_started()
+
+        def on_done(failure):   # on a VM worker thread: only the thread-safe channels are touched
+            try:
+                if failure is not None:
+                    runtime.fail_from_device(self, failure)
+                    return
+                for msg in later:
+                    bus.send(msg, None)
+            finally:
+                runtime.callback_finished()
+
+        after_device_work(read, written, f"actor {self.op_name} done", on_done)
+
+    # --- eord and exit ----------------------------------------------------------------------
+
+    def input_finished(self) -> bool:
+        """Every input desc saw eord and nothing of them is left to use."""
+        return all(slot.eord and not slot.regsts for slot in self.in_slots.values())
+
+    def become_zombie(self) -> None:
+        self.zombie = True
+        self.handler = self.handler_zombie
+        self.try_exit()
+
+    def try_exit(self) -> None:
+        """A zombie exits once every produced regst is back: then eord goes downstream."""
+        if self.exited or not all(slot.all_back() for slot in self.out_slots.values()):
+            return
+        for slot in self.out_slots.values():
+            for consumer in slot.consumers:
+                self.runtime.bus.send(eord_msg(self.actor_id, consumer, slot.desc.id), self.thread)
+        self.exited = True
+        self.runtime.on_actor_exit(self)
+
+    # --- reports ----------------------------------------------------------------------------
+
+    def why_waiting(self) -> list[str]:
+        """Why this actor cannot act now (for hang reports); empty if it merely has no input yet."""
+        reasons = []
+        started = any(slot.regsts for slot in self.in_slots.values())
+        if not started and not self.busy_outputs():
+            return reasons
+        for slot in self.in_slots.values():
+            if not slot.ready(self.acts, self.acts_per_call):
+                have = f"it holds piece {slot.regsts[0].piece}" if slot.regsts else "it is empty"
+                reasons.append(f"not read-ready: consumed regst desc {slot.desc.id} ({slot.desc.lbn}, from actor "
+                               f"{slot.producer} {slot.producer_op!r}) needs piece "
+                               f"{slot.expected_piece(self.acts, self.acts_per_call)}, {have}")
+        for slot in self.out_slots.values():
+            if slot.current is None and not slot.free:
+                if not slot.regsts:
+                    reasons.append(f"not write-ready: produced regst desc {slot.desc.id} ({slot.desc.lbn}) has "
+                                   "regst num 0: no regst can ever be written")
+                    continue
+                held = [f"copy {r.index} (piece {r.piece}) still read by "
+                        + ", ".join(f"actor {c} {self.plan.tasks[c].op_name!r}" for c in sorted(r.readers_left))
+                        for r in slot.regsts if r.readers_left]
+                reasons.append(f"not write-ready: produced regst desc {slot.desc.id} ({slot.desc.lbn}, regst num "
+                               f"{len(slot.regsts)}) has no free regst: {'; '.join(held) or 'none came back yet'}")
+        return reasons
+
+    def busy_outputs(self) -> bool:
+        return any(not slot.all_back() for slot in self.out_slots.values())
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.actor_id} {self.op_name!r} acts={self.acts}>"

@@ -1,0 +1,433 @@
+"""Seed 003 (5): ``Runtime(plan)``: bring a compiled Plan to life as actors, run calls, shut down.
+
+OneFlow's runtime is three steps: make the global objects, construct every actor
+from the Plan on its thread, send the start signal to the source actors.  After that
+nothing is central: actors react to messages.  pyflow's Runtime:
+
+1. **Globals**: the ``RegstMgr`` (every regst, memory allocated once), the
+   ``ActorMsgBus``, the ``ThreadMgr`` (one thread per stream id of the Plan).
+2. **Construct**: a ``construct`` command per task goes to its thread; the thread
+   builds the actor there; the runtime waits until all are built.
+3. **Calls**: ``launch(inputs)`` registers a call (its ``CallContext``: the inputs,
+   this call's learning rate and step, where outputs go) and sends ``launch`` to the
+   source tick.  The call flows through the actors as pieces ``(call, j)``; the sink
+   tick's act completes the ``CallHandle``.  Calls overlap: call n + 1 starts while
+   call n is still in flight, bounded by the regst nums and by
+   ``max_calls_in_flight`` (``Graph.config.outputs_buffer_size``).
+4. **Close**: ``close()`` tells the source tick to stop after the calls launched so
+   far; its eord spreads through the graph, every actor exits once its regsts are
+   back, every thread leaves its loop and is joined.
+
+**Deterministic mode** (``deterministic=True``): no threads at all.  One pool of
+messages, delivered on the caller's thread (``CallHandle.result()`` drives it, or
+``step()`` one message at a time); with ``seed`` the next message is picked at random,
+so tests can try many interleavings and replay any of them.
+
+**Watchdog** (``watchdog.py``): a thread notices when calls are in flight, no device
+work is pending, and no actor acted for ``hang_timeout`` seconds
+(``PYFLOW_HANG_TIMEOUT``, default 60).  It stops the runtime with a
+``RuntimeHangError`` naming every waiting actor and the regst desc it waits for.  In
+deterministic mode an empty pool with a call unfinished is reported at once.
+
+**Ranks**: a Runtime runs the tasks of the rank that makes it (``rank_plan.py``); in a
+world of several ranks each rank makes its own, and they meet through send / recv /
+collective tasks (``comm_net.py``).
+
+**Faults**: an exception in an act stops the runtime: every pending ``result()`` raises
+it (an ``OpError`` naming the actor, the op and the piece), every thread leaves.  The
+runtime is then dead; make a new one (``nn.Graph`` does).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import threading
+import time
+import weakref
+
+from pyflow import env
+from pyflow.compiler.run_plan import CallContext, act
+from pyflow.errors import OpError, RuntimeHangError
+from pyflow.runtime.call import CallHandle, check_inputs, new_context
+from pyflow.runtime.comm_net import CommOrder
+from pyflow.runtime.msg import cmd_msg
+from pyflow.runtime.msg_bus import ActorMsgBus
+from pyflow.runtime.rank_plan import rank_plan
+from pyflow.runtime.regst import RegstMgr
+from pyflow.runtime.thread import DeterministicThread, ThreadMgr
+from pyflow.runtime.timeline import ActRecord, plot, report_to_tracers, save_chrome_trace
+from pyflow.runtime.watchdog import Watchdog, default_hang_timeout, hang_report
+from pyflow.vm import current_vm
+
+__all__ = ["Runtime", "CallHandle"]
+
+_live: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
+
+
+class Runtime:
+    """Actors for every task of ``plan`` (see the module docstring).
+
+    ``job`` gives the variables and per-call feeds (``nn.Graph`` passes its Job); a
+    hand-made Plan without variables may leave it None.  ``act_fn`` replaces the
+    compiler's ``act`` (tests and benchmarks: e.g. tasks that sleep).  ``timeline``
+    keeps that many act records (0: none).
+    """
+
+    def __init__(self, plan, job=None, *, deterministic: bool = False, seed: int | None = None,
+                 max_calls_in_flight: int = 2, hang_timeout: float | None = None, name: str = "",
+                 act_fn=None, timeline: int = 10_000):
+        if max_calls_in_flight < 1:
+            raise ValueError(f"max_calls_in_flight must be >= 1, got {max_calls_in_flight}")
+        self.job, self.name = job, name
+        self.ctx = env.current()
+        self.rank = self.ctx.rank   # this rank's tasks of the Plan (every rank runs its own Runtime)
+        self.deterministic, self.seed = deterministic, seed
+        self.max_calls_in_flight = max_calls_in_flight
+        self.hang_timeout = hang_timeout if hang_timeout is not None else default_hang_timeout()
+        self.act_fn = act_fn or act
+        self._timeline: collections.deque = collections.deque(maxlen=timeline)
+        self.plan, mine, self.source_id, self.sink_id = rank_plan(plan, self.rank)
+        self.comm_order = CommOrder(self.plan, [t.task_id for t in mine])
+        self.error: BaseException | None = None
+        self.closed = False
+        self.actors: dict = {}
+        self._calls: dict[int, CallHandle] = {}
+        self._next_call = 0
+        self._lock = threading.Lock()
+        self._progress = time.monotonic()
+        self._callbacks = 0
+        self._exited = 0
+        self._all_built = threading.Event()
+        self._all_exited = threading.Event()
+        self.regst_mgr = RegstMgr(self.plan, [t.task_id for t in mine])
+        if getattr(plan, "_chunk_tensors", None) is None:
+            # kept on the Plan, as the sequential interpreter keeps its chunks (``chunk_tensors``): this rank's
+            # memory of the plan (a chunk of the runtime's layout is never smaller than the compiler's block)
+            plan._chunk_tensors = self.regst_mgr.chunks
+        self.bus = ActorMsgBus()
+        tasks = mine
+        self._task_count = len(tasks)
+        if deterministic:
+            self.home = DeterministicThread(self, seed)
+            self.thread_mgr = None
+            for task in tasks:
+                self.bus.add_route(task.task_id, self.home)
+        else:
+            self.home = None
+            self.thread_mgr = ThreadMgr(self, tasks)
+            for task in tasks:
+                self.bus.add_route(task.task_id, self.thread_mgr.thread(task.thread_id))
+            self.thread_mgr.start()
+        for task in tasks:
+            self.bus.send(cmd_msg(task.task_id, "construct", task))
+        self._watchdog = None
+        if deterministic:
+            self.run_until(self._all_built.is_set)
+            if self.error is not None:
+                raise self.error
+        else:
+            self._wait(self._all_built.is_set, "constructing the actors")
+            self._watchdog = Watchdog(self)
+            self._watchdog.start()
+        _live.add(self)
+
+    # --- calls ----------------------------------------------------------------------------------
+
+    def check_inputs(self, inputs) -> None:
+        """Raise before anything runs if ``inputs`` do not match the Plan's input regsts."""
+        check_inputs(self.plan, [a.task for a in self.actors.values() if a.task.kind == "input"], list(inputs))
+
+    def register(self, inputs, outputs: dict | None = None) -> CallHandle:
+        """Make a call's handle and context (this call's feeds are read now); ``start`` launches it."""
+        self._check_usable()
+        inputs = list(inputs)
+        self.check_inputs(inputs)
+        context = new_context(self.plan, self.job, inputs, outputs)
+        with self._lock:
+            handle = CallHandle(self, self._next_call, context)
+            self._calls[handle.index] = handle
+            self._next_call += 1
+        return handle
+
+    def start(self, handle: CallHandle) -> None:
+        """Send the call's ``launch`` to the source tick (any thread may call it; it never waits)."""
+        with self._lock:
+            if handle.started:
+                return
+            handle.started = True
+            self._progress = time.monotonic()
+        self.bus.send(cmd_msg(self.source_id, "launch", handle.index))
+
+    def launch(self, inputs, outputs: dict | None = None) -> CallHandle:
+        """Start one call; ``outputs`` maps output index -> a tensor to write into (else fresh ones)."""
+        handle = self.register(inputs, outputs)
+        self.start(handle)
+        return handle
+
+    def __call__(self, *inputs) -> list:
+        """Run one call and wait for it: ``runtime(x)`` is ``runtime.launch([x]).result()``."""
+        return self.launch(inputs).result()
+
+    def call_context(self, index: int) -> CallContext:
+        handle = self._calls.get(index)
+        if handle is None:
+            raise RuntimeError(f"call {index} is not in flight (finished, or the runtime stopped)")
+        return handle.context
+
+    def complete_call(self, index: int) -> None:
+        """The sink tick acted for call ``index``: hand its outputs to the caller."""
+        with self._lock:
+            handle = self._calls.pop(index)
+        handle._finish(handle.context.results())
+
+    def calls_in_flight(self) -> list[int]:
+        with self._lock:
+            return sorted(i for i, h in self._calls.items() if h.started)
+
+    def activity(self) -> tuple:
+        """(calls in flight?, seconds since an actor last acted, device work pending?): the watchdog's view."""
+        with self._lock:
+            return (any(h.started for h in self._calls.values()), time.monotonic() - self._progress,
+                    self._callbacks > 0)
+
+    # --- what actors report -----------------------------------------------------------------------
+
+    def on_constructed(self, actor) -> None:
+        with self._lock:
+            self.actors[actor.actor_id] = actor
+            if len(self.actors) == self._task_count:
+                self._all_built.set()
+
+    def on_actor_exit(self, actor) -> None:
+        with self._lock:
+            self._exited += 1
+            self._progress = time.monotonic()
+            if self._exited == self._task_count:
+                self._all_exited.set()
+
+    def record_act(self, actor, piece: tuple, start: float, end: float, consumed: list, produced: list) -> None:
+        """An actor acted: progress for the watchdog, a record for the timeline and for ``flow.trace()``."""
+        self._progress = time.monotonic()
+        vm = current_vm()
+        tracing = vm is not None and vm.tracers
+        if self._timeline.maxlen == 0 and not tracing:
+            return
+        record = ActRecord(actor.actor_id, actor.op_name, actor.kind, actor.thread.name, start, end, piece,
+                           tuple(consumed), tuple(produced))
+        self._timeline.append(record)
+        if tracing:
+            report_to_tracers(vm, record)
+
+    def callback_started(self) -> None:
+        with self._lock:
+            self._callbacks += 1
+
+    def callback_finished(self) -> None:
+        with self._lock:
+            self._callbacks -= 1
+            self._progress = time.monotonic()
+
+    def fail_from_device(self, actor, failure) -> None:
+        """A kernel an act issued failed (seen by its device callback)."""
+        where = f"actor {actor.actor_id} ({actor.kind} actor of op {actor.op_name!r})"
+        if isinstance(failure, BaseException):
+            error = OpError(f"{where}: its device work failed: {type(failure).__name__}: {failure}",
+                            op=actor.op_name)
+            error.__cause__ = failure
+        else:
+            failure.reported = True
+            error = failure.to_error(reading=f"{where}: its device work failed")
+        self.fail(error)
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the runtime: every pending call raises ``error``; every thread leaves its loop."""
+        with self._lock:
+            if self.error is not None:
+                return
+            self.error = error
+            handles = list(self._calls.values())
+            self._calls.clear()
+        for handle in handles:
+            handle._finish(error=error)
+        if self.thread_mgr is not None:
+            self.thread_mgr.stop()
+
+    # --- timeline ---------------------------------------------------------------------------------
+
+    def timeline(self) -> list[ActRecord]:
+        """Every recorded act (the last ``timeline`` of them), in the order they were recorded."""
+        return list(self._timeline)
+
+    def set_timeline_limit(self, records: int) -> None:
+        """Keep at most ``records`` act records from now on (0: none); the records so far are dropped."""
+        self._timeline = collections.deque(maxlen=records)
+
+    def save_timeline(self, path) -> str:
+        """The timeline as a Chrome/Perfetto trace (JSON) at ``path``."""
+        return save_chrome_trace(self.timeline(), path)
+
+    def plot_timeline(self, path, title: str | None = None) -> str:
+        """The timeline as a PNG at ``path`` (matplotlib)."""
+        return plot(self.timeline(), path, title or f"actors of {self.plan.job_name}")
+
+    # --- deterministic mode: stepping -------------------------------------------------------------
+
+    def pending(self) -> list:
+        """Deterministic mode: the messages not delivered yet."""
+        self._need_deterministic("pending")
+        return self.home.pending()
+
+    def step(self, index: int | None = None, act: bool = True):
+        """Deterministic mode: deliver one message (the next one, or ``pending()[index]``); returns it.
+
+        With ``act=False`` the actor only takes the message in (``actor.receive``); call
+        ``runtime.actor(...).act_until_fail()`` yourself to watch it act.
+        """
+        self._need_deterministic("step")
+        msg = self.home.take(index)
+        if msg is not None:
+            self._deliver(msg, act)
+        return msg
+
+    def actor(self, key):
+        """The actor of a task id or an op name."""
+        if key in self.actors:
+            return self.actors[key]
+        found = [a for a in self.actors.values() if a.op_name == key]
+        if len(found) != 1:
+            raise KeyError(f"no single actor for {key!r}: {[a.op_name for a in self.actors.values()]}")
+        return found[0]
+
+    def run_until(self, predicate, max_call: int | None = None) -> None:
+        """Deterministic mode: deliver messages (about calls up to ``max_call``) until ``predicate()``.
+
+        No message left while ``predicate()`` is false: RuntimeHangError at once.
+        """
+        self._need_deterministic("run_until")
+        while not predicate() and self.error is None:
+            seen = self.home.enqueued
+            msg = self.home.take(max_call=max_call)
+            if msg is None:
+                with self._lock:
+                    coming = any(not h.started for h in self._calls.values())
+                if coming and self.home.wait_for_message(seen, self.hang_timeout):
+                    continue   # a launch from another thread (the VM's launch instruction) is on its way
+                error = RuntimeHangError(self.hang_report(0.0, "running calls"))
+                self.fail(error)
+                raise error
+            self._deliver(msg, True)
+
+    def _deliver(self, msg, act: bool) -> None:
+        try:
+            if act or msg.kind == "cmd" and msg.cmd == "construct":
+                self.home.handle(msg)
+            else:
+                self.home.actors[msg.dst].receive(msg)
+        except BaseException as error:  # noqa: BLE001 - the runtime stops; result() raises it
+            self.fail(error)
+
+    def _need_deterministic(self, what: str) -> None:
+        if not self.deterministic:
+            raise RuntimeError(f"Runtime.{what}() steps a deterministic runtime: make it with deterministic=True")
+
+    # --- waiting, watchdog, hang report ---------------------------------------------------------
+
+    def wait_for(self, handle: CallHandle, timeout: float | None = None) -> None:
+        if self.deterministic:
+            self.run_until(handle.done, max_call=handle.index)
+            return
+        if not handle._done.wait(timeout):
+            raise TimeoutError(f"call {handle.index} of {self.plan.job_name} is not done after {timeout} s")
+
+    def _wait(self, predicate, what: str) -> None:
+        """Threaded mode: wait until ``predicate()``; RuntimeHangError if nothing moves for the timeout."""
+        progress = self._progress
+        since = time.monotonic()
+        while not predicate():
+            if self.error is not None:
+                raise self.error
+            time.sleep(0.001)
+            if self._progress != progress:
+                progress, since = self._progress, time.monotonic()
+            elif time.monotonic() - since > self.hang_timeout and self._callbacks == 0:
+                error = RuntimeHangError(self.hang_report(time.monotonic() - since, what))
+                self.fail(error)
+                raise error
+
+    def hang_report(self, idle: float, what: str) -> str:
+        """Every waiting actor and the regst desc it waits for (``watchdog.hang_report``)."""
+        return hang_report(self, idle, what)
+
+    # --- teardown ---------------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"this runtime of {self.plan.job_name!r} stopped after an error ({self.error}); "
+                               "make a new Runtime") from self.error
+        if self.closed:
+            raise RuntimeError(f"this runtime of {self.plan.job_name!r} is closed")
+
+    def threads(self) -> list:
+        """Every Python thread this runtime started (actor threads and the watchdog)."""
+        found = [t.thread for t in self.thread_mgr.all()] if self.thread_mgr is not None else []
+        return found + ([self._watchdog.thread] if self._watchdog is not None else [])
+
+    def close(self) -> None:
+        """Finish the calls launched so far, spread eord, let every actor exit, join every thread."""
+        if self.closed:
+            return
+        self.closed = True
+        own_thread = threading.current_thread() in self.threads()
+        hang = None
+        healthy = self.error is None
+        try:
+            if healthy:
+                with self._lock:
+                    pending = [h for h in self._calls.values() if not h.started]
+                for handle in pending:
+                    self.start(handle)
+                self.bus.send(cmd_msg(self.source_id, "close", self._next_call))
+                if not own_thread:
+                    try:
+                        if self.deterministic:
+                            self.run_until(self._all_exited.is_set)
+                        else:
+                            self._wait(lambda: self._all_exited.is_set() or self.error is not None, "closing")
+                    except RuntimeHangError as error:
+                        hang = error
+        finally:
+            if self.thread_mgr is not None:
+                if self.error is not None:
+                    self.thread_mgr.stop()
+                if not own_thread:
+                    alive = self.thread_mgr.join(timeout=self.hang_timeout)
+                    if alive and hang is None:
+                        hang = RuntimeHangError(f"threads {alive} of {self.plan.job_name!r} did not stop")
+            if self._watchdog is not None:
+                self._watchdog.stop(join=not own_thread)
+            _live.discard(self)
+        if hang is not None:
+            raise hang
+        if healthy and self.error is not None:   # something failed while the calls finished
+            raise self.error
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = f"deterministic(seed={self.seed})" if self.deterministic else f"{len(self.thread_mgr.all())} threads"
+        state = "failed" if self.error else "closed" if self.closed else "running"
+        return f"<Runtime {self.plan.job_name} (rank {self.rank}): {self._task_count} actors, {mode}, {state}>"
+
+
+@atexit.register
+def _close_all() -> None:
+    for runtime in list(_live):
+        try:
+            runtime.close()
+        except Exception:  # noqa: BLE001 - at exit: nothing left to report to
+            pass
