@@ -108,6 +108,8 @@ def brute_overlaps(plan: MemoryPlan) -> list[tuple[int, int]]:
             if a.device != b.device or not (a.start < b.end and b.start < a.end):
                 continue
             a0, b0 = plan.offsets[a.regst_id], plan.offsets[b.regst_id]
+            if plan.size_of(a) == 0 or plan.size_of(b) == 0:
+                continue   # an empty byte range overlaps nothing (the formula below would say [256, 256) does)
             if a0 < b0 + plan.size_of(b) and b0 < a0 + plan.size_of(a):
                 pairs.append((a.regst_id, b.regst_id))
     return pairs
