@@ -13,10 +13,12 @@ time means nothing.
 On a real GPU it also times, at batch 1 and 64, the artifact's sizes (LSTM 10
 layers, hidden 256, seq 64; RAE Linear(1024 -> 512) + tanh over a 127-node tree;
 NASRNN hidden 256, seq 1000; Attention 12 heads x 64, a KV cache of 64, 32 steps;
-Seq2seq LSTM 256, vocabulary 3797, at most 50 steps, forced to the artifact's sentences),
-the compiled executor against the host executor and against PyTorch eager on the
-same GPU (the same model written as a Python loop of torch ops, as the artifact's
-baselines are; ``nn.LSTM``'s cuDNN kernel is printed as a separate reference).
+Seq2seq LSTM 256, vocabulary 3797, at most 50 steps, forced to the artifact's sentences;
+BlockDrop ResNet-32 on 32 x 32 images with a random policy; SkipNet ResNet-101 on
+224 x 224, batch 1 only as in the artifact, forced actions running about 70% of
+its gated blocks), the compiled executor against the host executor and against
+PyTorch eager on the same GPU (the same model written as a Python loop of torch
+ops, as the artifact's baselines are; ``nn.LSTM``'s cuDNN kernel is printed as a separate reference).
 Inputs live on the device; each timed call ends with a synchronisation (the
 compiled executor reads back its status word).  Targets: compiled >= 3x faster
 than the host executor and >= 1.5x faster than PyTorch eager at batch 1.
@@ -37,7 +39,7 @@ from pyflow.cocktailer.optimize import unroll_recursion
 from pyflow.cocktailer.random_programs import build, inputs, random_description
 from pyflow.kernels import backend
 from pyflow.kernels.backend import cuda
-from pyflow.models import LSTM, NASRNN, RAE, Attention, Seq2seq
+from pyflow.models import LSTM, NASRNN, RAE, Attention, BlockDrop, Seq2seq, SkipNet
 
 
 def balanced_tree(leaves: int):
@@ -99,6 +101,7 @@ def counts(sizes: dict) -> None:
 
     nasrnn_attention_counts(sizes)
     seq2seq_counts(sizes)
+    cnn_counts(sizes)
 
     r = random.Random(0)
     totals = {"host": [0, 0], "compiled": [0, 0, 0]}
@@ -171,6 +174,31 @@ def seq2seq_counts(sizes: dict) -> None:
     b = seq2seq(encoder_output, std, h, c, mode="compiled")
     assert all(np.array_equal(p, q) for p, q in zip(a, b))
     print(counts_row(f"Seq2seq H{H} V{V} max{L} {seq2seq.last_steps} steps b{B}", host, seq2seq.last_compiled))
+
+
+def cnn_counts(sizes: dict) -> None:
+    """The count rows of BlockDrop and SkipNet (issue 17): branches on device values, per block."""
+    rng = np.random.default_rng(4)
+    layers, width, image, batch = sizes["bd_layers"], sizes["bd_width"], sizes["bd_image"], sizes["batch"]
+    blockdrop = BlockDrop(layers, 10, width=width, image_size=image, **sizes["options"])
+    x = rng.standard_normal((batch, 3, image, image)).astype(np.float32)
+    probs = rng.random((batch, blockdrop.num_blocks)).astype(np.float32) * 0.6   # some blocks nobody runs
+    a = blockdrop(x, probs, mode="host")
+    host = blockdrop.last_compiled
+    assert np.array_equal(a, blockdrop(x, probs, mode="compiled"))
+    run = int((probs >= 0.5).any(axis=0).sum())
+    print(counts_row(f"BlockDrop {','.join(map(str, layers))} w{width} s{image} {run}/{blockdrop.num_blocks} run "
+                     f"b{batch}", host, blockdrop.last_compiled))
+    layers, width, image = sizes["sk_layers"], sizes["sk_width"], sizes["sk_image"]
+    skipnet = SkipNet(layers, image, 10, width=width, **sizes["options"])
+    x = rng.standard_normal((1, 3, image, image)).astype(np.float32)
+    state = np.zeros((1, 1, skipnet.hidden_dim), np.float32)
+    actions = np.arange(skipnet.num_blocks - 1) % 2   # every other gated block runs
+    a = skipnet(x, state, state, actions, mode="host")
+    host = skipnet.last_compiled
+    assert all(np.array_equal(p, q) for p, q in zip(a, skipnet(x, state, state, actions, mode="compiled")))
+    print(counts_row(f"SkipNet {','.join(map(str, layers))} w{width} s{image} {actions.sum()}/{len(actions)} run b1",
+                     host, skipnet.last_compiled))
 
 
 def timed(fn, warmup: int, repeats: int) -> float:
@@ -261,6 +289,7 @@ def gpu_latency(warmup: int, repeats: int) -> None:
     report(f"RAE dim {dim}, {len(left)} nodes, batch 1", results)
     nasrnn_attention_latency(warmup, repeats, opts)
     seq2seq_latency(warmup, repeats, opts)
+    cnn_latency(warmup, repeats, opts)
 
 
 def torch_nasrnn(torch, weight_ih, weight_hh, inputs):
@@ -384,6 +413,122 @@ def seq2seq_latency(warmup: int, repeats: int, opts: dict) -> None:
         report(f"Seq2seq H{H} V{V} max {L}, {seq2seq.last_steps} steps, batch {batch}", results)
 
 
+def _torch_conv_bn(torch, p, x, conv: str, bn: str, stride: int = 1, padding: int = 0, relu: bool = False):
+    """``bn(conv(x))`` in eval mode from the state dict ``p`` (torch tensors), then ReLU if ``relu``."""
+    F = torch.nn.functional
+    y = F.batch_norm(F.conv2d(x, p[f"{conv}.weight"], stride=stride, padding=padding), p[f"{bn}.running_mean"],
+                     p[f"{bn}.running_var"], p[f"{bn}.weight"], p[f"{bn}.bias"], training=False, eps=1e-5)
+    return torch.relu(y) if relu else y
+
+
+def torch_blockdrop(torch, model: BlockDrop, p: dict, x, probs):
+    """The artifact's BlockDrop ``forward_real`` as torch ops (its PyTorch baseline): each branch reads its
+    count on the host."""
+    F = torch.nn.functional
+    policy = torch.where(probs < 0.5, torch.zeros_like(probs), torch.ones_like(probs)).t()
+    x = _torch_conv_bn(torch, p, x, "conv1", "bn1", padding=1, relu=True)
+    for k, (stage, i, _, _, stride) in enumerate(model.blocks()):
+        residual = x
+        if stride != 1:   # DownsampleB
+            pooled = F.avg_pool2d(x, stride)
+            residual = torch.cat((pooled, torch.zeros_like(pooled)), dim=1)
+        if torch.sum(policy[k]) > 0.0:
+            prefix, mask = f"blocks.{stage}.{i}", policy[k].view(-1, 1, 1, 1)
+            fx = _torch_conv_bn(torch, p, x, f"{prefix}.conv1", f"{prefix}.bn1", stride, 1, relu=True)
+            fx = torch.relu(residual + _torch_conv_bn(torch, p, fx, f"{prefix}.conv2", f"{prefix}.bn2", 1, 1))
+            x = fx * mask + residual * (1.0 - mask)
+        else:
+            x = residual
+    return F.linear(F.avg_pool2d(x, model.image_size // 4).flatten(1), p["fc.weight"], p["fc.bias"])
+
+
+def torch_skipnet(torch, model: SkipNet, p: dict, x, ch, cc, control):
+    """The artifact's SkipNet ``forward_fix`` as torch ops (its PyTorch baseline): the controller, then a host
+    read of ``sum(mask + cond_control[j]) > 0`` per gated block."""
+    F = torch.nn.functional
+    H, batch, rnn = model.hidden_dim, x.shape[0], "control.rnn"
+
+    def body(x, layer, stride):
+        y = _torch_conv_bn(torch, p, x, f"{layer}.conv1", f"{layer}.bn1", relu=True)
+        y = _torch_conv_bn(torch, p, y, f"{layer}.conv2", f"{layer}.bn2", stride, 1, relu=True)
+        return _torch_conv_bn(torch, p, y, f"{layer}.conv3", f"{layer}.bn3")
+
+    def controller(x, gate, ch, cc):
+        feature = F.conv2d(F.avg_pool2d(x, x.shape[2]), p[f"{gate}.1.weight"], p[f"{gate}.1.bias"])
+        ih = torch.matmul(feature.view(1, batch, H), p[f"{rnn}.weight_ih_l0_t"]) + p[f"{rnn}.bias_ih_l0_t"]
+        hh = torch.matmul(ch, p[f"{rnn}.weight_hh_l0_t"]) + p[f"{rnn}.bias_hh_l0_t"]
+        cc = torch.sigmoid(ih[1] + hh[1]) * cc + torch.sigmoid(ih[0] + hh[0]) * torch.tanh(ih[2] + hh[2])
+        ch = torch.sigmoid(ih[3] + hh[3]) * torch.tanh(cc)
+        prob = torch.sigmoid(F.conv2d(ch.view(batch, H, 1, 1), p["control.proj.weight"], p["control.proj.bias"]))
+        return (prob.view(batch) > 0.5).to(x.dtype).view(batch, 1, 1, 1), ch, cc
+
+    x = F.max_pool2d(_torch_conv_bn(torch, p, x, "conv1", "bn1", 2, 3, relu=True), 3, 2, 1)
+    blocks = list(model.blocks())
+    mask = None
+    for j, (group, i, _, _, stride, has_ds) in enumerate(blocks):
+        layer = f"group{group}_layer{i}"
+        residual = _torch_conv_bn(torch, p, x, f"{layer}.downsample.0", f"{layer}.downsample.1", stride) \
+            if has_ds else x
+        if j == 0:
+            x = torch.relu(body(x, layer, stride) + residual)
+        elif torch.sum(mask + control[j - 1]) > 0.0:
+            x = torch.relu(body(x, layer, stride) + residual)
+            x = mask * x + (1.0 - mask) * residual
+        else:
+            x = residual
+        if j + 1 < len(blocks):
+            mask, ch, cc = controller(x, f"group{group}_gate{i}", ch, cc)
+    return F.linear(F.avg_pool2d(x, model.pool_sizes[-1]).flatten(1), p["fc.weight"], p["fc.bias"]), ch, cc
+
+
+def cnn_latency(warmup: int, repeats: int, opts: dict) -> None:
+    """GPU rows for BlockDrop (ResNet-32, 32 x 32, batch 1 and 64) and SkipNet (ResNet-101, 224 x 224, batch 1)."""
+    import torch
+
+    dev = torch.device("cuda")
+    rng = np.random.default_rng(0)
+    blockdrop = BlockDrop((5, 5, 5), 10, **opts)
+    p = {k: torch.tensor(np.asarray(v), device=dev) for k, v in blockdrop.state_dict().items()}
+    for batch in (1, 64):
+        x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
+        probs = rng.random((batch, blockdrop.num_blocks)).astype(np.float32)
+        dev_args = [cuda.to_device(a) for a in blockdrop.program_inputs(x, probs)]
+        results = {}
+        for mode in ("compiled", "host"):
+            run = blockdrop.compiled_for(batch, mode)
+            results[mode] = timed(lambda run=run: (run(*dev_args, to_host=False), cuda.synchronize()), warmup, repeats)
+        xt, pt = torch.tensor(x, device=dev), torch.tensor(probs, device=dev)
+
+        def blockdrop_eager():
+            with torch.no_grad():
+                torch_blockdrop(torch, blockdrop, p, xt, pt)
+            torch.cuda.synchronize()
+
+        results["torch eager (host reads each count)"] = timed(blockdrop_eager, warmup, repeats)
+        run_blocks = int((probs >= 0.5).any(axis=0).sum())
+        report(f"BlockDrop ResNet-32, {run_blocks}/15 blocks run, batch {batch}", results)
+
+    skipnet = SkipNet(**opts)
+    p = {k: torch.tensor(np.asarray(v), device=dev) for k, v in skipnet.state_dict().items()}
+    x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    state = np.zeros((1, 1, skipnet.hidden_dim), np.float32)
+    actions = (rng.random(skipnet.num_blocks - 1) < 0.7).astype(np.int64)
+    dev_args = [cuda.to_device(a) for a in skipnet.program_inputs(x, state, state, actions)]
+    results = {}
+    for mode in ("compiled", "host"):
+        run = skipnet.compiled_for(1, mode)
+        results[mode] = timed(lambda run=run: (run(*dev_args, to_host=False), cuda.synchronize()), warmup, repeats)
+    xt, st, ct = (torch.tensor(a, device=dev) for a in (x, state, dev_args[3].copy_to_host()))
+
+    def skipnet_eager():
+        with torch.no_grad():
+            torch_skipnet(torch, skipnet, p, xt, st, st, ct)
+        torch.cuda.synchronize()
+
+    results["torch eager (host reads each test)"] = timed(skipnet_eager, warmup, repeats)
+    report(f"SkipNet ResNet-101, {actions.sum()}/{len(actions)} gated blocks run, batch 1", results)
+
+
 def report(name: str, results: dict) -> None:
     base = results["compiled"]
     print(f"{name}:")
@@ -393,6 +538,8 @@ def report(name: str, results: dict) -> None:
 
 SIM_SIZES = {"input": 4, "hidden": 4, "layers": 2, "seq": 4, "batch": 2, "dim": 4, "leaves": 8, "random": 10,
              "heads": 2, "head_size": 4, "cache": 6, "start": 3, "vocab": 7, "max_length": 6, "sentence": 4,
+             "bd_layers": (2, 2, 2), "bd_width": 2, "bd_image": 8, "sk_layers": (2, 2, 2, 2), "sk_width": 1,
+             "sk_image": 32,
              "options": {"threads": 4, "chunk": 8, "tile": 4}}
 
 

@@ -40,7 +40,8 @@ FAMILIES = ["pyflow.kernels.examples", "pyflow.kernels.elementwise", "pyflow.ker
             "pyflow.kernels.utask.reduce", "pyflow.kernels.utask.program",
             "pyflow.kernels.utask.cell", "pyflow.kernels.utask.groups", "pyflow.kernels.utask.batched",
             "pyflow.kernels.utask.nasrnn", "pyflow.kernels.utask.scaled_softmax",
-            "pyflow.kernels.utask.embedding", "pyflow.kernels.utask.argmax", "pyflow.kernels.utask.seq2seq"]
+            "pyflow.kernels.utask.embedding", "pyflow.kernels.utask.argmax", "pyflow.kernels.utask.seq2seq",
+            "pyflow.kernels.utask.resnet", "pyflow.kernels.utask.gating"]
 
 
 def array(dtype, ndim: int = 1, layout: str = "C"):

@@ -26,6 +26,10 @@ This package holds the device functions such a kernel calls, one family per modu
 * ``embedding``   - rows of a table gathered by token ids read from device memory.
 * ``argmax``      - ``argmax(x + y)`` per row, the first maximum on a tie (greedy decoding).
 * ``seq2seq``     - the Seq2seq decoder's gate-major LSTM cell with per-gate biases.
+* ``resnet``      - BlockDrop's and SkipNet's layers: direct conv2d, eval-mode batch
+  norm (+ ReLU), max/average pooling (with zero channels: DownsampleB), per output chunk.
+* ``gating``      - their decisions (BlockDrop's policy rows and counts, SkipNet's
+  controller head) and the per-sample residual blend of a gated block.
 * ``groups``      - ``group_barrier``: a barrier among a group of blocks (recursion
   unroll runs sibling subtrees on disjoint groups; ``grid.sync`` would wait for all).
 * ``program``     - a small persistent kernel (an RNN loop, Cocktailer's Fig. 10)

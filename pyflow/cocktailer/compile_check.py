@@ -6,7 +6,7 @@ example programs covering every construct the code generator emits - a for loop
 over a device trip count, a while loop, branches, a non-inlined function uTask,
 recursion through the shared-memory frame stack, recursion unroll's block groups
 with their group barriers, row reductions and softmaxes of several shapes in one kernel,
-the LSTM, NASRNN, Attention and Seq2seq models - and compiles each generated
+the LSTM, NASRNN, Attention, Seq2seq, BlockDrop and SkipNet models - and compiles each generated
 kernel to PTX with the argument types it is launched with:
 
     pip install -e ".[ptx]"
@@ -93,11 +93,16 @@ def examples():
     # the paper's NASRNN, Attention and Seq2seq: broadcast/strided batched matmuls (several specializations
     # of one shared-memory uTask in one kernel), cache rows at a run-time offset, the scaled softmax; a while
     # loop counting its steps, tokens on the device (embedding gather, row argmax, row max in the state)
-    from pyflow.models import NASRNN, Attention, Seq2seq
+    from pyflow.models import NASRNN, Attention, BlockDrop, Seq2seq, SkipNet
 
     yield "nasrnn", NASRNN(8, 8, tile=4).program(3, 2), True
     yield "attention", Attention(2, 8, 3, tile=4).program(2, 6), True
     yield "seq2seq", Seq2seq(8, 11, max_length=4, tile=4).program(2), True
+    # the paper's CNNs: branches on a device-side count (BlockDrop) and on a decision the same kernel's
+    # controller just made (SkipNet); conv / batch norm / pooling uTasks, two row-reduction uTasks owning
+    # shared memory (the policy rows, the controller head) beside the matmuls' tiles in one kernel
+    yield "blockdrop", BlockDrop((1, 2, 1), 5, width=2, image_size=8, tile=4).program(2), True
+    yield "skipnet", SkipNet((1, 2, 1, 1), image_size=16, num_classes=5, width=1, tile=4).program(1), True
 
 
 def argtypes(compiled: CompiledKernel):

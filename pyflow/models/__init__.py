@@ -1,4 +1,6 @@
-"""Models written as Cocktailer programs (seed 001, issues 5 and 17): the paper's LSTM, RAE, NASRNN, Attention, Seq2seq.
+"""Models written as Cocktailer programs (seed 001, issues 5 and 17): the paper's seven models.
+
+LSTM, RAE, NASRNN, Attention, Seq2seq, BlockDrop and SkipNet.
 
 Each model is a small class that holds its parameters as numpy arrays (loaded under
 PyTorch's names with ``load_state_dict``), traces itself into a ``cocktailer``
@@ -16,6 +18,12 @@ executor:
 * ``Seq2seq`` (``seq2seq.py``): greedy decoding with an LSTM cell until every row
   says EOS; a while loop whose condition (a row max of the tokens) is computed and
   tested on the device: the paper's while-loop case.
+* ``BlockDrop`` (``blockdrop.py``): a ResNet-32 whose policy drops blocks per image;
+  a block runs when any sample wants it (a device-side count tested by a ``cond``)
+  and each sample blends its output by its own decision: the paper's branch case.
+* ``SkipNet`` (``skipnet.py``): a ResNet-101 whose recurrent controller (gate, LSTM
+  cell, threshold) decides after each block whether the next one runs: branches
+  on values the same kernel just computed.
 
 ``mode="compiled"`` runs the whole program as one persistent kernel, ``mode="host"``
 one kernel launch per operator with control flow on the host; the two are bitwise
@@ -24,10 +32,12 @@ equal.  ``model.compiled_for(...)`` gives the ``cocktailer.Compiled`` object
 """
 
 from pyflow.models.attention import Attention
+from pyflow.models.blockdrop import BlockDrop
 from pyflow.models.lstm import LSTM
 from pyflow.models.nasrnn import NASRNN
 from pyflow.models.rae import RAE
 from pyflow.models.seq2seq import Seq2seq
+from pyflow.models.skipnet import SkipNet
 from pyflow.models.state_dict import StateDictError
 
-__all__ = ["LSTM", "RAE", "NASRNN", "Attention", "Seq2seq", "StateDictError"]
+__all__ = ["LSTM", "RAE", "NASRNN", "Attention", "Seq2seq", "BlockDrop", "SkipNet", "StateDictError"]
