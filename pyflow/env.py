@@ -6,10 +6,14 @@ allocator caches.  pyflow keeps the rule **a rank behaves as a process** but
 lets N ranks live as N threads of one Python process (tests, courses, pdb):
 everything a process owns hangs off a ``RankContext``, and each rank thread
 binds its own (``bound``).  Code that is not inside a rank thread sees the
-default context: rank 0 of a world of 1.
+*process context*: rank 0 of a world of 1, or, in a process that MPI started
+(``mpiexec``, ``python -m pyflow.distributed.launch``), this process's MPI rank
+with its ``MPITransport`` (``pyflow/distributed/mpi.py`` installs it with
+``set_process_context`` when pyflow is imported).
 
 * ``current()``      - the calling thread's rank context;
 * ``bound(ctx)``     - make ``ctx`` the calling thread's context inside a ``with``;
+* ``process_context()`` / ``set_process_context(ctx)`` - what threads outside rank threads see;
 * ``get_rank()``, ``get_world_size()``, ``get_local_rank()`` - ``flow.env``'s API.
 
 Ranks meet only through ``ctx.transport`` (``pyflow/distributed/``), never
@@ -26,7 +30,8 @@ import contextlib
 import dataclasses
 import threading
 
-__all__ = ["RankContext", "current", "bound", "get_rank", "get_world_size", "get_local_rank"]
+__all__ = ["RankContext", "current", "bound", "process_context", "set_process_context", "get_rank",
+           "get_world_size", "get_local_rank"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -49,8 +54,20 @@ _local = threading.local()
 
 
 def current() -> RankContext:
-    """The calling thread's rank context (the default one outside rank threads)."""
+    """The calling thread's rank context (the process context outside rank threads)."""
     return getattr(_local, "ctx", None) or _default
+
+
+def process_context() -> RankContext:
+    """The context of this process: what every thread that is not a rank thread sees."""
+    return _default
+
+
+def set_process_context(ctx: RankContext) -> RankContext:
+    """Make ``ctx`` this process's context (an MPI process becomes its rank); returns the previous one."""
+    global _default
+    previous, _default = _default, ctx
+    return previous
 
 
 @contextlib.contextmanager

@@ -3,6 +3,10 @@
 * ``run``            - ``flow.distributed.run(fn, world_size)``: N ranks as threads of one process
 * ``transport``      - the ``Transport`` interface and ``CollectiveDesc`` (checked across ranks)
 * ``inprocess``      - ``InProcessWorld`` / ``InProcessTransport``: rounds, mailboxes, the watchdog
+* ``mpi_transport``  - ``MPITransport``: ranks as MPI processes; collectives as rounds of messages
+* ``mpi_commnet``    - ``CommNet``: the thread that alone calls MPI, the control channel, the watchdog
+* ``mpi``            - how a process becomes its MPI rank (joined at import under ``mpiexec``), faults, exit
+* ``launch``         - ``python -m pyflow.distributed.launch --nproc_per_node N script.py``: runs it under mpiexec
 * ``ccl``            - collectives as VM instructions on the ccl stream
 * ``global_tensor``  - local <-> global, ``numpy()`` of a global tensor, ``flow.tensor(.., placement, sbp)``
 * ``boxing``         - the chain of boxing builders and their plans
@@ -11,19 +15,22 @@
 * ``global_methods`` - views, indexing and ``.to()`` of global tensors
 
 A rank behaves as a process (``pyflow/env.py``); ranks meet only through a transport.
-Importing this package installs the global interpreter into the framework.
+Importing this package installs the global interpreter into the framework, and, in a
+process that ``mpiexec`` started, makes the process its MPI rank (``mpi.init_if_launched``).
 """
 
 from pyflow.distributed.inprocess import InProcessTransport, InProcessWorld
+from pyflow.distributed.mpi import init_mpi
 from pyflow.distributed.run import run
 from pyflow.distributed.transport import CollectiveDesc, Transport
 
-from pyflow.distributed import boxing, global_methods  # noqa: E402, I001
+from pyflow.distributed import boxing, global_methods, mpi  # noqa: E402, I001
 from pyflow.distributed.global_ops import GlobalInterpreter  # noqa: E402
 from pyflow.framework.interpreter import install_global_interpreter  # noqa: E402
 
 install_global_interpreter(GlobalInterpreter())
 global_methods.install()
+mpi.init_if_launched()   # under mpiexec: this process becomes its MPI rank
 
-__all__ = ["run", "Transport", "CollectiveDesc", "InProcessTransport", "InProcessWorld", "boxing",
+__all__ = ["run", "init_mpi", "Transport", "CollectiveDesc", "InProcessTransport", "InProcessWorld", "boxing",
            "GlobalInterpreter"]

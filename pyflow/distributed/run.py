@@ -17,6 +17,13 @@ stops at once (``RankAbortedError``), and ``run`` raises ``RankError`` naming th
 rank that failed first, with its exception as ``__cause__``.  Ranks that run
 different code are reported by the transport instead of hanging.
 
+**In a process that is an MPI rank** (``mpiexec -n N python script.py``, or
+``python -m pyflow.distributed.launch``: ``pyflow/distributed/mpi.py``) the ranks
+are the processes: ``run(fn, N)`` runs ``fn`` once, in the calling thread, as this
+process's rank, then gathers every rank's result, so each process gets the same
+``[result of rank 0, ..., result of rank N-1]``.  ``world_size`` must be the MPI
+world's size.  So an SPMD script runs unchanged as threads or as processes.
+
 >>> import pyflow as flow
 >>> flow.distributed.run(lambda: flow.env.get_rank() * 10, world_size=3)
 [0, 10, 20]
@@ -29,6 +36,7 @@ import threading
 
 from pyflow import env, vm
 from pyflow.distributed.inprocess import InProcessWorld, InProcessTransport
+from pyflow.distributed.mpi import process_transport, run_this_rank
 from pyflow.errors import DistributedError, RankAbortedError, RankError
 
 __all__ = ["run"]
@@ -55,6 +63,8 @@ def run(fn, world_size: int, args=(), timeout: float | None = None) -> list:
         raise DistributedError(f"distributed.run: world_size must be an int >= 1, got {world_size!r}")
     if not callable(fn):
         raise DistributedError(f"distributed.run: fn must be callable, got {type(fn).__name__}")
+    if env.current() is env.process_context() and process_transport() is not None:
+        return run_this_rank(fn, int(world_size), args, timeout)   # this process is one rank of an MPI job
     world = InProcessWorld(int(world_size), timeout)
     results: list = [None] * world.world_size
     errors: dict = {}

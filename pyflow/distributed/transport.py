@@ -19,8 +19,9 @@ ranks may execute them in any order.
 The base class builds every collective from one primitive, ``exchange``: each
 rank of the group contributes a payload, and every rank gets the list of all
 payloads (after the descriptors were checked).  ``InProcessTransport`` (ranks
-as threads) implements just that; a transport on a real engine (MPI) can
-override each collective with the engine's own.
+as threads) implements just that; ``MPITransport`` (ranks as processes,
+``mpi_transport.py``) overrides each collective with one that moves the arrays
+straight between the processes.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class Transport(abc.ABC):
 
     rank: int
     world_size: int
+    spans_processes: bool = False   # True: the ranks are processes (this one is the process's own rank)
 
     def __init__(self) -> None:
         self._seq: dict = {}

@@ -1,0 +1,170 @@
+"""All-reduce and all-gather bandwidth: pyflow's MPI transport against mpi4py on the same buffers.
+
+The MPI transport (``pyflow/distributed/mpi_transport.py``) hands every call to
+its process's comm-net thread, checks the ranks' descriptors (in the same round
+as the first data) and moves the arrays with point-to-point messages.  This
+script measures what that costs against calling mpi4py directly
+(``comm.Allreduce`` / ``comm.Allgather``) on the same numpy buffers, in the same
+processes, interleaved, best of ``--rounds``: ``ratio = mpi4py time / pyflow
+time`` (target >= 0.9 for messages of 1 MB and more).  For comparison, the
+in-process transport (ranks as threads of one process) on the same sizes.
+
+Bandwidth is the algorithm bandwidth: the message size (one rank's array: the
+all-reduce's input, the all-gather's piece) over the time of one call.
+
+    python benchmarks/bench_collectives.py [--sizes 65536,1048576,4194304,16777216] [--rounds 5]
+        [--write benchmarks/results/collectives_cpu.txt]
+
+runs ``mpiexec -n 2`` and ``mpiexec -n 4`` of itself (``--worker``) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+TARGET = 0.9
+OPS = ("all_reduce", "all_gather")
+
+
+def _time(fn, calls: int, sync) -> float:
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / calls
+
+
+def _calls(size: int) -> int:
+    """Calls per timing: enough to last a few milliseconds, at most 40."""
+    return max(4, min(40, (64 << 20) // max(size, 1) // 4))
+
+
+def worker(sizes: list, rounds: int) -> None:
+    """In each MPI process: time both ways; rank 0 prints one JSON line per (op, size)."""
+    import pyflow as flow   # this process becomes its MPI rank
+    from mpi4py import MPI
+
+    from pyflow.distributed import CollectiveDesc
+
+    comm, transport = MPI.COMM_WORLD, flow.env.current().transport
+    rank, n = comm.Get_rank(), comm.Get_size()
+    group = tuple(range(n))
+    for size in sizes:
+        a = np.random.default_rng(rank).standard_normal(size // 4).astype(np.float32)
+        out_reduce, out_gather = np.empty_like(a), np.empty(n * a.size, np.float32)
+        desc = CollectiveDesc("bench", a.shape, "float32")
+        ways = {
+            "all_reduce": (lambda: comm.Allreduce(a, out_reduce),
+                           lambda: transport.all_reduce(a, group, transport.next_seq(group), desc)),
+            "all_gather": (lambda: comm.Allgather(a, out_gather),
+                           lambda: transport.all_gather(a, group, transport.next_seq(group), desc)),
+        }
+        for op, (direct, ours) in ways.items():
+            direct()   # the same answer both ways, first
+            want = (out_reduce if op == "all_reduce" else out_gather).copy()
+            np.testing.assert_allclose(ours(), want, rtol=1e-5, atol=1e-5)
+            best = {"mpi4py": float("inf"), "pyflow": float("inf")}
+            for _ in range(rounds):   # interleaved, so both see the same machine
+                best["mpi4py"] = min(best["mpi4py"], _time(direct, _calls(size), comm.Barrier))
+                best["pyflow"] = min(best["pyflow"], _time(ours, _calls(size), comm.Barrier))
+            if rank == 0:
+                print(json.dumps({"n": n, "op": op, "size": size, **best}), flush=True)
+
+
+def in_process(sizes: list, n: int, rounds: int) -> dict:
+    """The in-process transport (n ranks as threads): seconds per call, by (op, size)."""
+    import threading
+
+    import pyflow as flow
+    from pyflow.distributed import CollectiveDesc
+
+    results = {}
+    barrier = threading.Barrier(n)
+
+    def body():
+        transport, rank = flow.env.current().transport, flow.env.get_rank()
+        group = tuple(range(n))
+        for size in sizes:
+            a = np.random.default_rng(rank).standard_normal(size // 4).astype(np.float32)
+            desc = CollectiveDesc("bench", a.shape, "float32")
+            for op in OPS:
+                call = getattr(transport, op)
+                best = min(_time(lambda: call(a, group, transport.next_seq(group), desc), _calls(size), barrier.wait)
+                           for _ in range(rounds))
+                if rank == 0:
+                    results[(op, size)] = best
+
+    flow.distributed.run(body, n)
+    return results
+
+
+def _mpiexec() -> str:
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.access(here, os.X_OK) else "mpiexec"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="65536,1048576,4194304,16777216", help="bytes per rank, comma-separated")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--procs", default="2,4")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--write", help="also write the table to this file")
+    parser.add_argument("--note", default="", help="a line about the run for the file's header")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.worker:
+        worker(sizes, args.rounds)
+        return
+    rows, lines = [], []
+    for n in (int(p) for p in args.procs.split(",")):
+        done = subprocess.run([_mpiexec(), "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker",
+                               "--sizes", args.sizes, "--rounds", str(args.rounds)],
+                              capture_output=True, text=True, check=True)
+        threads = in_process(sizes, n, args.rounds)
+        for line in done.stdout.splitlines():
+            if line.startswith("{"):
+                row = json.loads(line)
+                row["threads"] = threads[(row["op"], row["size"])]
+                rows.append(row)
+    lines.append(f"{'procs':>5}  {'op':<10} {'size':>6}  {'mpi4py MB/s':>11} {'pyflow MB/s':>11} {'ratio':>6}  "
+                 f"{'threads MB/s':>12} {'ratio':>6}")
+    for r in rows:
+        mb = r["size"] / 2**20
+        lines.append(f"{r['n']:>5}  {r['op']:<10} {_size(r['size']):>6}  {mb / r['mpi4py']:>11.0f} "
+                     f"{mb / r['pyflow']:>11.0f} {r['mpi4py'] / r['pyflow']:>6.2f}  {mb / r['threads']:>12.0f} "
+                     f"{r['mpi4py'] / r['threads']:>6.2f}")
+    big = [r["mpi4py"] / r["pyflow"] for r in rows if r["size"] >= 1 << 20]
+    lines.append(f"ratio = mpi4py's time / pyflow's (same buffers, interleaved, best of {args.rounds}); "
+                 f"target >= {TARGET} from 1 MB: worst {min(big):.2f} "
+                 f"({'met' if min(big) >= TARGET else 'missed'}); met for {sum(b >= TARGET for b in big)} of "
+                 f"{len(big)} rows")
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        command = shlex.join([os.path.relpath(sys.executable)] + sys.argv)
+        header = (f"# benchmarks/bench_collectives.py; command: {command}\n"
+                  f"# machine: {os.cpu_count()}-core {platform.machine()} VM, CPython {platform.python_version()}, "
+                  f"MPICH (mpich wheel) with mpi4py; date: {datetime.date(2026, 11, 24)}\n"
+                  + (f"# {args.note}\n" if args.note else ""))
+        with open(args.write, "w") as out:
+            out.write(header + text + "\n")
+
+
+if __name__ == "__main__":
+    main()

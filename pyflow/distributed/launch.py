@@ -1,0 +1,176 @@
+"""``python -m pyflow.distributed.launch``: one script as the N processes of an MPI job (OneFlow's launcher).
+
+OneFlow starts a multi-process job with ``python -m oneflow.distributed.launch
+--nproc_per_node N script.py [args]``; each process learns its place from the
+environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``).  pyflow's launcher takes the same flags and runs::
+
+    mpiexec -disable-auto-cleanup -n N*nnodes [-f HOSTFILE -ppn N] \\
+        python .../pyflow/distributed/launch.py --rank-main script.py [args]
+
+(``mpiexec`` from the ``dist`` extra: ``pip install -e ".[dist]"``.)  MPI's
+process manager plays OneFlow's master: the ranks meet through it, so
+``MASTER_ADDR``/``MASTER_PORT`` are only passed on, for scripts that read them.
+Several machines: list them in a hostfile (MPICH's format, ``host:slots`` per
+line) and pass ``--hostfile``; ``mpiexec`` starts every machine's processes from
+here.  ``--mpiexec_args`` passes more options to ``mpiexec``; ``--dry_run``
+prints the command.
+
+Each of mpiexec's processes is a small **supervisor** (this file run as a
+script: it imports nothing from pyflow) that starts the rank itself, ``python
+-m pyflow.distributed.launch --rank-process script.py``: that process imports
+pyflow, which makes it its MPI rank and sets ``RANK``, ``WORLD_SIZE`` and
+``LOCAL_RANK`` (``pyflow/distributed/mpi.py``), then runs the script as
+``__main__``.  The supervisor is there for faults.  MPICH's ``mpiexec`` kills
+every process at once when one dies of a signal, so nobody could say which
+rank died; a process that ends with an exit status instead is reported to the
+others (``SIGUSR1``, with ``-disable-auto-cleanup``), and each names the dead
+rank and exits.  So the supervisor turns its rank's death by a signal into an
+exit status, and names the rank: ``rank 1 (pid 4242 on node0) was killed by
+signal 9 (SIGKILL)``.  The exit status is ``mpiexec``'s.
+
+>>> print(" ".join(command(parse(["--nproc_per_node", "2", "train.py", "--lr", "0.1"]), mpiexec="mpiexec",
+...                        python="python", supervisor="launch.py")))
+mpiexec -disable-auto-cleanup -n 2 python launch.py --rank-main train.py --lr 0.1
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and not __package__:   # the supervisor, run as a file: keep pyflow's folder off the path
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+import argparse  # noqa: E402
+import runpy  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+
+__all__ = ["parse", "command", "main"]
+
+
+def parse(argv: list) -> argparse.Namespace:
+    """The launcher's flags (OneFlow's, plus --hostfile, --mpiexec, --mpiexec_args, --dry_run)."""
+    parser = argparse.ArgumentParser(prog="python -m pyflow.distributed.launch",
+                                     description="Run a script as the ranks of an MPI job (pyflow's "
+                                                 "oneflow.distributed.launch).")
+    parser.add_argument("--nproc_per_node", type=int, default=1, help="processes per machine (default 1)")
+    parser.add_argument("--nnodes", type=int, default=1, help="machines (more than 1 needs --hostfile)")
+    parser.add_argument("--node_rank", type=int, default=0,
+                        help="OneFlow's per-machine launch; with MPI, launch once, from node 0")
+    parser.add_argument("--master_addr", default="127.0.0.1", help="passed on as MASTER_ADDR")
+    parser.add_argument("--master_port", type=int, default=29500, help="passed on as MASTER_PORT")
+    parser.add_argument("--hostfile", help="MPICH hostfile (host:slots per line) for several machines")
+    parser.add_argument("--mpiexec", help="the mpiexec to run (default: the one next to this Python, then PATH)")
+    parser.add_argument("--mpiexec_args", default="", help="more options for mpiexec, as one string")
+    parser.add_argument("--dry_run", action="store_true", help="print the mpiexec command and exit")
+    parser.add_argument("--rank-main", dest="role", action="store_const", const="supervisor", help=argparse.SUPPRESS)
+    parser.add_argument("--rank-process", dest="role", action="store_const", const="rank", help=argparse.SUPPRESS)
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+    args = parser.parse_args(argv)
+    if args.role:
+        return args
+    if args.nproc_per_node < 1 or args.nnodes < 1:
+        parser.error("--nproc_per_node and --nnodes must be >= 1")
+    if args.node_rank != 0:
+        parser.error("--node_rank: with MPI, run launch once, on node 0; mpiexec starts the other machines' "
+                     "processes (list them with --hostfile)")
+    if args.nnodes > 1 and not args.hostfile:
+        parser.error("--nnodes > 1 needs --hostfile (the machines mpiexec starts the processes on)")
+    return args
+
+
+def find_mpiexec(explicit: str | None = None) -> str:
+    """The mpiexec to run: ``explicit``, else the one next to this Python (the mpich wheel's), else PATH."""
+    if explicit:
+        return explicit
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    found = here if os.access(here, os.X_OK) else shutil.which("mpiexec")
+    if found is None:
+        raise SystemExit("pyflow.distributed.launch: no mpiexec found; install the dist extra: "
+                         "pip install -e '.[dist]'")
+    return found
+
+
+def command(args: argparse.Namespace, mpiexec: str | None = None, python: str | None = None,
+            supervisor: str | None = None) -> list:
+    """The mpiexec command line that starts a supervisor per rank."""
+    line = [mpiexec or find_mpiexec(args.mpiexec), "-disable-auto-cleanup",
+            "-n", str(args.nproc_per_node * args.nnodes)]
+    if args.hostfile:
+        line += ["-f", args.hostfile, "-ppn", str(args.nproc_per_node)]
+    line += shlex.split(args.mpiexec_args)
+    return line + [python or sys.executable, supervisor or os.path.abspath(__file__), "--rank-main", args.script,
+                   *args.script_args]
+
+
+# --- in each of mpiexec's processes ---------------------------------------------------------------------------------
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    """Start this rank's process; if it dies of a signal, say which rank it was and exit with a status."""
+    rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "?"))
+    quiet = lambda signum, frame: None  # noqa: E731 - reset to the default in the child (exec)
+    signal.signal(signal.SIGUSR1, quiet)   # MPICH's "a process died" is for the rank, not for its supervisor
+    signal.signal(signal.SIGINT, quiet)    # Ctrl-C reaches the rank too (one process group): it decides
+    child = subprocess.Popen([sys.executable, "-m", "pyflow.distributed.launch", "--rank-process", args.script,
+                              *args.script_args], close_fds=False)   # the PMI connection is inherited
+    status = child.wait()
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)   # stays ignored while this Python finalizes
+    where = f"rank {rank} (pid {child.pid} on {socket.gethostname()})"
+    if status < 0:
+        name = signal.Signals(-status).name if -status in signal.valid_signals() else "?"
+        print(f"pyflow.distributed.launch: {where} was killed by signal {-status} ({name})",
+              file=sys.stderr, flush=True)
+        return 128 - status
+    folder = os.environ.get("PYFLOW_LAUNCH_DIR", "")
+    if status != 0 and folder and not os.path.exists(os.path.join(folder, f"rank-{rank}.exit")):
+        print(f"pyflow.distributed.launch: {where} exited with status {status} without pyflow's exit handler "
+              f"(os._exit, or a crash)", file=sys.stderr, flush=True)
+    return status
+
+
+def _rank_process(args: argparse.Namespace) -> int:
+    """Become the MPI rank (importing pyflow does it), then run the script as ``__main__``."""
+    import pyflow  # noqa: F401 - joins the MPI world and sets RANK, WORLD_SIZE, LOCAL_RANK
+
+    sys.argv = [args.script, *args.script_args]
+    sys.path[0] = os.path.dirname(os.path.abspath(args.script))
+    runpy.run_path(args.script, run_name="__main__")
+    return 0
+
+
+def main(argv: list | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if args.role == "supervisor":
+        return _supervise(args)
+    if args.role == "rank":
+        return _rank_process(args)
+    line = command(args)
+    if args.dry_run:
+        print(" ".join(shlex.quote(part) for part in line))
+        return 0
+    given = os.environ.get("PYFLOW_LAUNCH_DIR")   # a caller that wants the ranks' records (the tests)
+    run_folder = given if given and os.path.isdir(given) else tempfile.mkdtemp(prefix="pyflow-launch-")
+    environment = dict(os.environ, MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port),
+                       PYFLOW_LAUNCH_DIR=run_folder)
+    proc = subprocess.Popen(line, env=environment)
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:   # Ctrl-C: mpiexec passes SIGINT on to every rank
+                proc.send_signal(signal.SIGINT)
+    finally:
+        if run_folder != given:
+            shutil.rmtree(run_folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

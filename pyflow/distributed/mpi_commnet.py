@@ -1,0 +1,525 @@
+"""CommNet: one process's thread that alone talks to MPI (seed 003's CommNet), and its watchdog.
+
+OneFlow's CommNet is a per-process service: actors hand it "send this to rank
+r" / "tell me when rank r's data is here", and its own threads poll the network.
+pyflow does the same on mpi4py.  One thread per process, ``pyflow-commnet-r<rank>``,
+makes every MPI call; the VM's ccl worker, the user's thread and (later) actor
+threads only hand it *operations* (``call``: and wait on a ``threading.Event``;
+``post``: and go on).  So no VM or actor thread ever blocks inside MPI, and the
+thread that does can still answer the watchdog.
+
+**An operation is a coroutine.**  Each transport call is a generator (written
+in ``mpi_transport.py``) that the thread drives: it posts non-blocking requests
+(``Isend``/``Irecv``), yields them, and is resumed once they all completed
+(``MPI.Request.Testall``, polled in a loop that spins while messages move and
+naps when it only waits for a slow peer).  So each collective reads as
+straight-line code.
+
+**The control channel** (its own communicator, pickled messages) is served by
+the same loop:
+
+=========  ========================================================================================
+abort      a rank failed: every wait of every rank ends with ``RankAbortedError`` naming it
+waiting    a collective that waited 0.5 s tells the ranks it waits for; two ranks that keep
+           waiting for each other in different collectives ran different code ->
+           ``CollectiveMismatchError`` (``_deadlock``)
+bye        a rank's script ended, after N collectives per group and M sends per (rank, tag): a
+           collective or recv that needs more from it fails at once (``_never_coming``)
+where      the watchdog: a call waiting longer than ``PYFLOW_COLLECTIVE_TIMEOUT`` asks every rank
+           where it is (what it waits for, the Python line its main thread is at), then raises
+           ``CollectiveTimeoutError`` with that table and aborts every rank; ``census`` asks the
+           same when MPI's process manager says a process died, and names the ranks that are silent
+=========  ========================================================================================
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import os
+import pickle
+import queue
+import sys
+import sysconfig
+import threading
+import time
+import zlib
+
+import numpy as np
+
+from pyflow.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError, RankAbortedError
+
+__all__ = ["CommNet", "Operation", "mpi", "pack", "unpack", "user_line"]
+
+_PROBE_SECONDS = 0.5    # a collective waiting this long tells the ranks it waits for (divergence check)
+_ANSWER_SECONDS = 1.5   # how long the watchdog waits for the answers to "where are you?"
+_IDLE_SECONDS = 0.02    # the thread's poll period with nothing in flight
+_SPIN_SECONDS = 0.02    # after progress, poll this long, yielding the core between polls (a peer may need it)
+_NAP_SECONDS = 0.0005   # ... then sleep this long between polls
+_LINGER_SECONDS = 0.002  # with nothing in flight, keep polling this long before blocking on the inbox
+_WATCH_SECONDS = 0.05   # how often the watchdog looks at the operations in flight
+
+
+def mpi():
+    """mpi4py's ``MPI`` module (imported on first use: nothing else in pyflow needs it)."""
+    from mpi4py import MPI
+
+    return MPI
+
+
+def pack(obj, size: int) -> np.ndarray:
+    """``obj`` pickled into a fixed-size byte buffer (a length, then the pickle): a header MPI can receive."""
+    blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(blob) + 4 > size:
+        raise DistributedError(f"a header of {len(blob)} bytes does not fit in {size}")
+    buf = np.zeros(size, np.uint8)
+    buf[:4] = np.frombuffer(len(blob).to_bytes(4, "little"), np.uint8)
+    buf[4:4 + len(blob)] = np.frombuffer(blob, np.uint8)
+    return buf
+
+
+def unpack(buf: np.ndarray):
+    """What ``pack`` packed."""
+    n = int.from_bytes(buf[:4].tobytes(), "little")
+    return pickle.loads(buf[4:4 + n].tobytes())
+
+
+_NOT_USER = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}) + (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "<")   # ... + pyflow/, "<frozen ...>"
+
+
+def user_line(frame) -> str:
+    """The innermost line of ``frame``'s stack outside pyflow, the standard library and installed packages."""
+    from pyflow.vm.failure import describe_site
+
+    while frame is not None and frame.f_code.co_filename.startswith(_NOT_USER):
+        frame = frame.f_back
+    return "no Python frame outside pyflow" if frame is None else describe_site(
+        (frame.f_code.co_filename, frame.f_lineno))
+
+
+def _pickled(error: BaseException | None) -> bytes | None:
+    try:
+        return pickle.dumps(error)
+    except Exception:  # noqa: BLE001 - the text says what happened; the object is a bonus
+        return None
+
+
+def _unpickled(blob: bytes | None) -> BaseException | None:
+    try:
+        return None if blob is None else pickle.loads(blob)
+    except Exception:  # noqa: BLE001 - e.g. an exception class this process cannot import
+        return None
+
+
+# --- one operation in flight -----------------------------------------------------------------------------------------
+
+
+class Operation:
+    """One transport call on the comm-net thread: a protocol (generator) and the requests it waits for."""
+
+    def __init__(self, what: str, key=None, waited: bool = True):
+        self.what = what            # "collective #3 of group [0, 1]: all_reduce float32[4] (at t.py:9)"
+        self.protocol = None        # a generator: yields lists of MPI requests, returns the result
+        self.key = key              # (group, seq) of a collective, ("recv", src, tag) of a recv
+        self.waited = waited        # does a caller wait for it (a send: no)
+        self.requests: list = []
+        self.header_recvs: dict = {}   # rank -> the request for its header (who is still missing)
+        self.started = time.monotonic()
+        self.last_probe = 0.0
+        self.asked = None           # the watchdog's "where are you?" token, once asked
+        self.answer_by = 0.0
+        self.done = threading.Event()
+        self.result = None
+        self.error: BaseException | None = None
+
+    def missing(self) -> list:
+        """The ranks whose header has not arrived yet."""
+        return [r for r, req in self.header_recvs.items() if not req.Test()]
+
+
+@dataclasses.dataclass
+class _PeerWait:
+    """What another rank last said it waits for (its ``waiting`` message)."""
+
+    key: tuple
+    where: str
+    missing: frozenset
+    since: float
+    count: int
+
+
+# --- the comm-net thread --------------------------------------------------------------------------------------
+
+
+class CommNet:
+    """One process's connection to the others: three communicators and the thread that polls them.
+
+    ``coll`` carries collectives, ``p2p`` sends and recvs, ``ctl`` the control
+    messages; all three are duplicates of ``comm`` (made here, on the caller's
+    thread, before the comm-net thread starts).
+    """
+
+    def __init__(self, comm, timeout: float):
+        MPI = mpi()
+        self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
+        self.timeout = timeout
+        self.coll, self.p2p, self.ctl = comm.Dup(), comm.Dup(), comm.Dup()
+        bits = int(comm.Get_attr(MPI.TAG_UB)).bit_length()
+        self._gid_bits = min(16, bits - 2 - 8)
+        self._seq_bits = bits - 2 - self._gid_bits
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._active: list = []
+        self._ctl_sends: list = []
+        self._ctl_recvs: list = []
+        self.lock = threading.Lock()
+        self.aborted: tuple | None = None    # (rank, text) of the first failure this rank heard of
+        self.aborted_error: BaseException | None = None   # that rank's exception, when it could be pickled
+        self._told_abort = False
+        self.death: BaseException | None = None
+        self.dead: set = set()               # ranks whose process died (the census)
+        self.closed = False
+        self._stopping = False
+        self._census: tuple | None = None    # (token, answer by) of a census in progress
+        self._peer_waits: dict = {}          # rank -> _PeerWait
+        self._gone: dict = {}                # rank -> (collectives started per group, sends per (dst, tag)) | None
+        self._answers: dict = {}             # watchdog token -> {rank: where it is}
+        self._tokens = itertools.count()
+        self.last_seen = "none"
+        # counts the protocols keep (mpi_transport.py): for goodbyes, and to pair up the recvs of one (src, tag)
+        self.started = collections.Counter()        # group -> collectives this rank started in it
+        self.sent = collections.Counter()           # (dst, tag) -> messages sent
+        self.received = collections.Counter()       # (src, tag) -> messages received
+        self.recv_tickets = collections.Counter()   # (src, tag) -> recvs started
+        self.data_posted = collections.Counter()    # (src, tag) -> recvs that posted their data receive
+        self._thread = threading.Thread(target=self._main, name=f"pyflow-commnet-r{self.rank}", daemon=True)
+        self._thread.start()
+
+    # --- the caller's side (any thread) -----------------------------------------------------------------------------
+
+    def call(self, what: str, protocol_of, key=None):
+        """Run the generator ``protocol_of(op)`` on the comm-net thread; wait for its result (or its error)."""
+        op = Operation(what, key)
+        op.protocol = protocol_of(op)
+        self._submit(op)
+        while not op.done.wait(0.25):
+            if not self._thread.is_alive():
+                raise DistributedError(f"rank {self.rank}: the comm-net thread stopped "
+                                       f"({self.death!r}) while waiting for {what}")
+        if op.error is not None:
+            raise op.error
+        return op.result
+
+    def post(self, what: str, protocol) -> None:
+        """Run the generator ``protocol`` on the comm-net thread without waiting for it (a send)."""
+        op = Operation(what, waited=False)
+        op.protocol = protocol
+        self._submit(op)
+
+    def _submit(self, op: Operation) -> None:
+        if self.aborted is not None:
+            raise self._aborted_error(op.what)
+        if self._stopping or not self._thread.is_alive():
+            raise DistributedError(f"rank {self.rank}: the transport is closed ({op.what})")
+        self._inbox.put(op)
+
+    def abort(self, text: str, error: BaseException | None = None) -> None:
+        """This rank failed (``text``; ``error`` goes along if it pickles): tell every rank; every wait here
+        and there ends naming this rank."""
+        with self.lock:
+            if self.aborted is not None:
+                return
+            self.aborted = (self.rank, text)
+            self.aborted_error = error
+        self._inbox.put(lambda: self._abort_here(self.rank, text, broadcast=True))
+
+    def census(self, seconds: float) -> None:
+        """Ask every rank "where are you?"; the ones that do not answer in ``seconds`` are dead (any thread)."""
+        self._inbox.put(lambda: self._start_census(seconds))
+
+    def close(self, grace: float) -> bool:
+        """Say goodbye to every rank, wait for theirs, stop the thread; True if MPI may be finalized.
+
+        A clean goodbye tells each rank how many collectives and sends this rank
+        made (so a rank still waiting for more fails at once); then this rank
+        waits, like ``MPI_Finalize``, until every rank said goodbye.  After an
+        abort it waits at most ``grace`` s, so that the others print their errors
+        before the first process exit makes MPI's process manager end the job.
+        """
+        clean = self.aborted is None
+        if self._thread.is_alive():
+            self._inbox.put(lambda: self._say_bye(clean))
+            deadline = None if clean else time.monotonic() + grace
+            while len(set(self._gone) | self.dead) < self.world_size - 1 and self._thread.is_alive():
+                if deadline is None and self.aborted is not None:
+                    deadline = time.monotonic() + grace
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+            self._stopping = True
+            self._inbox.put(lambda: None)
+            self._thread.join(grace if self.aborted is not None else self.timeout)
+        self.closed = True
+        return self.aborted is None and not self._thread.is_alive() and not self._active
+
+    def _aborted_error(self, what: str) -> RankAbortedError:
+        rank, text = self.aborted
+        if rank == self.rank:
+            return RankAbortedError(f"rank {rank} (this rank) failed earlier ({text}); {what} cannot run")
+        return RankAbortedError(f"rank {rank} failed ({text}) while rank {self.rank} waited for {what}")
+
+    # --- the thread ---------------------------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        """Admit new operations, advance those whose requests completed, serve control messages, watch."""
+        MPI = mpi()
+        last_progress = next_watch = time.monotonic()
+        try:
+            while True:
+                idle = not self._active and not self._ctl_sends
+                admitted = self._admit(block=idle and time.monotonic() - last_progress > _LINGER_SECONDS)
+                now = time.monotonic()
+                if self._advance(MPI) or admitted:
+                    last_progress = now
+                self._serve_control(MPI)
+                if now >= next_watch:
+                    self._watch()
+                    next_watch = now + _WATCH_SECONDS
+                if self._stopping and not self._active and not self._ctl_sends and self._inbox.empty():
+                    return
+                self._pace(now - last_progress)
+        except BaseException as error:  # noqa: BLE001 - every wait here fails, naming this rank and the cause
+            self.death = error
+            text = f"the comm-net thread of rank {self.rank} failed: {type(error).__name__}: {error}"
+            print(f"pyflow: {text}", file=sys.stderr, flush=True)
+            self._abort_here(self.rank, text, broadcast=False)
+
+    @staticmethod
+    def _pace(since_progress: float) -> None:
+        """Between polls: yield the core while messages are moving, nap once only a slow peer is awaited."""
+        if since_progress > _SPIN_SECONDS:
+            time.sleep(_NAP_SECONDS)     # waiting for a slow peer: do not burn a core
+        else:
+            os.sched_yield()             # let a peer process on this core run (and this process's threads)
+
+    def _admit(self, block: bool) -> bool:
+        """Start the operations handed in since the last look (and run control actions); any?"""
+        try:
+            item = self._inbox.get(timeout=_IDLE_SECONDS) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return False
+        while True:
+            if isinstance(item, Operation):
+                if self.aborted is not None:
+                    self._finish(item, error=self._aborted_error(item.what))
+                else:
+                    self._active.append(item)
+                    self._resume(item)
+            else:
+                item()   # a control action from another thread (abort, bye)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _advance(self, MPI) -> bool:
+        progressed = False
+        for op in list(self._active):   # in submission order: recvs of one (src, tag) pair up in order
+            if op.done.is_set() or (op.requests and not MPI.Request.Testall(op.requests)):
+                continue   # finished meanwhile (an abort), or still waiting
+            progressed = True
+            self._resume(op)
+        return progressed
+
+    def _resume(self, op: Operation) -> None:
+        try:
+            op.requests = op.protocol.send(None)
+        except StopIteration as stop:
+            self._finish(op, result=stop.value)
+        except BaseException as error:  # noqa: BLE001 - the op's error, raised in its caller
+            self._finish(op, error=error)
+
+    def _finish(self, op: Operation, result=None, error: BaseException | None = None) -> None:
+        if op in self._active:
+            self._active.remove(op)
+        op.result, op.error = result, error
+        op.done.set()
+        if error is not None and not op.waited and self.aborted is None:   # nobody waits to hear it
+            self._abort_here(self.rank, f"{op.what} failed: {type(error).__name__}: {error}", broadcast=True)
+
+    # --- control messages -------------------------------------------------------------------------------------------
+
+    def _tell(self, rank: int, message: tuple) -> None:
+        self._ctl_sends.append(self.ctl.isend(message, rank, 0))
+
+    def _tell_all(self, message: tuple) -> None:
+        for r in range(self.world_size):
+            if r != self.rank:
+                self._tell(r, message)
+
+    def _serve_control(self, MPI) -> None:
+        self._ctl_sends = [req for req in self._ctl_sends if not req.Test()]
+        while True:
+            message = self.ctl.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+            if message is None:
+                break
+            self._ctl_recvs.append(message.irecv())
+        still = []
+        for req in self._ctl_recvs:
+            arrived, obj = req.test()
+            if arrived:
+                self._on_control(obj)
+            else:
+                still.append(req)
+        self._ctl_recvs = still
+
+    def _on_control(self, message: tuple) -> None:
+        kind, sender = message[0], message[1]
+        if kind == "abort":
+            self._abort_here(sender, message[2], broadcast=False, error_blob=message[3])
+        elif kind == "where":
+            self._tell(sender, ("here", self.rank, message[2], self._where_am_i()))
+        elif kind == "here":
+            self._answers.setdefault(message[2], {})[sender] = message[3]
+        elif kind == "waiting":
+            key, where, missing = message[2], message[3], frozenset(message[4])
+            old = self._peer_waits.get(sender)
+            count = old.count + 1 if old is not None and old.key == key and self.rank in old.missing else 1
+            self._peer_waits[sender] = _PeerWait(key, where, missing, time.monotonic(), count)
+        elif kind == "bye":
+            self._gone[sender] = message[2]
+            self._peer_waits.pop(sender, None)
+
+    def _abort_here(self, rank: int, text: str, broadcast: bool, error_blob: bytes | None = None) -> None:
+        """Record the first failure, tell the others if it is this rank's, fail every operation in flight."""
+        with self.lock:
+            first = self.aborted is None
+            if first:
+                self.aborted = (rank, text)
+                self.aborted_error = _unpickled(error_blob)
+        if broadcast and self.aborted[0] == self.rank and not self._told_abort:
+            self._told_abort = True
+            self._tell_all(("abort", self.rank, self.aborted[1], _pickled(self.aborted_error)))
+        if first and rank != self.rank:
+            summary = text.splitlines()[0] if text else ""
+            print(f"pyflow: rank {self.rank} stops: rank {rank} failed: {summary}", file=sys.stderr, flush=True)
+        for op in list(self._active):
+            if op.waited:
+                self._finish(op, error=self._aborted_error(op.what))
+            else:
+                self._active.remove(op)
+
+    def _say_bye(self, clean: bool) -> None:
+        with self.lock:
+            counts = (dict(self.started), dict(self.sent)) if clean else None
+        self._tell_all(("bye", self.rank, counts))
+
+    def _where_am_i(self) -> str:
+        waits = [op.what for op in self._active if op.waited]
+        state = "waiting for " + "; ".join(waits) if waits else f"running; last collective: {self.last_seen}"
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        return f"{state}; main thread at {user_line(frame)}"
+
+    # --- the watchdog -------------------------------------------------------------------------------------------------
+
+    def _start_census(self, seconds: float) -> None:
+        if self._census is None and self.closed is False:
+            token = next(self._tokens)
+            self._answers[token] = {}
+            self._census = (token, time.monotonic() + seconds)
+            self._tell_all(("where", self.rank, token))
+
+    def _check_census(self, now: float) -> None:
+        token, answer_by = self._census
+        answered = self._answers[token]
+        silent = [r for r in range(self.world_size) if r != self.rank and r not in answered and r not in self._gone]
+        if silent and now < answer_by:
+            return
+        self._census = None
+        if silent:
+            self.dead.update(silent)
+            self._abort_here(silent[0], f"its process died (MPI's process manager reported a failed process, and "
+                                        f"rank(s) {silent} did not answer)", broadcast=False)
+
+    def _watch(self) -> None:
+        now = time.monotonic()
+        if self._census is not None:
+            self._check_census(now)
+        for op in list(self._active):
+            if not op.waited or op.done.is_set():
+                continue
+            missing = op.missing() if op.header_recvs else []
+            error = self._never_coming(op, missing) if missing else None
+            if error is None and missing and now - op.started > _PROBE_SECONDS:
+                if now - op.last_probe >= _PROBE_SECONDS:
+                    op.last_probe = now
+                    for r in missing:
+                        self._tell(r, ("waiting", self.rank, op.key, op.what, missing))
+                error = self._deadlock(op, missing, now)
+            if error is None and now - op.started > self.timeout:
+                error = self._timed_out(op, missing, now)
+            if error is not None:
+                self._finish(op, error=error)
+                self._abort_here(self.rank, f"{type(error).__name__}: {error}", broadcast=True)
+
+    def _never_coming(self, op: Operation, missing: list):
+        """A missing rank said goodbye before reaching this op: it never comes."""
+        for r in missing:
+            if r not in self._gone:
+                continue
+            counts = self._gone[r]
+            if counts is None:
+                return RankAbortedError(f"rank {r} stopped (after a failure) while rank {self.rank} waited for "
+                                        f"{op.what}")
+            started, sent = counts
+            if op.key[0] == "recv":
+                _, src, tag = op.key
+                if self.received[(src, tag)] >= sent.get((self.rank, tag), 0):
+                    return CollectiveMismatchError(
+                        f"rank {self.rank} waits for a message from rank {src} (tag {tag}), which ended its "
+                        f"script without sending it")
+            elif op.key[1] >= started.get(op.key[0], 0):
+                return CollectiveMismatchError(
+                    f"rank {self.rank} waits at {op.what}, but rank {r} ended its script after "
+                    f"{started.get(op.key[0], 0)} collective(s) of group {list(op.key[0])}: the ranks ran "
+                    f"different code")
+        return None
+
+    def _deadlock(self, op: Operation, missing: list, now: float):
+        """A missing rank that keeps waiting, in another collective, for this rank is divergent code."""
+        for r in missing:
+            peer = self._peer_waits.get(r)
+            if (peer is not None and peer.key != op.key and self.rank in peer.missing and peer.count >= 2
+                    and now - peer.since < 3 * _PROBE_SECONDS):
+                return CollectiveMismatchError(
+                    f"rank {self.rank} waits at {op.what}, but rank {r} waits at {peer.where}, which needs rank "
+                    f"{self.rank}: the ranks ran different code")
+        return None
+
+    def _timed_out(self, op: Operation, missing: list, now: float):
+        if op.asked is None:
+            op.asked, op.answer_by = next(self._tokens), now + _ANSWER_SECONDS
+            self._answers[op.asked] = {}
+            self._tell_all(("where", self.rank, op.asked))
+            return None
+        answers = self._answers[op.asked]
+        if len(answers) < self.world_size - 1 and now < op.answer_by:
+            return None
+        answers[self.rank] = self._where_am_i()
+        table = "\n".join(f"  rank {r}: {answers.get(r, f'no answer in {_ANSWER_SECONDS:g} s')}"
+                          for r in range(self.world_size))
+        waiting_for = f"rank(s) {missing}" if missing else "the other ranks"
+        return CollectiveTimeoutError(
+            f"rank {self.rank} waited {self.timeout:g} s (PYFLOW_COLLECTIVE_TIMEOUT) for {waiting_for} at "
+            f"{op.what}.\nWhere every rank is:\n{table}")
+
+    # --- message tags ---------------------------------------------------------------------------------------------
+
+    def tag(self, group: tuple, seq: int, round_: int) -> int:
+        """A collective's message tag: its group, its sequence number (mod 2**seq_bits) and the round."""
+        if self.world_size <= self._gid_bits:
+            gid = sum(1 << r for r in group)                  # exact: one bit per rank
+        else:
+            gid = zlib.crc32(repr(group).encode()) % (1 << self._gid_bits)   # checked in the header
+        return (((gid << self._seq_bits) | (seq % (1 << self._seq_bits))) << 2) | round_

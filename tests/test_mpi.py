@@ -1,0 +1,544 @@
+"""Ranks as MPI processes (issue 16): the global-tensor and nn.Graph tests as processes, faults, the launcher.
+
+Each job runs ``mpiexec -n N python tests/mpi_helpers.py`` (or ``python -m
+pyflow.distributed.launch --nproc_per_node N``): every process imports pyflow,
+becomes its MPI rank, runs the job's calls and pickles what each returned
+(``tests/mpi_helpers.py``).  The properties:
+
+* the tests of global tensors, boxing and nn.Graph (``test_global_ops.py``,
+  ``test_global_boxing.py``, ``test_graph_global.py``) pass unchanged with every
+  rank a process, on 2, 3 and 4 processes: their ``flow.distributed.run(body, N)``
+  runs ``body`` as this process's rank and gathers every rank's result, so each
+  process checks every rank's numbers.  The normal suite runs the same tests
+  with the in-process transport;
+* every collective of the MPI transport gives the in-process transport's numbers
+  bit for bit (subgroups, uneven and zero-size pieces, 0-d arrays, two threads
+  issuing collectives of overlapping groups at once, sends of one tag in order);
+* data-parallel and two-stage-pipeline nn.Graph training give the same numbers
+  under ``flow.distributed.run`` (threads), ``mpiexec -n 2`` and ``launch
+  --nproc_per_node 2``, on the actor runtime and on the sequential Plan
+  interpreter; a hostfile of two "machines" works through ``launch``;
+* faults end every process within a bound, naming the failed rank, and no process
+  outlives its job: a rank that raises; one killed (SIGKILL) or gone (``os._exit``)
+  in the middle of a collective; divergent collectives (each rank's op and line);
+  ranks waiting for each other in different collectives; a rank whose script ends
+  early; a rank that never arrives (the watchdog lists every rank's line).
+
+Skipped, with the reason, without mpi4py or mpiexec (``pip install -e ".[dist]"``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import os
+import signal
+import socket
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import pyflow as flow
+from pyflow import env
+from pyflow.distributed import CollectiveDesc
+from pyflow.distributed.launch import command, parse
+from pyflow.framework.sbp import balanced_split
+
+from tests.mpi_helpers import call, mpi_missing, run_job
+
+needs_mpi = pytest.mark.skipif(mpi_missing() is not None, reason=str(mpi_missing()))
+S, B = flow.sbp.split, flow.sbp.broadcast
+
+
+def _cases(module: str, name: str, skip: tuple = ()) -> list:
+    """One call per case of a test function (every combination of its ``@pytest.mark.parametrize`` values)."""
+    fn = getattr(importlib.import_module(module), name)
+    marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
+    keys = [m.args[0] if isinstance(m.args[0], str) else ", ".join(m.args[0]) for m in marks]
+    calls = []
+    for combo in itertools.product(*[range(len(m.args[1])) for m in marks]):
+        if combo not in skip:
+            calls.append(call(f"{module}:{name}", params=dict(zip(keys, combo))))
+            calls[-1]["id"] = f"{name}{list(combo) if combo else ''}"
+    return calls
+
+
+OPS, BOXING, GRAPH = "tests.test_global_ops", "tests.test_global_boxing", "tests.test_graph_global"
+# The last call of a job may end its MPI world (a test that expects a RankError): after an abort, a world is done.
+JOBS = {
+    2: [*_cases(OPS, "test_matmul_picks_the_signature_of_the_cost_model_and_equals_numpy"),
+        *_cases(OPS, "test_reductions_pick_their_signature_and_equal_numpy"),
+        *_cases(OPS, "test_in_place_ops_setitem_and_views_work_on_global_tensors"),
+        *_cases(OPS, "test_index_writes_on_global_tensors_equal_local_ones"),
+        *_cases(OPS, "test_bad_global_calls_are_errors_at_the_call_on_every_rank_and_the_ranks_go_on"),
+        *_cases(OPS, "test_every_op_of_the_eager_api_works_on_global_tensors_as_on_local_ones"),
+        *_cases(BOXING, "test_the_same_placement_and_sbp_return_the_same_tensor"),
+        *_cases(BOXING, "test_a_0d_tensor_crosses_between_disjoint_placements_and_stays_0d"),
+        *_cases(BOXING, "test_collectives_between_kernels_give_the_right_answer_under_random_stream_delays"),
+        *_cases(GRAPH, "test_data_parallel_training_gives_the_eager_numbers"),
+        *_cases(GRAPH, "test_every_rank_compiles_one_plan_of_all_ranks_and_runs_its_own_tasks_in_its_own_memory"),
+        *_cases(GRAPH, "test_global_and_local_mixed_in_build_is_an_error_naming_the_line"),
+        *_cases(GRAPH, "test_to_local_inside_build_and_unsplittable_micro_batches_are_clear_errors"),
+        *_cases(GRAPH, "test_gradients_through_views_of_global_parameters_give_the_eager_numbers"),
+        *_cases(GRAPH, "test_two_stage_pipeline_on_two_ranks_with_grad_acc_gives_the_eager_numbers"),
+        *_cases(OPS, "test_a_rank_that_skips_a_boxing_is_reported_with_every_ranks_line")],
+    3: [*_cases(BOXING, "test_local_to_global_concatenates_splits_takes_rank_0_for_b_and_sums_p"),
+        *_cases(BOXING, "test_local_pieces_that_cannot_form_a_logical_tensor_raise_on_every_rank_and_the_ranks_go_on"),
+        *_cases(OPS, "test_elementwise_ops_keep_splits_and_partial_sums_where_they_are_linear"),
+        *_cases(OPS, "test_global_creation_functions_make_the_same_logical_tensor_on_every_rank"),
+        *_cases(OPS, "test_an_exception_on_one_rank_stops_ranks_waiting_in_a_collective")],
+    4: [*_cases(BOXING, "test_each_builder_keeps_the_value"),
+        *_cases(BOXING, "test_b_to_p_and_one_to_p_keep_the_value_on_the_first_rank_and_zeros_elsewhere"),
+        *_cases(BOXING, "test_s_to_p_on_one_placement_keeps_each_slice_in_place"),
+        *_cases(BOXING, "test_s_to_p_across_placements_sends_slice_i_to_the_same_rank_or_to_parallel_id_i_mod_m"),
+        *_cases(BOXING, "test_any_global_tensor_prints_its_values_on_every_rank"),
+        *_cases(OPS, "test_ranks_outside_the_placement_run_nothing_and_hold_an_empty_piece_of_the_right_shape"),
+        *_cases(GRAPH,
+                "test_each_boxing_builder_is_chosen_for_its_edge_in_a_graph_and_its_tasks_give_the_logical_value")],
+}
+_done: dict = {}
+
+
+def _job(key, calls, nproc, **kwargs):
+    """Run a job once per test session; later tests reuse what it left."""
+    if key not in _done:
+        _done[key] = run_job(calls, nproc, **kwargs)
+    return _done[key]
+
+
+def _ok(job, nproc: int, index: int = 0):
+    """Every rank's value of call ``index``; fails with the rank's traceback otherwise."""
+    values = []
+    for rank in range(nproc):
+        outcome = job.outcome(rank, index)
+        assert outcome is not None, f"rank {rank} left no result\n{job.explain()}"
+        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}: {outcome[2]}\n{outcome[3]}"
+        values.append(outcome[1])
+    return values
+
+
+def _same(got, want, where="") -> None:
+    """Equal, arrays bit for bit."""
+    if isinstance(want, np.ndarray) or isinstance(got, np.ndarray):
+        np.testing.assert_array_equal(got, want, err_msg=where)
+        assert np.asarray(got).dtype == np.asarray(want).dtype, where
+    elif isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            _same(g, w, f"{where}[{i}]")
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for k in want:
+            _same(got[k], want[k], f"{where}[{k!r}]")
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+# --- the tests of global tensors and nn.Graph, with every rank a process ------------------------------------------
+
+
+@needs_mpi
+@pytest.mark.parametrize("nproc, index", [(n, i) for n, calls in JOBS.items() for i in range(len(calls))],
+                         ids=[f"{n}procs-{c['id']}" for n, calls in JOBS.items() for c in calls])
+def test_the_global_and_graph_tests_pass_with_every_rank_a_process(nproc, index):
+    job = _job(("tests", nproc), JOBS[nproc], nproc, timeout=150)
+    _ok(job, nproc, index)
+    assert job.survivors() == []
+
+
+# --- the transport's collectives equal the in-process ones --------------------------------------------------------
+
+
+def _desc(op: str, a) -> CollectiveDesc:
+    """The descriptor of a collective on ``a``, issued at the caller's line."""
+    caller = sys._getframe(1)
+    return CollectiveDesc(op, tuple(np.shape(a)), str(np.asarray(a).dtype),
+                          site=(caller.f_code.co_filename, caller.f_lineno))
+
+
+def collective_results(world: int, seed: int, threads: bool = False) -> list:
+    """Every collective of the transport on several groups, uneven and zero-size pieces, and sends; with
+    ``threads``, also two threads issuing collectives of overlapping groups at once (the in-process world
+    cannot: its divergence check takes a rank waiting in one collective as blocked)."""
+    import threading
+
+    rng = np.random.default_rng(seed)
+    data = {r: (rng.standard_normal((7, 3)).astype(np.float32), rng.integers(-9, 9, (5,)), float(rng.random()))
+            for r in range(world)}
+    groups = [g for g in (tuple(range(world)), (0, world - 1), tuple(range(1, world))) if len(g) >= 1]
+
+    def body():
+        rank, t = flow.env.get_rank(), env.current().transport
+        mat, ints, scalar = data[rank]
+        out = {}
+        for gi, g in enumerate(groups):
+            if rank not in g:
+                continue
+            n, me = len(g), g.index(rank)
+            rows = [(r * 2 + gi) % 3 for r in g]   # uneven, some zero
+            col_bounds = balanced_split(3, n)
+            out[gi] = [
+                t.all_reduce(mat, g, t.next_seq(g), _desc("all_reduce", mat)),
+                t.all_reduce(np.asarray(scalar), g, t.next_seq(g), _desc("all_reduce 0-d", scalar)),
+                t.all_gather(mat[:rows[me]], g, t.next_seq(g), _desc("all_gather", mat), axis=0),
+                t.all_gather(ints[:, None][:rows[me] + 1].T, g, t.next_seq(g), _desc("all_gather 1", ints), axis=1),
+                t.reduce_scatter(mat, g, t.next_seq(g), _desc("reduce_scatter", mat), balanced_split(7, n)),
+                t.reduce_scatter(mat, g, t.next_seq(g), _desc("reduce_scatter 1", mat), col_bounds, axis=1),
+                t.all_to_all([mat[:(me + j) % 3] for j in range(n)], g, t.next_seq(g), _desc("all_to_all", mat)),
+                t.broadcast(ints, g[-1], g, t.next_seq(g), _desc("broadcast", ints)),
+                t.reduce(mat.T, g[0], g, t.next_seq(g), _desc("reduce", mat.T)),
+                t.barrier(g, t.next_seq(g), _desc("barrier", 0)),
+                t.exchange(g, t.next_seq(g), _desc("exchange", 0), {"rank": rank, "piece": ints[:rank]}),
+            ]
+        t.send(mat, (rank + 1) % world, 7)   # two messages of one tag arrive in order
+        t.send(mat * 2, (rank + 1) % world, 7)
+        out["recv"] = [t.recv((rank - 1) % world, 7), t.recv((rank - 1) % world, 7)]
+        if not threads:
+            return out
+        results = {}
+
+        def many(name, g, fn):   # collectives of two overlapping groups issued from two threads at once
+            results[name] = [fn(t.next_seq(g)) for _ in range(5)]
+
+        everyone, pair = tuple(range(world)), (0, world - 1)
+        workers = [threading.Thread(target=many, name="pyflow-test-everyone", args=(
+            "everyone", everyone, lambda s: t.all_reduce(mat, everyone, s, _desc("t1", mat))))]
+        if rank in pair and world > 1:
+            workers.append(threading.Thread(target=many, name="pyflow-test-pair", args=(
+                "pair", pair, lambda s: t.all_gather(ints, pair, s, _desc("t2", ints)))))
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join()
+        out["threads"] = results
+        return out
+
+    return flow.distributed.run(body, world)
+
+
+@needs_mpi
+def test_every_collective_gives_the_in_process_numbers_bit_for_bit():
+    job = _job("collectives", [call("tests.test_mpi:collective_results", 4, 5, threads=True)], 4)
+    want = collective_results(4, 5)
+    rng = np.random.default_rng(5)
+    data = [(rng.standard_normal((7, 3)).astype(np.float32), rng.integers(-9, 9, (5,)), rng.random()) for _ in range(4)]
+    total = ((data[0][0] + data[1][0]) + data[2][0]) + data[3][0]
+    for process, everyones in enumerate(_ok(job, 4)):   # each process got every rank's results
+        for rank, got in enumerate(everyones):
+            threads = got.pop("threads")
+            _same(got, want[rank], f"rank {rank}'s results, as process {process} got them")
+            _same(threads["everyone"], [total] * 5, f"rank {rank}: the all-reduces of one thread")
+            if rank in (0, 3):
+                _same(threads["pair"], [np.concatenate([data[0][1], data[3][1]])] * 5, f"rank {rank}: the other's")
+    assert want[1][0][0].dtype == np.float32 and want[0][0][1].shape == ()
+
+
+# --- nn.Graph training: threads, mpiexec and launch give the same numbers -------------------------------------------
+
+
+def pipeline_numbers() -> list:
+    """test_graph_global's two-stage pipeline (stage 0 on rank 0, stage 1 on rank 1, k = 2), returning its numbers."""
+    rng = np.random.default_rng(5)
+    xv, yv = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32)
+
+    def body():
+        p0, p1 = flow.placement("cpu", [0]), flow.placement("cpu", [1])
+        flow.manual_seed(11)
+        a, b = flow.nn.Linear(3, 5).to_global(placement=p0, sbp=B), flow.nn.Linear(5, 2).to_global(placement=p1, sbp=B)
+        opt = flow.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.1, momentum=0.5)
+
+        class Pipe(flow.nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = a, b
+                self.a.to(flow.nn.graph.GraphModule).set_stage(0, p0)
+                self.b.to(flow.nn.graph.GraphModule).set_stage(1, p1)
+                self.add_optimizer(opt)
+                self.config.set_gradient_accumulation_steps(2)
+
+            def build(self, x, y):
+                loss = ((self.b(self.a(x).relu()) - y) ** 2).mean()
+                loss.backward()
+                return loss
+
+        g = Pipe()
+        x, y = flow.tensor(xv, placement=p0, sbp=B), flow.tensor(yv, placement=p1, sbp=B)
+        losses = [g(x, y).numpy() for _ in range(3)]
+        kinds = sorted({t.op_type for t in g.plan.tasks.values() if t.kind == "boxing"})
+        return losses, a.weight.numpy(), b.weight.numpy(), kinds
+
+    return flow.distributed.run(body, 2)
+
+
+TRAINING = [call("tests.test_graph_global:_train", 2, "sgd", 2), call("tests.test_graph_global:_train", 2, "adam", 1),
+            call("tests.test_mpi:pipeline_numbers")]
+
+
+@needs_mpi
+@pytest.mark.parametrize("launcher, executor", [("mpiexec", "actors"), ("launch", "actors"),
+                                                ("mpiexec", "sequential")])
+def test_graph_training_gives_the_same_numbers_as_threads_and_as_processes(launcher, executor):
+    """nn.Graph's actor runtime (the default) and the sequential Plan interpreter, across processes."""
+    from tests.test_graph_global import _train
+
+    want = [_train(2, "sgd", 2), _train(2, "adam", 1), pipeline_numbers()]
+    job = _job(("training", launcher, executor), TRAINING, 2, launcher=launcher,
+               env={"PYFLOW_GRAPH_EXECUTOR": executor})
+    for index, expected in enumerate(want):
+        for rank, got in enumerate(_ok(job, 2, index)):
+            _same(got, expected, f"{TRAINING[index]['target']} {TRAINING[index]['args']} on rank {rank}")
+    assert "collective_boxing(all_reduce)" in want[0][0][4] and {"send", "recv"} <= set(want[2][0][3])
+    assert job.returncode == 0 and job.survivors() == []
+
+
+def where_am_i() -> tuple:
+    """What a launched process knows about itself, and a sum over every rank."""
+    total = flow.distributed.run(lambda: flow.tensor(np.ones(8), placement=flow.placement.all("cpu"),
+                                                     sbp=S(0)).sum().numpy().item(), flow.env.get_world_size())
+    return (flow.env.get_rank(), flow.env.get_world_size(), flow.env.get_local_rank(), os.environ["RANK"],
+            os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], os.environ["MASTER_ADDR"], total[0])
+
+
+@needs_mpi
+def test_launch_runs_a_hostfile_of_two_machines_with_oneflows_environment(tmp_path):
+    host = socket.gethostname()
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{host}:2\n{'localhost' if host != 'localhost' else '127.0.0.1'}:2\n")
+    job = run_job([call("tests.test_mpi:where_am_i")], 2, launcher="launch",
+                  extra=("--nnodes", "2", "--hostfile", str(hostfile), "--master_addr", "10.1.2.3"))
+    values = _ok(job, 4)
+    assert [v[:3] for v in values] == [(r, 4, r % 2) for r in range(4)]
+    assert [v[3:6] for v in values] == [(str(r), "4", str(r % 2)) for r in range(4)]
+    assert {v[6] for v in values} == {"10.1.2.3"} and {v[7] for v in values} == {8.0}
+
+
+def test_launch_takes_oneflows_flags_and_builds_the_mpiexec_command():
+    args = parse(["--nproc_per_node", "2", "--nnodes", "2", "--hostfile", "hosts", "--mpiexec_args=-l",
+                  "train.py", "--epochs", "3"])
+    line = command(args, mpiexec="mpiexec", python="python", supervisor="launch.py")
+    assert line == ["mpiexec", "-disable-auto-cleanup", "-n", "4", "-f", "hosts", "-ppn", "2", "-l", "python",
+                    "launch.py", "--rank-main", "train.py", "--epochs", "3"]
+    for bad in (["--nnodes", "2", "t.py"], ["--node_rank", "1", "t.py"], ["--nproc_per_node", "0", "t.py"]):
+        with pytest.raises(SystemExit):
+            parse(bad)
+
+
+# --- faults: every process ends within a bound, naming the failed rank --------------------------------------------
+
+
+def raise_while_others_wait():
+    def body():
+        x = flow.ones(4, placement=flow.placement("cpu", [0, 1, 2]), sbp=S(0))
+        if flow.env.get_rank() == 1:
+            time.sleep(0.3)
+            raise KeyError("rank 1 gives up")
+        return x.to_global(sbp=B).numpy()
+
+    return flow.distributed.run(body, 3)
+
+
+def die_while_others_wait(how: str):
+    def body():
+        x = flow.ones(4, placement=flow.placement("cpu", [0, 1, 2]), sbp=S(0))
+        if flow.env.get_rank() == 1:
+            time.sleep(0.3)
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os._exit(3)
+        return x.to_global(sbp=B).numpy()
+
+    return flow.distributed.run(body, 3)
+
+
+def divergent_collectives():
+    t, rank = env.current().transport, flow.env.get_rank()
+    a = np.arange(4.0)
+    if rank == 0:
+        return t.all_gather(a, (0, 1), t.next_seq((0, 1)), _desc("all_gather", a))
+    return t.all_reduce(a, (0, 1), t.next_seq((0, 1)), _desc("all_reduce", a))
+
+
+def an_all_reduce():
+    t = env.current().transport
+    return t.all_reduce(np.ones(3), (0, 1), t.next_seq((0, 1)), _desc("all_reduce", np.ones(3)))
+
+
+def waiting_for_each_other():
+    t, rank = env.current().transport, flow.env.get_rank()
+    group = (0, 1) if rank == 0 else (0, 1, 2)   # rank 0 waits for rank 1, which waits for rank 0
+    return t.all_reduce(np.ones(2), group, t.next_seq(group), _desc("all_reduce", np.ones(2)))
+
+
+def ending_early():
+    if flow.env.get_rank() == 1:
+        return "rank 1's script ends here"
+    return an_all_reduce()
+
+
+def never_arriving():
+    if flow.env.get_rank() == 1:
+        time.sleep(60)   # the line rank 1's main thread is at
+    return an_all_reduce()
+
+
+def _errors(job, nproc: int, index: int = 0) -> dict:
+    out = {}
+    for rank in range(nproc):
+        outcome = job.outcome(rank, index)
+        if outcome is not None:
+            assert outcome[0] == "error", f"rank {rank} returned {outcome[1]!r}\n{job.explain()}"
+            out[rank] = (outcome[1], outcome[2])
+    return out
+
+
+def _ended_promptly(job, bound: float = 30) -> None:
+    assert job.seconds < bound, f"the job took {job.seconds:.1f} s\n{job.explain()}"
+    assert job.returncode != 0 and job.survivors() == [], job.explain()
+
+
+@needs_mpi
+def test_a_rank_that_raises_ends_every_process_with_an_error_naming_it():
+    job = run_job([call("tests.test_mpi:raise_while_others_wait")], 3)
+    _ended_promptly(job)
+    errors = _errors(job, 3)
+    assert sorted(errors) == [0, 1, 2], job.explain()
+    for rank, (kind, message) in errors.items():
+        assert kind == "RankError" and "rank 1 of 3 failed" in message and "rank 1 gives up" in message, message
+
+
+@needs_mpi
+@pytest.mark.parametrize("launcher, how", [("mpiexec", "kill"), ("launch", "kill"), ("launch", "exit")])
+def test_a_rank_that_dies_in_a_collective_ends_every_process(launcher, how):
+    """Plain mpiexec: MPICH's process manager kills the others at once.  launch: the rank's supervisor names it
+    and exits with a status, MPICH tells the others (-disable-auto-cleanup), and each names the dead rank."""
+    job = run_job([call("tests.test_mpi:die_while_others_wait", how)], 3, launcher=launcher)
+    _ended_promptly(job)
+    assert job.outcome(1, 0) is None
+    if launcher == "launch":
+        errors = _errors(job, 3)
+        assert sorted(errors) == [0, 2], job.explain()
+        for kind, message in errors.values():
+            assert kind == "RankError" and "rank 1 of 3 failed: its process died" in message, message
+        said = ("was killed by signal 9 (SIGKILL)" if how == "kill" else
+                "exited with status 3 without pyflow's exit handler")
+        assert f"pyflow.distributed.launch: rank 1 (pid {job.pids[1]} on " in job.stderr and said in job.stderr, \
+            job.stderr
+
+
+def a_wrong_world_size():
+    try:
+        flow.distributed.run(lambda: 1, 3)
+    except flow.errors.DistributedError as error:
+        return str(error)
+
+
+def a_failed_input_on_rank_1():
+    """Rank 1's input of a boxing fails (its kernel raises): rank 1 still takes part, with a failure."""
+    from pyflow.framework.interpreter import apply
+    from pyflow.framework.op_registry import OP_REGISTRY, OpDef, TensorMeta
+
+    def boom(kernel, outputs, inputs, attrs, stream):
+        raise ValueError("rank 1's kernel fails")
+
+    OP_REGISTRY["mpi_test_boom"] = OpDef("mpi_test_boom", lambda i, a: [TensorMeta(i[0].shape, i[0].dtype)],
+                                         kernel="", launch=boom)
+    try:
+        local = flow.ones(2, 2)
+        if flow.env.get_rank() == 1:
+            local = apply("mpi_test_boom", [local])[0]
+        x = local.to_global(flow.placement("cpu", [0, 1]), S(0))
+        start = time.monotonic()
+        try:
+            x.to_global(sbp=B).numpy()
+        except flow.errors.OpError as error:
+            return str(error), time.monotonic() - start
+    finally:
+        del OP_REGISTRY["mpi_test_boom"]
+
+
+CLEAN_ERRORS = [call("tests.test_mpi:divergent_collectives"), call("tests.test_mpi:an_all_reduce"),
+                call("tests.test_mpi:a_wrong_world_size"), call("tests.test_mpi:a_failed_input_on_rank_1"),
+                call("tests.test_mpi:an_all_reduce")]
+
+
+@needs_mpi
+def test_divergent_collectives_raise_on_every_rank_with_each_ranks_op_and_line_and_the_ranks_go_on():
+    job = _job("clean errors", CLEAN_ERRORS, 2)
+    errors = _errors(job, 2)
+    line = {op: divergent_collectives.__code__.co_firstlineno + offset for op, offset in
+            (("all_gather", 4), ("all_reduce", 5))}
+    for rank, (kind, message) in errors.items():
+        assert kind == "CollectiveMismatchError", message
+        assert f"rank 0: all_gather float64[4] (at {__file__}:{line['all_gather']}" in message, message
+        assert f"rank 1: all_reduce float64[4] (at {__file__}:{line['all_reduce']}" in message, message
+    assert sorted(errors) == [0, 1]
+    for value in _ok(job, 2, 1):
+        np.testing.assert_array_equal(value, np.full(3, 2.0))
+    assert job.returncode == 0 and job.survivors() == [], job.explain()
+
+
+@needs_mpi
+def test_a_rank_whose_input_failed_makes_its_peer_fail_at_once_naming_it_and_the_ranks_go_on():
+    job = _job("clean errors", CLEAN_ERRORS, 2)
+    (mine, _), (theirs, waited) = _ok(job, 2, 3)[1], _ok(job, 2, 3)[0]
+    assert "mpi_test_boom" in mine and "rank 1's kernel fails" in mine, mine
+    assert "rank 1 could not take part" in theirs and "rank 1's kernel fails" in theirs, theirs
+    assert waited < 5, f"rank 0 waited {waited:.1f} s for rank 1"
+    for value in _ok(job, 2, 4):
+        np.testing.assert_array_equal(value, np.full(3, 2.0))
+
+
+@needs_mpi
+def test_run_in_an_mpi_world_of_another_size_is_an_error_on_every_rank():
+    for message in _ok(_job("clean errors", CLEAN_ERRORS, 2), 2, 2):
+        assert "world_size=3) in an MPI job of 2 processes" in message and "mpiexec -n 3" in message, message
+
+
+def test_the_host_pool_lends_a_block_again_only_once_every_view_of_it_is_gone():
+    from pyflow.distributed.mpi_transport import HostPool
+
+    pool = HostPool(limit=1 << 22)
+    a = pool.empty((512, 512), np.float32)   # 1 MB: pooled
+    a[...] = 1.0
+    view = a[100:200].T
+    block = a.ctypes.data   # where the block's memory is
+    del a
+    b = pool.empty((1 << 20,), np.uint8)
+    assert b.ctypes.data != block, "lent while a view of it was alive"
+    del view
+    c = pool.empty((256, 1024), np.float32)
+    assert c.ctypes.data == block and c.flags.c_contiguous and c.shape == (256, 1024)
+    assert type(pool.empty((10,), np.float32).base) is not type(c.base)   # small arrays are plain numpy
+    np.testing.assert_array_equal(pool.copy(np.arange(1 << 17)), np.arange(1 << 17))
+
+
+@needs_mpi
+def test_ranks_waiting_for_each_other_in_different_collectives_are_reported_at_once():
+    job = run_job([call("tests.test_mpi:waiting_for_each_other")], 3)
+    _ended_promptly(job, bound=20)
+    errors = _errors(job, 3)
+    assert sorted(errors) == [0, 1, 2], job.explain()
+    assert any("different code" in message for _, message in errors.values()), errors
+
+
+@needs_mpi
+def test_a_rank_whose_script_ends_early_releases_a_rank_waiting_for_it():
+    job = run_job([call("tests.test_mpi:ending_early")], 2)
+    _ended_promptly(job, bound=20)
+    assert _errors(job, 1)[0][0] == "CollectiveMismatchError"
+    assert "rank 1 ended its script after 0 collective(s) of group [0, 1]" in _errors(job, 1)[0][1]
+
+
+@needs_mpi
+def test_the_watchdog_reports_a_rank_that_never_arrives_with_every_ranks_line():
+    job = run_job([call("tests.test_mpi:never_arriving")], 2, env={"PYFLOW_COLLECTIVE_TIMEOUT": "2"})
+    _ended_promptly(job, bound=30)   # rank 1 would sleep 60 s
+    kind, message = _errors(job, 1)[0]
+    sleep_line = never_arriving.__code__.co_firstlineno + 2
+    assert kind == "CollectiveTimeoutError" and "waited 2 s" in message, message
+    assert f"rank 1: running; last collective: none; main thread at {__file__}:{sleep_line} (time.sleep(60)" \
+        in message, message
+    assert "rank 0: waiting for collective #0 of group [0, 1]: all_reduce" in message, message
+    assert "pyflow: rank 1 stops: rank 0 failed: CollectiveTimeoutError" in job.stderr, job.stderr
