@@ -7,7 +7,9 @@ Per call, for each model and executor it prints ``launches``, ``host_syncs`` and
 ``barriers`` (what the executors count; the ratio host/compiled is the point of
 seed 001).  The RAE also runs with recursion unroll (``optimize.unroll_recursion``:
 the root's two subtrees at once on two block groups), where ``barriers`` is what
-block 0 waited at, the critical path.  In the simulator that is all: simulated
+block 0 waited at, the critical path.  LSTM and NASRNN are then called with
+``pyflow.Tensor`` s: the same counts, plus the VM instructions per call (one: the
+whole program is one instruction).  In the simulator that is all: simulated
 time means nothing.
 
 On a real GPU it also times, at batch 1 and 64, the artifact's sizes (LSTM 10
@@ -119,6 +121,37 @@ def counts(sizes: dict) -> None:
     h, c = totals["host"], totals["compiled"]
     print(f"{sizes['random']} random programs (depth 3), total: host {h[0]} launches {h[1]} syncs | compiled "
           f"{c[0]} launches {c[1]} syncs {c[2]} barriers | launches host/compiled = {h[0] / max(c[0], 1):.1f}")
+    tensor_counts(sizes)
+
+
+def tensor_counts(sizes: dict) -> None:
+    """Per call through ``pyflow.Tensor`` s on "cuda": the call is ONE VM instruction (``cocktailer/launch.py``);
+    its launches and host syncs happen inside it.  Every input is a tensor already, so nothing else is issued."""
+    import pyflow as flow
+
+    print("== per-call counts through pyflow.Tensors (cuda): one VM instruction per call ==")
+    rng = np.random.default_rng(0)
+    lstm = LSTM(sizes["input"], sizes["hidden"], sizes["layers"], **sizes["options"])
+    nasrnn = NASRNN(sizes["input"], sizes["hidden"], **sizes["options"])
+    x = rng.standard_normal((sizes["seq"], sizes["batch"], sizes["input"])).astype(np.float32)
+    models = [(f"LSTM L{sizes['layers']} H{sizes['hidden']} seq{sizes['seq']} b{sizes['batch']}", lstm,
+               lstm.program_inputs(x)),
+              (f"NASRNN H{sizes['hidden']} seq{sizes['seq']} b{sizes['batch']}", nasrnn, nasrnn.program_inputs(x))]
+    for name, model, arrays in models:
+        row = []
+        for mode in ("host", "compiled"):
+            compiled = model.compiled_for(sizes["seq"], sizes["batch"], mode)
+            want = compiled(*arrays)
+            tensors = [flow.tensor(a, device="cuda") for a in arrays]
+            flow.sync()
+            with flow.trace() as tracer:
+                got = compiled(*tensors)
+            got = got if isinstance(got, tuple) else (got,)
+            want = want if isinstance(want, tuple) else (want,)
+            assert all(np.array_equal(g.numpy(), w) for g, w in zip(got, want))
+            s = compiled.last_stats
+            row.append(f"{mode}: {s.launches:5d} launch(es) {s.host_syncs:4d} syncs {len(tracer.records)} VM instr.")
+        print(f"{name:<34} " + " | ".join(row))
 
 
 def attention_inputs(rng, batch: int, heads: int, head_size: int, cache: int, start: int):

@@ -8,7 +8,8 @@ What this pins down:
    field), the generated kernels and device functions have valid, distinct ASCII
    identifiers and compute the right thing; messages keep the readable name.
 2. ``pyflow.Tensor`` inputs: ``trace`` takes their shape and dtype, a compiled
-   program reads their values; outputs are numpy arrays (both modes).
+   program reads their values and returns ``pyflow.Tensor`` outputs (both modes;
+   ``tests/test_cocktailer_tensors.py`` covers the tensor path in depth).
 3. Threads: one ``Compiled`` called from 4 threads returns exactly what sequential
    calls return (both modes); ``last_stats`` is always one whole call's counts.
 4. Depth: the host executor walks the program with an explicit stack, so a
@@ -169,9 +170,9 @@ def test_pyflow_tensors_trace_by_shape_and_dtype_and_run_by_value(mode, fresh_vm
     compiled = ck.compile(program, mode=mode, threads=2, blocks=2)
     want = compiled(*arrays)
     got = compiled(*tensors)
-    assert isinstance(got, np.ndarray)
-    np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(compiled(tensors[0], arrays[1], tensors[2]), want)   # mixed
+    assert isinstance(got, flow.Tensor)   # tensors in, tensors out
+    np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_array_equal(compiled(tensors[0], arrays[1], tensors[2]).numpy(), want)   # mixed
     with pytest.raises(DTypeError, match="input 'h0' is float64"):
         compiled(flow.tensor(arrays[0].astype(np.float64)), *tensors[1:])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pyflow.cocktailer.executor import Executor, Options
+from pyflow.cocktailer.launch import call_with_tensors, has_tensors
 from pyflow.cocktailer.trace import Program, TraceError
 
 __all__ = ["Compiled", "compile", "MODES"]
@@ -11,10 +12,17 @@ MODES = ("host", "compiled", "auto")
 
 
 class Compiled:
-    """A program bound to an executor.  Call it with arrays in input order: numpy, device
-    arrays or ``pyflow.Tensor`` (their values are read with ``numpy()``); outputs are numpy.
+    """A program bound to an executor.  Call it with its inputs in order:
 
-    ``last_stats``: launches / host_syncs / barriers of the last call; ``source``: the
+    * numpy or device arrays -> numpy arrays (``to_host=False``: device views): the
+      call runs now, on the default stream, in buffers the executor keeps;
+    * ``pyflow.Tensor`` s (numpy arguments beside them become tensors) -> ``pyflow.Tensor`` s
+      on the same device: the call is ONE VM instruction on the device's compute
+      stream that reads the inputs and writes the outputs, its memory from pyflow's
+      caching allocator (``launch.py``), so it orders with eager ops like any op.
+
+    ``last_stats``: launches / host_syncs / barriers of the last call (with tensors: of
+    the last call that ran, so read it after a sync); ``source``: the
     generated kernel source of every uProgram; ``schedule``: the decision (mode auto).
 
     Threads: a ``Compiled`` may be called from several threads at once, in every mode.
@@ -37,6 +45,8 @@ class Compiled:
                                      whole_program=schedule.whole_program, drop_barriers=drop_barriers)
 
     def __call__(self, *arrays, to_host: bool = True):
+        if has_tensors(arrays):
+            return call_with_tensors(self.executor, arrays)
         return self.executor.run(*arrays, to_host=to_host)
 
     @property

@@ -24,6 +24,11 @@ not Python recursion, so a program that recurses 5000 calls deep runs (or stops
 with ``StackOverflowError`` at ``stack_depth``) like the compiled kernel, whose
 stack of frames lives in shared memory.  An executor runs one call at a time (a
 lock): every call uses the same preallocated buffers.
+
+``run(*arrays)`` is the array path (numpy in, numpy out, the executor's own device
+buffers, the default stream).  ``execute(memory, stream)`` is the part both paths
+share: the tensor path (``launch.py``) calls it from inside one VM instruction,
+over buffers from pyflow's caching allocator, with the ep stream's native stream.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IndexOutO
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.utask.generated import build_kernel, cooperative_grid_limit, uoperator_kernel
 
-__all__ = ["Options", "RunStats", "Executor", "CompiledKernel", "FRAME_STACK_BYTES"]
+__all__ = ["Options", "RunStats", "Executor", "CompiledKernel", "FRAME_STACK_BYTES", "copy_into"]
 
 # Shared memory a kernel's recursion stacks may use: half of the 48 KiB a block has
 # (without an opt-in), the other half is left to the uTasks' tiles (the largest, a
@@ -163,24 +168,35 @@ class Executor:
                                                     program, options, drop_barriers,
                                                     first_site=len(self.index_sites))
             self.index_sites += self.kernels[id(stmt)].index_sites
-        self.last_stats = RunStats()
+        self.last_stats = self.stats = RunStats()
+        self.stream = 0                 # the numba stream of the call in progress (0: the default stream)
         self._memory = None
         self._lock = threading.Lock()   # one call at a time: every call uses the same buffers
 
     # ---- memory ------------------------------------------------------------------
+    def scratch_buffers(self) -> list:
+        """``[(name, elements, dtype)]``: every buffer a call needs besides its inputs (the arena).
+
+        Intermediates, loop state and outputs, recursion stacks, and the status word.
+        The array path keeps one set per executor (``_allocate``); the tensor path
+        takes them from pyflow's caching allocator, per call (``launch.py``).
+        """
+        buffers = []
+        for b in self.program.buffers:
+            if b.role == "input":
+                continue
+            size = b.size
+            if b.role == "stack":
+                fdef = next(f for f in self.program.functions if f.stack is b)
+                size = fdef.root_size + self.options.stack_depth * fdef.frame_size
+            buffers.append((b.name, max(size, 1), np.dtype(b.dtype)))
+        buffers.append(("status", self._status_size(), np.dtype(np.int64)))
+        return buffers
+
     def _allocate(self):
         if self._memory is None:
-            memory = {}
-            for b in self.program.buffers:
-                if b.role == "input":
-                    continue
-                size = b.size
-                if b.role == "stack":
-                    fdef = next(f for f in self.program.functions if f.stack is b)
-                    size = fdef.root_size + self.options.stack_depth * fdef.frame_size
-                memory[b.name] = cuda.device_array(max(size, 1), dtype=b.dtype)
-            memory["status"] = cuda.device_array(self._status_size(), dtype=np.int64)
-            self._memory = memory
+            self._memory = {name: cuda.device_array(size, dtype=dtype)
+                            for name, size, dtype in self.scratch_buffers()}
         return self._memory
 
     def _status_size(self) -> int:
@@ -189,18 +205,24 @@ class Executor:
         groups = [len(s.calls) for b in bodies for s in walk(b) if isinstance(s, CallGroup)]
         return codegen.STATUS_HEAD + 2 * max(groups, default=0)
 
-    def _bind_inputs(self, arrays, memory):
+    def check_inputs(self, arrays) -> None:
+        """Raise unless ``arrays`` (arrays or tensors) have the traced count, shapes and dtypes."""
         spec = self.program.inputs
         if len(arrays) != len(spec):
             raise ShapeError(f"{self.program.name}: expected {len(spec)} inputs "
                              f"({', '.join(n for n, _, _ in spec)}), got {len(arrays)}")
         for (name, buffer, s), a in zip(spec, arrays):
-            shape, dtype = tuple(getattr(a, "shape", np.shape(a))), np.dtype(getattr(a, "dtype", None)
-                                                                               or np.asarray(a).dtype)
+            shape = tuple(a.shape) if hasattr(a, "shape") else np.shape(a)   # (a tensor's values are not read)
+            dtype = np.dtype(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype)
             if shape != s.shape:
                 raise ShapeError(f"{self.program.name}: input {name!r} has shape {shape}, traced as {s.shape}")
             if dtype != s.dtype:
                 raise DTypeError(f"{self.program.name}: input {name!r} is {dtype}, traced as {s.dtype}")
+
+    def _bind_inputs(self, arrays, memory):
+        self.check_inputs(arrays)
+        for (name, buffer, s), a in zip(self.program.inputs, arrays):
+            shape = tuple(getattr(a, "shape", np.shape(a)))
             if hasattr(a, "copy_to_host"):  # a device array: use it in place, flat
                 memory[buffer.name] = a.reshape(-1) if len(shape) != 1 else a
             else:   # numpy, lists, scalars, anything numpy can read
@@ -215,23 +237,31 @@ class Executor:
         with self._lock:
             memory = self._allocate()
             self._bind_inputs(arrays, memory)
-            memory["status"].copy_to_device(np.zeros(memory["status"].shape, dtype=np.int64))
-            self.stats = RunStats()
-            self.memory = memory
             try:
-                if "body" in self.kernels:
-                    self._launch(self.kernels["body"], {})
-                else:
-                    self._walk(self.program.body)
-                status = memory["status"].copy_to_host()
-                self._raise_for(status)
-                self.stats.barriers += int(status[2])
-                outs = [self._view(ref, {}) for ref in self.program.outputs]
+                outs = self.execute(memory)
                 outs = [o.copy_to_host().reshape(ref.shape) if to_host else o
                         for o, ref in zip(outs, self.program.outputs)]
             finally:
                 self.last_stats = self.stats
         return outs[0] if self.program.single_output else tuple(outs)
+
+    def execute(self, memory: dict, stream=0) -> list:
+        """Run the program over ``memory`` (buffer name -> flat array), its kernels launched on
+        ``stream`` (a numba stream; 0: the default); returns the outputs' flat views.
+
+        The caller holds ``self._lock`` and reads ``self.stats`` afterwards.  Reading the
+        status word back waits for the program (it is how a device error is reported).
+        """
+        self.stats, self.memory, self.stream = RunStats(), memory, stream
+        _fill_zeros(memory["status"], stream)
+        if "body" in self.kernels:
+            self._launch(self.kernels["body"], {})
+        else:
+            self._walk(self.program.body)
+        status = _to_host(memory["status"], stream)
+        self._raise_for(status)
+        self.stats.barriers += int(status[2])
+        return [self._view(ref, {}) for ref in self.program.outputs]
 
     def _raise_for(self, status) -> None:
         code, detail = int(status[0]), int(status[1])
@@ -252,7 +282,7 @@ class Executor:
         args = [self.memory[n] for n in compiled.buffer_names] + [self.memory["status"]]
         args += [int(env[id(v)]) for v in compiled.free_vars]
         blocks = compiled.grid(args, self.options, self.program.name)
-        compiled.kernel[blocks, self.options.threads](*args)
+        compiled.kernel[blocks, self.options.threads, self.stream](*args)
         self.stats.launches += 1
 
     # host-side evaluation ------------------------------------------------------------
@@ -264,7 +294,7 @@ class Executor:
         if isinstance(s, Load):
             view = self._view(s.ref, env, size=1)
             self.stats.host_syncs += 1   # a device-to-host read decides what runs next
-            return view.copy_to_host()[0].item()
+            return _to_host(view, self.stream)[0].item()
         if isinstance(s, BinOp):
             return py_op(s.op)(self._scalar(s.a, env), self._scalar(s.b, env))
         raise TypeError(f"not a scalar: {s!r}")
@@ -319,7 +349,7 @@ class Executor:
             return
         args = [self._view(a, env) if isinstance(a, TensorRef) else int(a) for a in item.args]
         blocks = min(item.count, self.options.host_blocks)
-        uoperator_kernel(item.fn, len(args))[blocks, self.options.threads](0, item.count, *args)
+        uoperator_kernel(item.fn, len(args))[blocks, self.options.threads, self.stream](0, item.count, *args)
         self.stats.launches += 1
 
     def _nested(self, item, env: dict, frame: int):
@@ -364,6 +394,32 @@ class Executor:
             int(self._scalar(call.result.offset.dynamic, env)) if call.result.offset.dynamic is not None else 0)
         inner[id(fdef.base)] = fdef.root_size + callee * fdef.frame_size
         return inner, callee
+
+
+def _fill_zeros(array, stream) -> None:
+    """``array[:] = 0`` in ``stream``'s order (a device array) or now (a numpy array: the simulator on the host)."""
+    if isinstance(array, np.ndarray):
+        array[...] = 0
+    else:
+        array.copy_to_device(np.zeros(array.shape, array.dtype), stream=stream)
+
+
+def _to_host(array, stream) -> np.ndarray:
+    """A host copy of ``array`` once ``stream``'s work so far is done (a device-to-host read)."""
+    if isinstance(array, np.ndarray):
+        return array.copy()
+    host = array.copy_to_host(stream=stream)
+    if stream != 0:
+        stream.synchronize()
+    return host
+
+
+def copy_into(dst, src, stream) -> None:
+    """``dst[:] = src`` for two flat arrays of one kind (device or numpy), in ``stream``'s order."""
+    if isinstance(dst, np.ndarray):
+        np.copyto(dst, src)
+    else:
+        dst.copy_to_device(src, stream=stream)
 
 
 def _host_values(a):

@@ -59,7 +59,7 @@ import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import MODES
 from pyflow.cocktailer.checks import is_int, static_int
 from pyflow.errors import DTypeError, ShapeError
-from pyflow.models.state_dict import as_array, check_state_dict
+from pyflow.models.state_dict import as_input, check_state_dict
 
 __all__ = ["LSTM", "DEFAULT_THREADS", "DEFAULT_CHUNK", "DEFAULT_TILE", "check_options"]
 
@@ -94,6 +94,9 @@ class LSTM:
     (seq, batch, hidden_size), h_n and c_n (num_layers, batch, hidden_size).  ``mode``
     is ``"compiled"`` (the whole loop is one persistent kernel), ``"host"`` (one launch
     per operator, the loop in Python) or ``"auto"`` (Cocktailer's scheduler decides).
+
+    ``x`` (and the states) may be ``pyflow.Tensor`` s: the outputs are then tensors on
+    their device, and the call is one VM instruction (``cocktailer/launch.py``).
 
     ``dtype``: float32 or float64 (inputs are converted to it).  ``chunk`` and ``tile``:
     the uTask sizes of the trace; other keywords (``threads``, ``blocks``,
@@ -208,14 +211,14 @@ class LSTM:
         ``model(x)`` is ``model.compiled_for(seq, batch, mode)(*model.program_inputs(x))``;
         a benchmark can move these to the device once and call the ``Compiled`` itself.
         """
-        x = as_array(x, self.dtype)
+        x = as_input(x, self.dtype)
         if x.ndim != 3 or x.shape[2] != self.input_size or x.shape[0] < 1 or x.shape[1] < 1:
             raise ShapeError(f"LSTM: input must be (seq, batch, {self.input_size}) or (seq, {self.input_size}) "
                              f"with seq, batch >= 1, got {x.shape}")
         state_shape = (self.num_layers, x.shape[1], self.hidden_size)
         states = []
         for name, state in (("h0", h0), ("c0", c0)):
-            state = np.zeros(state_shape, self.dtype) if state is None else as_array(state, self.dtype)
+            state = np.zeros(state_shape, self.dtype) if state is None else as_input(state, self.dtype)
             if state.shape != state_shape:
                 raise ShapeError(f"LSTM: {name} must be (num_layers, batch, hidden_size) = {state_shape}, "
                                  f"got {state.shape}")
@@ -223,11 +226,11 @@ class LSTM:
         return (x, *states, *self._weights())
 
     def __call__(self, x, h0=None, c0=None, mode: str = "compiled"):
-        x = as_array(x, self.dtype)
+        x = as_input(x, self.dtype)   # pyflow.Tensors stay tensors: tensors in, tensors out
         unbatched = x.ndim == 2  # nn.LSTM's unbatched form: (seq, input), states (layers, hidden)
         if unbatched:
             x = x[:, None, :]
-            h0, c0 = (s if s is None or np.ndim(s) != 2 else as_array(s, self.dtype)[:, None, :] for s in (h0, c0))
+            h0, c0 = (s if s is None or np.ndim(s) != 2 else as_input(s, self.dtype)[:, None, :] for s in (h0, c0))
         inputs = self.program_inputs(x, h0, c0)
         compiled = self.compiled_for(x.shape[0], x.shape[1], mode)
         out, h_n, c_n = compiled(*inputs)

@@ -69,7 +69,7 @@ from pyflow.cocktailer.model_ops import batched_matmul, nasrnn_cell
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels.utask.nasrnn import GATES
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
-from pyflow.models.state_dict import as_array, check_state_dict
+from pyflow.models.state_dict import as_input, check_state_dict
 
 __all__ = ["NASRNN", "xavier_uniform", "check_mode"]
 
@@ -93,7 +93,8 @@ class NASRNN:
     """The artifact's ``NasRNN(batch_size, input_size, hidden_size)`` on Cocktailer.
 
     ``model(inputs, mode=None)`` with ``inputs`` (seq, batch, input_size) returns
-    ``sum(c + m)`` after the last step, a 0-d array.  ``mode``: ``"compiled"`` (the
+    ``sum(c + m)`` after the last step, a 0-d array (a 0-d ``pyflow.Tensor`` on its
+    device when ``inputs`` is a tensor: the call is then one VM instruction).  ``mode``: ``"compiled"`` (the
     whole loop is one persistent kernel), ``"host"`` (one launch per operator, the
     loop in Python) or ``"auto"`` (Cocktailer's scheduler decides); None takes the
     constructor's ``mode``.  ``dtype``: float32 or float64; ``chunk``/``tile``: the
@@ -159,7 +160,7 @@ class NASRNN:
     # ---- calling ---------------------------------------------------------------------
     def program_inputs(self, inputs) -> tuple:
         """``(inputs, weight_ih, weight_hh)``, checked and converted: what the ``Compiled`` program takes."""
-        x = as_array(inputs, self.dtype)
+        x = as_input(inputs, self.dtype)   # a pyflow.Tensor stays one: the call returns a tensor
         if x.ndim != 3 or x.shape[2] != self.input_size or x.shape[0] < 1 or x.shape[1] < 1:
             raise ShapeError(f"NASRNN: inputs must be (seq, batch, {self.input_size}) with seq, batch >= 1, "
                              f"got {x.shape}")

@@ -13,7 +13,7 @@ import numpy as np
 
 from pyflow.errors import PyflowError
 
-__all__ = ["StateDictError", "as_array", "check_state_dict"]
+__all__ = ["StateDictError", "as_array", "as_input", "check_state_dict"]
 
 
 class StateDictError(PyflowError, ValueError):
@@ -25,6 +25,16 @@ def as_array(value, dtype) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor (torch is never imported here)
         value = value.detach().cpu().numpy()
     return np.ascontiguousarray(np.asarray(value), dtype=dtype)
+
+
+def as_input(value, dtype):
+    """A model's input: a ``pyflow.Tensor`` stays a tensor on its device (cast to ``dtype`` by an eager op
+    if needed), so the program's call is one VM instruction and returns tensors; anything else ``as_array``."""
+    from pyflow.framework.tensor import Tensor
+
+    if isinstance(value, Tensor):
+        return value if value.dtype == np.dtype(dtype) else value.to(dtype=np.dtype(dtype))
+    return as_array(value, dtype)
 
 
 def check_state_dict(model: str, state_dict, expected: dict, dtype) -> dict:

@@ -3,7 +3,8 @@
 * ``dependence``      - LocalDepObject: read/write edges between instructions
 * ``instruction``     - Instruction: a policy on a vm stream, with its edges and status
 * ``policies/``       - OpCall, AllocateTensors, ReleaseTensor, AccessBlobByCallback,
-                        RecordEvent, StreamWait, StreamRecordEvent/StreamWaitEvent, Barrier, Fuse
+                        RecordEvent, StreamWait, StreamRecordEvent/StreamWaitEvent, Barrier, Fuse,
+                        LaunchLazyJob (an nn.Graph call), LaunchProgram (a Cocktailer program call)
 * ``eager_blob_object`` - TensorStorage and EagerBlobObject, what instructions touch
 * ``stream``          - vm.Stream (+ StreamPolicy::Run)
 * ``thread_ctx``      - ThreadCtx, its worker loop, Notifier

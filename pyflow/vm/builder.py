@@ -8,6 +8,7 @@ user threads issue ops.  The builder's methods are OneFlow's:
 * ``call(...)`` - an op (OpCall).  If the stream does not own its allocator (a
   host2device copy) the outputs are first allocated on the allocator stream.
   Then outputs and inputs are soft-synced to the op's stream;
+* ``launch_program(...)`` - a whole compiled Cocktailer program as one instruction;
 * ``release_tensor(storage)``, ``access_blob_by_callback(...)``,
   ``global_sync(callback)`` / ``barrier(callback)``;
 * ``soft_sync_stream(blobs, stream)`` - for each blob last used on another
@@ -36,8 +37,8 @@ from pyflow.errors import DistributedError
 from pyflow.vm import interrupts
 from pyflow.vm.failure import issue_site
 from pyflow.vm.instruction import Instruction
-from pyflow.vm.policies import (AccessBlobByCallback, AllocateTensors, Barrier, LaunchLazyJob, OpCall, RecordEvent,
-                                ReleaseTensor, StreamRecordEvent, StreamWait, StreamWaitEvent)
+from pyflow.vm.policies import (AccessBlobByCallback, AllocateTensors, Barrier, LaunchLazyJob, LaunchProgram, OpCall,
+                                RecordEvent, ReleaseTensor, StreamRecordEvent, StreamWait, StreamWaitEvent)
 
 __all__ = ["InstructionsBuilder", "physical_run", "supports_stream_wait_between", "no_instructions"]
 
@@ -139,6 +140,21 @@ class InstructionsBuilder:
         stream = StreamSymbol.new(Device("cpu"), StreamType.lazy_job_launcher)
         self.soft_sync_stream(list(inputs) + list(outputs), stream)
         self._append(stream, LaunchLazyJob(job_name, launch, inputs, outputs))
+
+    def launch_program(self, name: str, run, inputs, outputs, scratch, stream) -> None:
+        """One call of a compiled Cocktailer program as ONE instruction on ``stream`` (``LaunchProgram``).
+
+        It reads ``inputs`` and writes ``outputs`` and ``scratch`` (the program's arena,
+        given back by the instruction itself once the program is queued), soft-synced
+        like any op; ``run(out_and_scratch_arrays, in_arrays, native_stream)`` runs it.
+        """
+        outputs, scratch = list(outputs), list(scratch)
+        self.soft_sync_stream(outputs + scratch, stream)
+        self.soft_sync_stream(inputs, stream)
+        for blob in outputs + scratch:
+            if blob.storage.producer_stream is None:
+                blob.storage.producer_stream = stream
+        self._append(stream, LaunchProgram(name, run, inputs, outputs, scratch, self.vm.get_vm_stream(stream)))
 
     # --- barriers ------------------------------------------------------------------------------
 

@@ -3,9 +3,11 @@
 from pyflow.vm.policies.base import InstructionPolicy
 from pyflow.vm.policies.fuse import Fuse
 from pyflow.vm.policies.launch_lazy_job import LaunchLazyJob
+from pyflow.vm.policies.launch_program import LaunchProgram
 from pyflow.vm.policies.op_call import OpCall
 from pyflow.vm.policies.sync import Barrier, RecordEvent, StreamRecordEvent, StreamWait, StreamWaitEvent
 from pyflow.vm.policies.tensor import AccessBlobByCallback, AllocateTensors, ReleaseTensor
 
-__all__ = ["InstructionPolicy", "OpCall", "LaunchLazyJob", "AllocateTensors", "ReleaseTensor", "AccessBlobByCallback",
-           "RecordEvent", "StreamWait", "StreamRecordEvent", "StreamWaitEvent", "Barrier", "Fuse"]
+__all__ = ["InstructionPolicy", "OpCall", "LaunchLazyJob", "LaunchProgram", "AllocateTensors", "ReleaseTensor",
+           "AccessBlobByCallback", "RecordEvent", "StreamWait", "StreamRecordEvent", "StreamWaitEvent", "Barrier",
+           "Fuse"]
