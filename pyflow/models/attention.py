@@ -70,7 +70,7 @@ from pyflow.cocktailer.model_ops import batched_matmul, scaled_softmax_rows
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
 from pyflow.models.nasrnn import check_mode, xavier_uniform
-from pyflow.models.state_dict import as_array, check_state_dict
+from pyflow.models.state_dict import as_input, check_state_dict
 
 __all__ = ["Attention", "ARTIFACT_SCALE"]
 
@@ -84,7 +84,9 @@ class Attention:
     ``model(x, k, v, mode=None)`` with ``x`` (B, nh, 1, d) and the caches ``k``, ``v``
     (B, nh, S, d), ``S >= start_len``, runs ``S - start_len`` decoding steps and
     returns ``(k, v, x)``: the caches with rows ``start_len .. S - 1`` written, and
-    the last step's output.  The caller's arrays are not changed.  ``mode``:
+    the last step's output.  The caller's arrays are not changed.  ``x``, ``k``, ``v``
+    may be ``pyflow.Tensor`` s: the outputs are then tensors on their device, and the
+    call is one VM instruction (``cocktailer/launch.py``).  ``mode``:
     ``"compiled"``, ``"host"`` or ``"auto"`` (None: the constructor's).  ``scale``:
     the softmax's scale (default the artifact's 0.125, see the module doc).
     ``dtype``, ``chunk``, ``tile``, ``seed`` and the ``cocktailer.Options`` keywords
@@ -165,7 +167,7 @@ class Attention:
     def program_inputs(self, x, k, v) -> tuple:
         """``(x, k, v, *weights)``, checked and converted: what the ``Compiled`` program takes."""
         nh, d = self.num_head, self.size_per_head
-        x, k, v = (as_array(a, self.dtype) for a in (x, k, v))
+        x, k, v = (as_input(a, self.dtype) for a in (x, k, v))   # pyflow.Tensors stay tensors
         if x.ndim != 4 or x.shape[1:] != (nh, 1, d) or x.shape[0] < 1:
             raise ShapeError(f"Attention: x must be (batch, {nh}, 1, {d}) with batch >= 1, got {x.shape}")
         for name, cache in (("k", k), ("v", v)):

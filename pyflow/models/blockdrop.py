@@ -82,7 +82,7 @@ from pyflow.cocktailer.conv_ops import (avg_pool2d, batch_norm, block_policy, co
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
 from pyflow.models.nasrnn import check_mode
-from pyflow.models.state_dict import as_array, check_state_dict
+from pyflow.models.state_dict import as_input, check_state_dict
 
 __all__ = ["BlockDrop", "BN_FIELDS", "bn_shapes", "conv_bn", "check_resnet_state", "pack_parameters",
            "unpack_parameters", "init_resnet_parameters", "block_drop_barriers"]
@@ -270,14 +270,16 @@ class BlockDrop:
     def program_inputs(self, inputs, probs) -> tuple:
         """``(inputs, probs, params)``, checked and converted: what the ``Compiled`` program takes."""
         S, K = self.image_size, self.num_blocks
-        x, p = as_array(inputs, self.dtype), as_array(probs, self.dtype)
+        x, p = as_input(inputs, self.dtype), as_input(probs, self.dtype)   # pyflow.Tensors stay tensors
         if x.ndim != 4 or x.shape[1:] != (3, S, S) or x.shape[0] < 1:
             raise ShapeError(f"BlockDrop: inputs must be (batch, 3, {S}, {S}) with batch >= 1, got {x.shape}")
         if p.shape != (x.shape[0], K):
             raise ShapeError(f"BlockDrop: probs must be (batch, blocks) = {(x.shape[0], K)}, got {p.shape}")
         return x, p, self.params
 
-    def __call__(self, inputs, probs, mode: str | None = None) -> np.ndarray:
+    def __call__(self, inputs, probs, mode: str | None = None):
+        """The logits (batch, classes): a numpy array, or a ``pyflow.Tensor`` on its device when an input is one
+        (the call is then one VM instruction, ``cocktailer/launch.py``)."""
         args = self.program_inputs(inputs, probs)
         compiled = self.compiled_for(args[0].shape[0], mode)
         out = compiled(*args)

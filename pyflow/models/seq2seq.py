@@ -85,10 +85,11 @@ from pyflow.cocktailer.checks import static_int
 from pyflow.cocktailer.model_ops import (argmax_sum_rows, batched_matmul, embedding, gate_lstm_cell,
                                          max_rows_into, while_loop_counted)
 from pyflow.errors import DTypeError, ShapeError
+from pyflow.framework.tensor import Tensor, tensor
 from pyflow.kernels.utask.seq2seq import GATES
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
 from pyflow.models.nasrnn import check_mode, xavier_uniform
-from pyflow.models.state_dict import as_array, check_state_dict
+from pyflow.models.state_dict import as_input, check_state_dict
 
 __all__ = ["Seq2seq", "SOS", "EOS", "steps_run"]
 
@@ -105,9 +106,12 @@ class Seq2seq:
     added to each step's logits, and the LSTM state ``h`` (B, H) (or (1, B, H)) and
     ``c`` (B, H), returns ``(output_all, h)``: the tokens, int64 (max_length, B), zero
     after the last step, and the final ``h`` (B, H).  ``model.last_steps`` is how many
-    steps the last call ran (read off its tokens, ``steps_run``).  ``mode``: ``"compiled"``, ``"host"`` or ``"auto"`` (None:
-    the constructor's).  ``dtype``, ``chunk``, ``tile``, ``seed`` and the
-    ``cocktailer.Options`` keywords as for ``NASRNN``.  Weights start as the
+    steps the last call ran (read off its tokens, ``steps_run``).  When any input is a
+    ``pyflow.Tensor``, both outputs are tensors on its device: the call is one VM
+    instruction (``cocktailer/launch.py``) and the int64 cast an eager op after it.
+    ``mode``: ``"compiled"``, ``"host"`` or ``"auto"`` (None: the constructor's).
+    ``dtype``, ``chunk``, ``tile``, ``seed`` and the ``cocktailer.Options`` keywords as
+    for ``NASRNN``.  Weights start as the
     artifact's: the gate weights xavier-uniform, the gate biases and the embedding
     standard normal, ``out`` as ``nn.Linear``.
     """
@@ -128,7 +132,8 @@ class Seq2seq:
         self.options = check_options("Seq2seq", chunk, tile, options)
         self._compiled: dict = {}       # (batch, mode) -> Compiled
         self.last_compiled = None
-        self.last_steps = None
+        self._last_tokens = None   # the last call's output_all, read by ``last_steps`` when asked
+        self._last_steps = None
         self.load_state_dict(self._initial_parameters(np.random.default_rng(seed)))
 
     # ---- parameters (the artifact's names) -------------------------------------------
@@ -223,7 +228,9 @@ class Seq2seq:
         if len(shape) != 3 or shape[1] < 1 or shape[2] != H:
             raise ShapeError(f"Seq2seq: encoder_output must be (length, batch, {H}) with batch >= 1, got {shape}")
         B = shape[1]
-        std, h, c = as_array(std, self.dtype), as_array(h, self.dtype), as_array(c, self.dtype)
+        std, h, c = (as_input(a, self.dtype) for a in (std, h, c))   # pyflow.Tensors stay tensors
+        if isinstance(encoder_output, Tensor) and not any(isinstance(a, Tensor) for a in (std, h, c)):
+            std = tensor(std, device=encoder_output.device)   # tensors in, tensors out: on encoder_output's device
         if h.shape == (1, B, H):    # the artifact's (1, bs, hidden), reshaped as its forward does
             h = h.reshape(B, H)
         if std.shape != (L, B, V):
@@ -239,9 +246,21 @@ class Seq2seq:
         compiled = self.compiled_for(args[0].shape[0], mode)
         out, h_n = compiled(*args)
         self.last_compiled = compiled
-        tokens = out.astype(np.int64)
-        self.last_steps = steps_run(tokens)
+        if isinstance(out, np.ndarray):
+            tokens = out.astype(np.int64)
+            self._last_tokens, self._last_steps = None, steps_run(tokens)
+        else:   # a pyflow.Tensor: an eager cast, in stream order; last_steps reads it only when asked
+            tokens = out.to(dtype=np.dtype(np.int64))
+            self._last_tokens, self._last_steps = tokens, None
         return tokens, h_n
+
+    @property
+    def last_steps(self):
+        """How many steps the last call ran (``steps_run`` of its tokens); None before a call.  After a call on
+        tensors, the first read waits for the tokens."""
+        if self._last_tokens is not None:
+            self._last_tokens, self._last_steps = None, steps_run(self._last_tokens.numpy())
+        return self._last_steps
 
     def __repr__(self):
         return (f"Seq2seq({self.hidden_size}, {self.output_size}, max_length={self.max_length}, mode={self.mode!r}, "

@@ -92,7 +92,7 @@ from pyflow.models.blockdrop import (bn_shapes, check_resnet_state, conv_bn, ini
                                      pack_parameters, unpack_parameters)
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
 from pyflow.models.nasrnn import check_mode
-from pyflow.models.state_dict import StateDictError, as_array
+from pyflow.models.state_dict import StateDictError, as_input
 
 __all__ = ["SkipNet", "EXPANSION", "FORCE", "cond_control", "skipnet_barriers"]
 
@@ -311,13 +311,13 @@ class SkipNet:
     def program_inputs(self, x, ch, cc, actions) -> tuple:
         """``(x, ch, cc, cond_control, params)``, checked and converted: what the ``Compiled`` program takes."""
         S, H = self.image_size, self.hidden_dim
-        x = as_array(x, self.dtype)
+        x = as_input(x, self.dtype)   # pyflow.Tensors stay tensors: tensors in, tensors out
         if x.ndim != 4 or x.shape[1:] != (3, S, S) or x.shape[0] < 1:
             raise ShapeError(f"SkipNet: x must be (batch, 3, {S}, {S}) with batch >= 1, got {x.shape}")
         B = x.shape[0]
         states = []
         for name, state in (("ch", ch), ("cc", cc)):
-            state = as_array(state, self.dtype)
+            state = as_input(state, self.dtype)
             if state.shape == (B, H):
                 state = state.reshape(1, B, H)
             if state.shape != (1, B, H):
@@ -331,6 +331,8 @@ class SkipNet:
         return (x, *states, control.astype(self.dtype), self.params)
 
     def __call__(self, x, ch, cc, actions, mode: str | None = None):
+        """``(logits, ch, cc)``: numpy arrays, or ``pyflow.Tensor`` s on their device when ``x``, ``ch`` or ``cc``
+        is one (the call is then one VM instruction, ``cocktailer/launch.py``)."""
         args = self.program_inputs(x, ch, cc, actions)
         compiled = self.compiled_for(args[0].shape[0], mode)
         logits, ch_n, cc_n = compiled(*args)
