@@ -21,19 +21,17 @@ one after another; a larger stride puts output ``m`` into rows of a bigger matri
 
 uTask ``u`` is tile ``u % per_matrix`` of output matrix ``m = u // per_matrix``
 (``per_matrix = ceil(M / tile) * ceil(N / tile)``, as in ``matmul.py``), computed by
-the same tiled shared-memory loop as ``matmul.py``'s, with the three matrices' start
-offsets worked out from ``m`` (so its results are bitwise ``matmul_utask``'s).
-``out`` must not overlap ``a`` or ``b``.  The arguments end with ``M, N, K, batch``
-like ``matmul_utask``'s (the scheduler's cost model reads K there).
+``matmul.py``'s tiled shared-memory loop (``make_tile_product``) with the three
+matrices' start offsets worked out from ``m`` (so its results are bitwise
+``matmul_utask``'s).  ``out`` must not overlap ``a`` or ``b``.  The arguments end with
+``M, N, K, batch`` like ``matmul_utask``'s (the scheduler's cost model reads K there).
 
-Why not call ``matmul.py``'s tile uTask on views of the three matrices (ten lines
-instead of forty)?  numba.cuda compiles a device function once per argument types,
-and the generated kernels pass sizes as literals, so two of these uTasks with
-different periods but the same M, N, K reach ONE specialization of the inner tile
-uTask through two callers; numba-cuda then links its module twice, and its shared
-arrays (strong globals, unlike the functions) are defined twice: NVVM rejects the
-kernel (``ERROR_INVALID_IR``).  A uTask with shared memory is therefore called only
-directly from a kernel, and owns its shared arrays.
+Why not call ``matmul.py``'s tile uTask on views of the three matrices?  It owns
+shared arrays, and numba-cuda links a device function's module into every caller's:
+two of these uTasks reaching ONE specialization of it through two callers define its
+shared arrays twice, which NVVM rejects (``ERROR_INVALID_IR``).  So only uTasks,
+which a kernel calls directly, own shared memory: this one declares its three tiles
+and hands them to ``tile_product``, which owns none.
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ from numba import from_dtype
 from pyflow.errors import ShapeError
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
-from pyflow.kernels.utask.matmul import _normalize, matmul_utask_count
+from pyflow.kernels.utask.matmul import _normalize, make_tile_product, matmul_utask_count
 from pyflow.kernels.utask.sizes import require_sizes
 
 __all__ = ["make_broadcast_matmul_utask", "make_broadcast_matmul_kernel", "broadcast_matmul_utask_count",
@@ -89,7 +87,7 @@ def _build(tile, dtype, transpose_b):
     T = tile
     TT = tile * tile
     DTYPE = from_dtype(dtype)
-    TRANS_B = transpose_b
+    tile_product = make_tile_product(tile, transpose_b)
 
     @jit(device=True)
     def broadcast_matmul_utask(u, out, a, b, a_period, b_period, out_stride, M, N, K, batch):
@@ -103,42 +101,14 @@ def _build(tile, dtype, transpose_b):
         per_matrix = ((M + T - 1) // T) * tiles_n
         if u < batch * per_matrix:  # u and the sizes are block-uniform: barriers inside are safe
             # Code plan: 1. product m, its tile (row0, col0), where its three matrices start;
-            # 2.-4. matmul.py's tiled loop: zero the owned accumulators; per K step load
-            # an A and a B tile (zeros outside), barrier, add T products, barrier; write.
+            # 2. matmul.py's tiled loop (``tile_product``) into acc; 3. write the owned elements.
             m = u // per_matrix
             row0 = ((u % per_matrix) // tiles_n) * T
             col0 = ((u % per_matrix) % tiles_n) * T
             a_base = (m % a_period) * M * K
             b_base = (m % b_period) * K * N
             out_base = m * out_stride
-            for e in range(t, TT, step):
-                acc[e] = 0
-            for k0 in range(0, K, T):
-                for e in range(t, TT, step):
-                    row = row0 + e // T
-                    k = k0 + e % T
-                    if row < M and k < K:
-                        a_tile[e] = a[a_base + row * K + k]
-                    else:
-                        a_tile[e] = 0
-                    k = k0 + e // T
-                    col = col0 + e % T
-                    if k < K and col < N:
-                        if TRANS_B:
-                            b_tile[e] = b[b_base + col * K + k]
-                        else:
-                            b_tile[e] = b[b_base + k * N + col]
-                    else:
-                        b_tile[e] = 0
-                cuda.syncthreads()
-                for e in range(t, TT, step):
-                    i = e // T
-                    j = e % T
-                    s = acc[e]
-                    for kk in range(T):
-                        s += a_tile[i * T + kk] * b_tile[kk * T + j]
-                    acc[e] = s
-                cuda.syncthreads()
+            tile_product(acc, a_tile, b_tile, a, b, a_base, b_base, row0, col0, M, N, K)
             for e in range(t, TT, step):
                 row = row0 + e // T
                 col = col0 + e % T

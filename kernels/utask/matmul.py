@@ -39,7 +39,7 @@ from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
 from pyflow.kernels.utask.sizes import ceil_div, require_sizes
 
-__all__ = ["TILE", "MAX_TILE", "DTYPES", "make_matmul_utask", "make_matmul_kernel", "matmul_utask_count"]
+__all__ = ["TILE", "MAX_TILE", "DTYPES", "make_tile_product", "make_matmul_utask", "make_matmul_kernel", "matmul_utask_count"]
 
 TILE = 16  # default tile side for generated code: 16 x 16 = 256 threads per block
 MAX_TILE = 32  # 32 x 32 = 1024 threads, the most a block has
@@ -71,6 +71,67 @@ def _normalize(tile, dtype, transpose_b, bias):
     return int(tile), dtype, bool(transpose_b), bool(bias)
 
 
+def make_tile_product(tile: int = TILE, transpose_b: bool = False):
+    """``tile_product(acc, a_tile, b_tile, a, b, a_base, b_base, row0, col0, M, N, K)``: the tiled loop.
+
+    The products of one output tile (rows ``row0..``, columns ``col0..`` of the matrices
+    at ``a_base`` / ``b_base``) summed into ``acc`` (``acc[i * tile + j]``):
+
+    1. each thread zeroes the accumulators of the tile elements it owns;
+    2. for each K step: load an A tile and a B tile (zero outside), barrier, add
+       ``tile`` products to each owned accumulator, barrier (the tiles are free again).
+
+    Called by every thread of the block.  The three shared arrays (``tile * tile``
+    each) are the caller's: a device function that owned shared memory, reached from
+    one kernel along two paths (this file's uTask and ``batched.py``'s), would define
+    it twice, which NVVM rejects (``reduce.py`` tells the story).
+    """
+    require_sizes("matmul", minimum=1, tile=tile)
+    return _tile_product(int(tile), bool(transpose_b))
+
+
+@functools.cache
+def _tile_product(tile, transpose_b):
+    T = tile
+    TT = tile * tile
+    TRANS_B = transpose_b
+
+    @jit(device=True)
+    def tile_product(acc, a_tile, b_tile, a, b, a_base, b_base, row0, col0, M, N, K):
+        t = cuda.threadIdx.x
+        step = cuda.blockDim.x
+        for e in range(t, TT, step):
+            acc[e] = 0
+        for k0 in range(0, K, T):
+            for e in range(t, TT, step):
+                row = row0 + e // T
+                k = k0 + e % T
+                if row < M and k < K:
+                    a_tile[e] = a[a_base + row * K + k]
+                else:
+                    a_tile[e] = 0
+                k = k0 + e // T
+                col = col0 + e % T
+                if k < K and col < N:
+                    if TRANS_B:
+                        b_tile[e] = b[b_base + col * K + k]
+                    else:
+                        b_tile[e] = b[b_base + k * N + col]
+                else:
+                    b_tile[e] = 0
+            cuda.syncthreads()
+            for e in range(t, TT, step):
+                i = e // T
+                j = e % T
+                s = acc[e]
+                for kk in range(T):
+                    s += a_tile[i * T + kk] * b_tile[kk * T + j]
+                acc[e] = s
+            cuda.syncthreads()
+
+    return tile_product
+
+
 def make_matmul_utask(tile: int = TILE, dtype="float32", transpose_b: bool = False, bias: bool = False):
     """The device function computing one output tile; its signature depends on ``bias``:
 
@@ -90,8 +151,8 @@ def _build(tile, dtype, transpose_b, bias):
     T = tile
     TT = tile * tile
     DTYPE = from_dtype(dtype)
-    TRANS_B = transpose_b
     HAS_BIAS = bias
+    tile_product = _tile_product(tile, transpose_b)
 
     @jit(device=True)
     def matmul_bias_tile_utask(u, out, a, b, bias, M, N, K, batch):
@@ -110,39 +171,9 @@ def _build(tile, dtype, transpose_b, bias):
             a_base = m * M * K
             b_base = m * K * N
             out_base = m * M * N
-            # Code plan:
-            # 1. each thread zeroes the accumulators of the tile elements it owns;
-            # 2. for each K step: load an A tile and a B tile (zero outside), barrier,
-            #    add TILE products to each owned accumulator, barrier (tiles free again);
+            # Code plan: 1.-2. the tile's products into acc (``tile_product``);
             # 3. write each owned element that lies inside the output (+ bias).
-            for e in range(t, TT, step):
-                acc[e] = 0
-            for k0 in range(0, K, T):
-                for e in range(t, TT, step):
-                    row = row0 + e // T
-                    k = k0 + e % T
-                    if row < M and k < K:
-                        a_tile[e] = a[a_base + row * K + k]
-                    else:
-                        a_tile[e] = 0
-                    k = k0 + e // T
-                    col = col0 + e % T
-                    if k < K and col < N:
-                        if TRANS_B:
-                            b_tile[e] = b[b_base + col * K + k]
-                        else:
-                            b_tile[e] = b[b_base + k * N + col]
-                    else:
-                        b_tile[e] = 0
-                cuda.syncthreads()
-                for e in range(t, TT, step):
-                    i = e // T
-                    j = e % T
-                    s = acc[e]
-                    for kk in range(T):
-                        s += a_tile[i * T + kk] * b_tile[kk * T + j]
-                    acc[e] = s
-                cuda.syncthreads()
+            tile_product(acc, a_tile, b_tile, a, b, a_base, b_base, row0, col0, M, N, K)
             for e in range(t, TT, step):
                 row = row0 + e // T
                 col = col0 + e % T
