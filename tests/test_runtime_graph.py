@@ -118,6 +118,31 @@ def test_a_failing_act_raises_at_the_call_and_the_next_call_gets_a_fresh_runtime
     np.testing.assert_array_equal(g(flow.ones(2, 2)).numpy(), np.full((2, 2), 3.0, np.float32))
 
 
+def test_ctrl_c_while_a_call_waits_stops_the_runtime_and_the_graph_can_be_called_again(monkeypatch):
+    """Ctrl-C (a KeyboardInterrupt in the caller, here while it waits for the call's sink tick): it reaches
+    the caller, the runtime is closed (no actor thread left), and the next call works on a new one."""
+    from pyflow.runtime.call import CallHandle
+
+    g = _graph(lambda x: (x * 2.0).relu() + 1.0)
+    g(flow.ones(2, 2))
+    first = g.runtime
+    threads = first.threads()
+    assert threads and all(t.is_alive() for t in threads)
+    real_result = CallHandle.result
+
+    def interrupted(self, timeout=None):
+        real_result(self, timeout)   # the call finishes, then the user presses Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(CallHandle, "result", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        g(flow.ones(2, 2))
+    assert g.runtime is None and first.closed and not any(t.is_alive() for t in threads)
+    monkeypatch.setattr(CallHandle, "result", real_result)
+    np.testing.assert_array_equal(g(flow.ones(2, 2)).numpy(), np.full((2, 2), 3.0, np.float32))
+    assert g.runtime is not first
+
+
 @pytest.mark.parametrize("executor", ["deterministic", "sequential"])
 def test_the_executor_can_be_chosen_by_environment_variable(monkeypatch, executor):
     monkeypatch.setenv("PYFLOW_GRAPH_EXECUTOR", executor)

@@ -258,9 +258,11 @@ class Graph:
             vm.run(lambda builder: builder.launch_lazy_job(self.name, lambda: runtime.start(handle), inputs,
                                                    outputs))
             return handle.result()
-        except BaseException:
-            if runtime.error is not None or not handle.started:   # dead, or missing a call: the next call
-                self._close_runtime(quiet=True)                   # gets a new runtime
+        except BaseException as error:
+            # Ctrl-C while waiting, a dead runtime, or a call that never started: stop this runtime
+            # (its threads exit) and let the next call make a new one
+            if isinstance(error, KeyboardInterrupt) or runtime.error is not None or not handle.started:
+                self._close_runtime(quiet=True)
             raise
 
     def _make_outputs(self, runtime, context) -> None:
