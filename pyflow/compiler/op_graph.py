@@ -38,6 +38,7 @@ import numpy as np
 
 from pyflow import env
 from pyflow.device import Device, DeviceType
+from pyflow.distributed.boxing import Layout
 from pyflow.distributed.signatures import Signature, choose_signature
 from pyflow.errors import CompileError
 from pyflow.framework.sbp import SbpParallel
@@ -76,8 +77,6 @@ def layout_of_blob(desc):
     """The eager-boxing Layout (placement, nd sbp) of a global blob desc; None for a local one."""
     if desc.placement is None:
         return None
-    from pyflow.distributed.boxing import Layout
-
     return Layout(desc.placement, tuple(desc.sbp))
 
 

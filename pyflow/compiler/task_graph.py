@@ -48,7 +48,13 @@ import dataclasses
 import numpy as np
 
 from pyflow import env
+from pyflow.compiler.boxing import build_boxing
+from pyflow.compiler.boxing.graph import region_of, shape_of_region
 from pyflow.compiler.ids import TaskId, encode_task_id, per_rank_id, thread_id
+from pyflow.compiler.op_graph import layout_of_blob, placement_of
+from pyflow.device import Device
+from pyflow.distributed.boxing import Layout
+from pyflow.framework.op_registry import OP_REGISTRY
 
 __all__ = ["TaskNode", "RegstDesc", "TaskGraph", "STREAM_INDEX"]
 
@@ -160,8 +166,6 @@ class TaskGraph:
         """Inplace proposals: an op that may write its output over its input (``same_view_in_place``,
         e.g. relu, add) gets its input's memory when nothing else reads that input (OneFlow's rule), the
         two regsts alike in shape, dtype, device, time shape and regst num 1."""
-        from pyflow.framework.op_registry import OP_REGISTRY
-
         for task in self.tasks.values():
             opdef = OP_REGISTRY.get(task.op_type)
             if task.kind != "compute" or opdef is None or not opdef.same_view_in_place or \
@@ -183,9 +187,6 @@ class TaskGraph:
     def _input_regst(self, node, i: int, lbn: str, parallel_id: int, rank: int):
         """The regst task ``parallel_id`` of ``node`` reads as input ``i``: the producer's piece when the
         layouts agree (one-to-one), else the boxing sub-graph's piece for it."""
-        from pyflow.compiler.op_graph import layout_of_blob, placement_of
-        from pyflow.distributed.boxing import Layout
-
         producers = self._regsts_of_lbn[lbn]
         src = layout_of_blob(self.op_graph.job.blobs[lbn])
         if node.signature is None or src is None:   # local -> local, or local -> global (its own piece)
@@ -201,8 +202,6 @@ class TaskGraph:
         key = (lbn, dst)
         if key in self._boxing_memo:
             return self._boxing_memo[key]
-        from pyflow.compiler.boxing import build_boxing
-
         desc = self.op_graph.job.blobs[lbn]
         graph = build_boxing(src, dst, tuple(desc.shape), desc.dtype)
         self.boxings.append((lbn, node.name, graph))
@@ -248,8 +247,6 @@ class TaskGraph:
         return (edge * 64 + k) % 32767 + 1
 
     def _boxing_task(self, name, kind, rank, device, stream, inputs, desc, **attrs) -> TaskNode:
-        from pyflow.device import Device
-
         device = Device(device) if isinstance(device, str) else device
         key = (rank, device.device_type, device.index, STREAM_INDEX[stream])
         index = self._task_counters.get(key, 0)
@@ -315,9 +312,6 @@ class TaskGraph:
             num = max(num, buffer)
         shape = desc.shape
         if desc.placement is not None:   # a global blob's regst holds this parallel_id's piece
-            from pyflow.compiler.boxing.graph import region_of, shape_of_region
-            from pyflow.compiler.op_graph import layout_of_blob
-
             shape = shape_of_region(region_of(layout_of_blob(desc), parallel_id, tuple(desc.shape)))
         return self._regst(task, lbn, shape, desc.dtype, time_shape=desc.time_shape, min_regst_num=num,
                            max_regst_num=num, mem=mem, alias_of=alias_of)

@@ -101,10 +101,6 @@ class Runtime:
         self._all_built = threading.Event()
         self._all_exited = threading.Event()
         self.regst_mgr = RegstMgr(self.plan, [t.task_id for t in mine])
-        if getattr(plan, "_chunk_tensors", None) is None:
-            # kept on the Plan, as the sequential interpreter keeps its chunks (``chunk_tensors``): this rank's
-            # memory of the plan (a chunk of the runtime's layout is never smaller than the compiler's block)
-            plan._chunk_tensors = self.regst_mgr.chunks
         self.bus = ActorMsgBus()
         tasks = mine
         self._task_count = len(tasks)
