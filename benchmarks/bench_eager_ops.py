@@ -8,9 +8,16 @@ float32 tensors, timed per op, for
 * numpy.
 Large ops: the same chain on 4M-element tensors, pyflow (cpu) against numpy.
 
-    python benchmarks/bench_eager_ops.py [--ops 10000] [--large 4000000] [--large-ops 40]
+    python benchmarks/bench_eager_ops.py [--ops 10000] [--large 4000000] [--large-ops 40] [--stages]
 
 Targets: small-op pyflow/torch <= 8; large-op pyflow/numpy <= 1.1.
+
+``--stages`` also prints where a small op's time goes, layer by layer (seed 002's path:
+interpreter -> InstructionsBuilder -> instruction -> engine -> stream policy -> kernel):
+the chain runs once under ``cProfile`` in step-through mode (the same code as the threaded
+VM, all on one thread, so one profile sees every layer), each function's own time is
+charged to the layer of its file, and the shares are scaled to the unprofiled
+step-through time per op (the profiler's overhead inflates every call alike).
 """
 
 from __future__ import annotations
@@ -63,11 +70,54 @@ def torch_chain(n_ops: int, size: int) -> float | None:
     return time.perf_counter() - start
 
 
+# the layers of the eager path, by source file (the first match wins)
+LAYERS = (
+    ("framework (interpreter, tensors)", ("pyflow/framework/", "pyflow/autograd/")),
+    ("builder (PhysicalRun, SoftSyncStream)", ("pyflow/vm/builder.py", "pyflow/vm/__init__.py",
+                                               "pyflow/vm/failure.py", "pyflow/vm/interrupts.py")),
+    ("instruction + policies", ("pyflow/vm/instruction.py", "pyflow/vm/policies/")),
+    ("engine (schedule rounds, dependences)", ("pyflow/vm/engine.py", "pyflow/vm/dependence.py")),
+    ("vm + stream policy + worker", ("pyflow/vm/virtual_machine.py", "pyflow/vm/stream.py",
+                                     "pyflow/vm/thread_ctx.py")),
+    ("memory (blobs, allocator, ep)", ("pyflow/vm/eager_blob_object.py", "pyflow/device/")),
+    ("kernel (pyflow.kernels)", ("kernels/",)),
+)
+
+
+def layer_of(filename: str) -> str:
+    for layer, parts in LAYERS:
+        if any(part in filename for part in parts):
+            return layer
+    return "Python builtins and the rest"
+
+
+def stage_breakdown(n_ops: int, per_op_us: float) -> list[tuple[str, float, float]]:
+    """(layer, microseconds per op, Python calls per op), from one profiled step-through run."""
+    import collections
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    with flow.vm.sync_mode():
+        pyflow_chain(200, 16)
+        profile.enable()
+        pyflow_chain(n_ops, 16)
+        profile.disable()
+    own, calls = collections.Counter(), collections.Counter()
+    for (filename, _, _), (_, ncalls, tottime, _, _) in pstats.Stats(profile).stats.items():
+        own[layer_of(filename.replace(os.sep, "/"))] += tottime
+        calls[layer_of(filename.replace(os.sep, "/"))] += ncalls
+    total = sum(own.values())
+    layers = [layer for layer, _ in LAYERS] + ["Python builtins and the rest"]
+    return [(layer, own[layer] / total * per_op_us, calls[layer] / n_ops) for layer in layers]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=10_000)
     parser.add_argument("--large", type=int, default=4_000_000)
     parser.add_argument("--large-ops", type=int, default=40)
+    parser.add_argument("--stages", action="store_true", help="also print the per-layer cost of a small op")
     args = parser.parse_args()
 
     pyflow_chain(200, 16)  # warm up (imports, first allocations)
@@ -92,6 +142,12 @@ def main() -> None:
               f"({verdict} the <= 8 target)")
     else:
         print("  (PyTorch not installed: pip install torch==2.13.0 for the reference)")
+    if args.stages:
+        print("  where a small op's step-through time goes (cProfile own time by layer, scaled):")
+        rows = stage_breakdown(min(args.ops, 3000), per_op(stepped))
+        for layer, us, calls in rows:
+            print(f"    {layer:40s} {us:7.1f} us  {calls:6.1f} Python calls")
+        print(f"    {'total':40s} {sum(r[1] for r in rows):7.1f} us  {sum(r[2] for r in rows):6.1f} Python calls")
 
     pyflow_chain(4, args.large)  # warm up the allocator with big blocks
     large_pyflow = min(pyflow_chain(args.large_ops, args.large) for _ in range(3))

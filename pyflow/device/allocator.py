@@ -284,8 +284,11 @@ class CachingAllocator:
 
     def find_piece(self, aligned: int) -> Piece | None:
         """Take the first free piece, in (size, ptr) order, holding ``aligned`` bytes."""
+        bins = self._bins
         for num in range(bin_num(aligned), NUM_BINS):
-            pieces = self._bins[num]
+            pieces = bins[num]
+            if not pieces:
+                continue
             i = bisect.bisect_left(pieces, (aligned, -1))
             if i < len(pieces):
                 piece = self._ptr2piece[pieces[i][1]]

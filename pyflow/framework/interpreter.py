@@ -27,11 +27,21 @@ copies into the output.  An input that overlaps an output's memory without
 being the very same view (``x[1:] += x[:-1]``) is copied first, decided on the
 blobs' layouts alone (no data is read).  Every write bumps the storage's version
 counter (``tensor._version``).
+
+**The inference cache.**  Steps 1-3 depend only on the op, each input's (shape,
+dtype, device) or Python scalar type, and the attributes, so their result (an
+``Inferred``: device, stream, each input's kernel dtype, the output metas, the
+kernel) is kept per such *signature*, as OneFlow caches its op interpreter
+contexts.  A signature seen before skips straight to step 4; any change of shape,
+dtype, device, scalar type or attribute is a different signature, inferred (and
+checked) afresh.  A call that fails inference is never cached.
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from pyflow import vm
 from pyflow.device import Device, DeviceType, default_stream
@@ -40,7 +50,7 @@ from pyflow.framework import args
 from pyflow.framework.args import describe
 from pyflow.framework.dtypes import DEFAULT_FLOAT, can_cast, category, is_scalar, result_type, to_scalar
 from pyflow.framework.op_registry import TensorMeta, get_op
-from pyflow.kernels.layout import padded_strides
+from pyflow.kernels.layout import contiguous_strides, padded_strides
 from pyflow.kernels.registry import get_kernel
 
 __all__ = ["apply", "get_default_device", "kernel_target", "describe", "global_interpreter"]
@@ -197,6 +207,80 @@ def _global_scalars(op, inputs: list) -> list:
             for x, d in zip(inputs, dtypes)]
 
 
+class Inferred:
+    """What steps 1-3 decided for one signature (see "The inference cache" above)."""
+
+    __slots__ = ("op", "device", "stream", "dtypes", "metas", "outputs", "kernel", "kernel_attrs", "converts")
+
+    def __init__(self, op, device, stream, dtypes, metas, attrs, inputs):
+        self.op, self.device, self.stream, self.dtypes, self.metas = op, device, stream, dtypes, metas
+        # each output as (shape, dtype, nbytes, strides): what Tensor._new needs, computed once
+        self.outputs = []
+        for meta in metas:
+            shape, dtype = tuple(int(n) for n in meta.shape), np.dtype(meta.dtype)
+            self.outputs.append((shape, dtype, math.prod(shape) * dtype.itemsize, contiguous_strides(shape)))
+        self.kernel = _kernel(op, stream)
+        self.kernel_attrs = {k: attrs[k] for k in op.kernel_attrs if k in attrs}
+        # does any input need work before the op (a Python scalar to make a tensor of, a cast)?
+        self.converts = any(is_scalar(x) or x.dtype != d for x, d in zip(inputs, dtypes))
+
+
+_inferred: dict = {}          # signature -> Inferred
+_CACHE_LIMIT = 4096           # signatures kept (cleared when full: a cache, not a leak)
+cache_stats = {"hits": 0, "misses": 0}
+
+
+def _attr_key(value):
+    """An attribute as part of a signature: its type too (``1`` and ``1.0`` give different dtypes)."""
+    if type(value) is tuple:
+        return tuple(_attr_key(v) for v in value)
+    return type(value), value
+
+
+def _signature(op, inputs, attrs):
+    """The cache key of a call: None if an attribute is not hashable (then it is not cached)."""
+    key = [op.name]   # (an OpDef is not hashable; a hit checks it is the same OpDef)
+    for x in inputs:
+        blob = getattr(x, "_blob", None)
+        key.append(type(x) if blob is None else (blob.shape, blob.dtype, blob.storage.device))
+    if attrs:
+        key.append(tuple((k, _attr_key(v)) for k, v in attrs.items()))
+    key = tuple(key)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def infer(op, name: str, inputs: list, tensors: list, attrs: dict) -> Inferred:
+    """Steps 1-3 for a call (device, stream, promotion, shapes), from the cache when the signature was seen."""
+    key = _signature(op, inputs, attrs)
+    found = _inferred.get(key) if key is not None else None
+    if found is not None and found.op is op:
+        cache_stats["hits"] += 1
+        return found
+    cache_stats["misses"] += 1
+    if op.infer_device_and_stream is not None:
+        device, stream = op.infer_device_and_stream(tensors, attrs)
+    else:
+        device = get_default_device(name, tensors, attrs.get("device"))
+        stream = default_stream(device)
+    dtypes = _promoted_dtypes(op, inputs)
+    metas = op.infer([TensorMeta(tuple(getattr(x, "shape", ())), d) for x, d in zip(inputs, dtypes)], attrs)
+    found = Inferred(op, device, stream, dtypes, metas, attrs, inputs)
+    if key is not None:
+        if len(_inferred) >= _CACHE_LIMIT:
+            _inferred.clear()
+        _inferred[key] = found
+    return found
+
+
+def clear_inference_cache() -> None:
+    """Forget every cached signature (tests; an op re-registered under a name)."""
+    _inferred.clear()
+
+
 def apply(name: str, inputs, *, out=None, **attrs) -> list:
     """Run op ``name`` eagerly on ``inputs``; returns the output tensors.
 
@@ -211,7 +295,8 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
     inputs = list(inputs)
     tensors = [x for x in inputs if isinstance(x, Tensor)]
     recording = _recorder is not None and _recorder.active(tensors, out)
-    if any(t._global is not None for t in tensors) or any(getattr(o, "_global", None) is not None for o in out or ()):
+    if any(t._global is not None for t in tensors) or (out and any(getattr(o, "_global", None) is not None
+                                                                  for o in out)):
         if recording:
             _recorder.check_inplace(name, out)
         saved = _recorder.before(name, _global_scalars(op, inputs), out) if recording else None
@@ -219,7 +304,7 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
         if recording:
             _recorder.after(name, op.backward, saved, results, attrs)
         return results
-    for x in inputs:
+    for x in inputs if len(tensors) != len(inputs) else ():
         if not isinstance(x, Tensor) and not is_scalar(x):
             raise ArgumentTypeError(f"op {name!r}: expects tensors (or numbers), got {type(x).__name__}: {x!r:.60}")
     if "device" in attrs:
@@ -228,14 +313,10 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
         out = [inputs[op.updates_input].clone()]   # out of place: the op updates a copy of that input
         inputs[op.updates_input] = out[0]
     try:
-        if op.infer_device_and_stream is not None:
-            device, stream = op.infer_device_and_stream(tensors, attrs)
-        else:
-            device = get_default_device(name, tensors, attrs.get("device"))
-            stream = default_stream(device)
-        dtypes = _promoted_dtypes(op, inputs)
-        values = [to_scalar(x, d, name) if is_scalar(x) else None for x, d in zip(inputs, dtypes)]
-        metas = op.infer([TensorMeta(tuple(getattr(x, "shape", ())), d) for x, d in zip(inputs, dtypes)], attrs)
+        inferred = infer(op, name, inputs, tensors, attrs)
+        device, stream, dtypes, metas = inferred.device, inferred.stream, inferred.dtypes, inferred.metas
+        values = [to_scalar(x, d, name) if is_scalar(x) else None
+                  for x, d in zip(inputs, dtypes)] if inferred.converts else None
         if out is not None:
             out = list(out)
             _check_out(name, out, metas, device)
@@ -243,29 +324,32 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
         if inputs:
             raise type(error)(f"{error} [op {name!r}, inputs: {_describe(inputs)}]") from None
         raise
-    kernel = _kernel(op, stream)
+    kernel = inferred.kernel
     if recording:
         _recorder.check_inplace(name, out)
 
     # --- everything is checked: from here on, instructions are issued -------------------------------
-    for i, (x, dtype) in enumerate(zip(inputs, dtypes)):
-        if values[i] is not None:
-            inputs[i] = tensor(values[i], device=device)
-        elif x.dtype != dtype:
-            inputs[i] = apply("cast", [x], dtype=dtype)[0]
-    outputs, written = [], []   # written: the out= tensors the kernel writes itself
-    for i, meta in enumerate(metas):
-        o = out[i] if out is not None else None
-        if o is not None and o.shape == meta.shape and o.dtype == meta.dtype:
-            written.append(o)
-            outputs.append(o)
-        else:
-            outputs.append(Tensor._empty(device, meta.shape, meta.dtype))
-    for i, x in enumerate(inputs):
+    if values is not None:
+        for i, (x, dtype) in enumerate(zip(inputs, dtypes)):
+            if values[i] is not None:
+                inputs[i] = tensor(values[i], device=device)
+            elif x.dtype != dtype:
+                inputs[i] = apply("cast", [x], dtype=dtype)[0]
+    if out is None:
+        outputs, written = [Tensor._new(device, *spec) for spec in inferred.outputs], ()
+    else:
+        outputs, written = [], []   # written: the out= tensors the kernel writes itself
+        for o, meta, spec in zip(out, metas, inferred.outputs):
+            if o.shape == meta.shape and o.dtype == meta.dtype:
+                written.append(o)
+                outputs.append(o)
+            else:
+                outputs.append(Tensor._new(device, *spec))
+    for i, x in enumerate(inputs if written else ()):
         if any(may_overlap(x._blob, o._blob) and not (op.same_view_in_place and _same_view(x._blob, o._blob))
                for o in written):
             inputs[i] = apply("contiguous", [x])[0]   # a copy: the op must read x before it changes
-    kernel_attrs = {k: attrs[k] for k in op.kernel_attrs if k in attrs}
+    kernel_attrs = inferred.kernel_attrs
 
     def run(out_arrays, in_arrays, native_stream):
         op.launch(kernel, out_arrays, in_arrays, kernel_attrs, native_stream)

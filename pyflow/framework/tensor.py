@@ -99,6 +99,16 @@ class Tensor:
         blob = EagerBlobObject.empty(Device(device), shape, dtype)
         return cls._wrap(blob, _StorageHandle(blob.storage), _Version())
 
+    @classmethod
+    def _new(cls, device, shape, dtype, nbytes, strides) -> "Tensor":
+        """A fresh tensor from an op's inferred output: shape (a tuple of ints), np.dtype, byte size
+        and contiguous strides, all computed once per signature (``interpreter.Inferred``)."""
+        blob = EagerBlobObject.of_new_storage(device, shape, dtype, nbytes, strides)
+        t = object.__new__(cls)
+        t._blob, t._handle, t._versions, t._global, t._autograd = blob, _StorageHandle(blob.storage), _Version(), \
+            None, None
+        return t
+
     def _view(self, shape, strides, offset) -> "Tensor":
         lazy = interpreter._lazy_tracer
         if lazy is not None and lazy.active():   # inside nn.Graph.build a view of a captured tensor is an op

@@ -9,7 +9,8 @@ user threads issue ops.  The builder's methods are OneFlow's:
   host2device copy) the outputs are first allocated on the allocator stream.
   Then outputs and inputs are soft-synced to the op's stream;
 * ``launch_program(...)`` - a whole compiled Cocktailer program as one instruction;
-* ``release_tensor(storage)``, ``access_blob_by_callback(...)``,
+* ``release_tensors(storages)`` (one ReleaseTensor per producer stream for a batch),
+  ``access_blob_by_callback(...)``,
   ``global_sync(callback)`` / ``barrier(callback)``;
 * ``soft_sync_stream(blobs, stream)`` - for each blob last used on another
   stream L: ``StreamWait`` when L and S are on one CUDA device and both support
@@ -73,9 +74,9 @@ class InstructionsBuilder:
         self.site = issue_site()                # the user's line that issued this PhysicalRun
         self.thread = threading.get_ident()
 
-    def _append(self, stream_symbol, policy) -> Instruction:
+    def _append(self, stream_symbol, policy, vm_stream=None) -> Instruction:
         policy.site, policy.thread = self.site, self.thread
-        instruction = Instruction(self.vm.get_vm_stream(stream_symbol), policy)
+        instruction = Instruction(vm_stream or self.vm.get_vm_stream(stream_symbol), policy)
         self.instructions.append(instruction)
         return instruction
 
@@ -94,7 +95,7 @@ class InstructionsBuilder:
                 blob.storage.producer_stream = stream
         vm_stream = self.vm.get_vm_stream(stream)
         self._append(stream, OpCall(name, run, inputs, outputs, vm_stream, mutable_inputs, sequential,
-                                    on_failed_inputs))
+                                    on_failed_inputs), vm_stream)
 
     def allocate_tensors(self, blobs, stream) -> None:
         self.soft_sync_stream(blobs, stream)
@@ -107,24 +108,44 @@ class InstructionsBuilder:
 
     def release_tensor(self, storage) -> None:
         """Free a storage on its producer stream, after its last user (OneFlow's ReleaseTensor)."""
-        producer, last_used = storage.producer_stream, storage.last_used_stream
-        if producer is None:
-            return  # never used by any instruction: no memory was ever allocated
-        if last_used is not None and last_used is not producer:
+        self.release_tensors([storage])
+
+    def release_tensors(self, storages) -> None:
+        """Free storages, each on its producer stream after its last user: ONE ReleaseTensor per
+        producer stream for the whole batch (the storages whose tensors died since the last PhysicalRun).
+
+        A storage last used on another stream first has that stream synced to the producer
+        (one sync per pair of streams, for all the storages that need it).
+        """
+        by_producer: dict = {}
+        syncs: dict = {}
+        for storage in storages:
+            producer, last_used = storage.producer_stream, storage.last_used_stream
+            if producer is None:
+                continue  # never used by any instruction: no memory was ever allocated
+            if last_used is not None and last_used is not producer:
+                syncs.setdefault((last_used, producer), []).append(storage.dep)
+                storage.last_used_stream = producer
+            by_producer.setdefault(producer, []).append(storage)
+        for (last_used, producer), deps in syncs.items():
             if last_used.device is producer.device and supports_stream_wait_between(last_used, producer):
-                self._soft_sync_between([storage.dep], last_used, producer)
+                self._soft_sync_between(deps, last_used, producer)
             else:
-                self._append(last_used, RecordEvent([storage.dep], last_used))
-            storage.last_used_stream = producer
-        self._append(producer, ReleaseTensor(storage))
+                self._append(last_used, RecordEvent(deps, last_used))
+        for producer, group in by_producer.items():
+            self._append(producer, ReleaseTensor(group))
 
     def drain_releases(self) -> None:
         """Turn storages whose tensors died (queued by finalizers) into ReleaseTensor instructions."""
         releases = self.vm.release_queue
+        if releases.empty():
+            return
+        storages = []
         while not releases.empty():
             storage = releases.get_nowait()
             self.vm.unwatch(storage)
-            self.release_tensor(storage)
+            storages.append(storage)
+        self.release_tensors(storages)
 
     def access_blob_by_callback(self, blob, callback, modifier: str = "const", name: str = "access_blob") -> None:
         """``callback(ep_stream, blob)`` on the blob device's default compute stream."""
@@ -184,17 +205,20 @@ class InstructionsBuilder:
 
     def soft_sync_stream(self, blobs, stream) -> None:
         """Order ``blobs``' earlier users on other streams before ``stream`` uses them."""
-        by_stream: dict = {}
+        by_stream = None
         for blob in blobs:
-            last = blob.storage.last_used_stream
-            if last is not None and last is not stream:
-                deps = by_stream.setdefault(last, [])
-                if all(d is not blob.dep for d in deps):
-                    deps.append(blob.dep)
-        for last, deps in by_stream.items():
-            self._soft_sync_between(deps, last, stream)
-        for blob in blobs:
-            blob.storage.last_used_stream = stream
+            storage = blob.storage
+            last = storage.last_used_stream
+            if last is not stream:
+                if last is not None:   # used on another stream before: that stream must come first
+                    by_stream = by_stream if by_stream is not None else {}
+                    deps = by_stream.setdefault(last, [])
+                    if storage.dep not in deps:
+                        deps.append(storage.dep)
+                storage.last_used_stream = stream
+        if by_stream:
+            for last, deps in by_stream.items():
+                self._soft_sync_between(deps, last, stream)
 
     def _soft_sync_between(self, deps, from_stream, to_stream) -> None:
         if supports_stream_wait_between(from_stream, to_stream):

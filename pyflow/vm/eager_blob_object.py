@@ -27,13 +27,20 @@ from pyflow.kernels.backend import cuda
 from pyflow.kernels.layout import contiguous_strides
 from pyflow.vm.dependence import LocalDepObject
 
-__all__ = ["TensorStorage", "EagerBlobObject"]
+__all__ = ["TensorStorage", "EagerBlobObject", "NoMemoryError"]
+
+
+class NoMemoryError(RuntimeError):
+    """``array()`` of a blob whose storage has no memory (the op that makes it failed to prepare)."""
 
 _storage_ids = itertools.count()
 
 
 class TensorStorage:
     """The memory behind tensors: allocation, dependence object, stream history."""
+
+    __slots__ = ("id", "device", "nbytes", "allocation", "allocator", "dep", "producer_stream", "last_used_stream",
+                 "released", "failure", "__weakref__")
 
     def __init__(self, device, nbytes: int):
         self.id = next(_storage_ids)
@@ -72,6 +79,8 @@ class TensorStorage:
 class EagerBlobObject:
     """A tensor's layout over a storage; ``array()`` is what a kernel receives."""
 
+    __slots__ = ("storage", "shape", "dtype", "strides", "offset", "_array")
+
     def __init__(self, storage: TensorStorage, shape, dtype, strides=None, offset: int = 0):
         self.storage = storage
         self.shape = tuple(int(n) for n in shape)
@@ -85,6 +94,14 @@ class EagerBlobObject:
         """A new contiguous blob with fresh (not yet allocated) storage."""
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         return cls(TensorStorage(device, nbytes), shape, dtype)
+
+    @classmethod
+    def of_new_storage(cls, device, shape: tuple, dtype: np.dtype, nbytes: int, strides: tuple) -> "EagerBlobObject":
+        """``empty`` for callers that already hold the normalised layout (the interpreter's ``Inferred``)."""
+        blob = object.__new__(cls)
+        blob.storage, blob.shape, blob.dtype, blob.strides = TensorStorage(device, nbytes), shape, dtype, strides
+        blob.offset, blob._array = 0, None
+        return blob
 
     @property
     def device(self):
@@ -116,7 +133,7 @@ class EagerBlobObject:
         if self.storage.nbytes == 0:  # an empty tensor needs no memory (it may never have had any)
             return _empty_array(self.device, self.shape, self.dtype)
         if allocation is None:
-            raise RuntimeError(f"{self!r} has no memory (was the instruction that produces it skipped?)")
+            raise NoMemoryError(f"{self!r} has no memory (was the instruction that produces it skipped?)")
         if allocation.raw is None:  # zero bytes: nothing to view, an empty array of the right kind
             return _empty_array(self.device, self.shape, self.dtype)
         itemsize = self.dtype.itemsize

@@ -36,6 +36,9 @@ __all__ = ["Failure", "issue_site", "first_failure"]
 _OWN_DIRS: tuple | None = None  # pyflow/ and kernels/ (separate directories in an editable install)
 
 
+_is_own: dict = {}  # code object -> is it pyflow's (asked once per code object)
+
+
 def issue_site() -> tuple:
     """``(filename, lineno)`` of the innermost frame outside pyflow (the user's line)."""
     global _OWN_DIRS
@@ -45,11 +48,17 @@ def issue_site() -> tuple:
         _OWN_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
                           for m in (sys.modules["pyflow"], kernels))
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIRS):
+    while frame is not None:
+        code = frame.f_code
+        own = _is_own.get(code)
+        if own is None:
+            if len(_is_own) > 10_000:   # (code made by exec in a long session: forget, ask again)
+                _is_own.clear()
+            own = _is_own[code] = code.co_filename.startswith(_OWN_DIRS)
+        if not own:
+            return (code.co_filename, frame.f_lineno)
         frame = frame.f_back
-    if frame is None:
-        return ("<pyflow>", 0)
-    return (frame.f_code.co_filename, frame.f_lineno)
+    return ("<pyflow>", 0)
 
 
 def describe_site(site) -> str:

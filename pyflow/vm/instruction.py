@@ -19,7 +19,6 @@ recorded an ep event, that event having completed.  An edge ``src -> dst`` lets
 from __future__ import annotations
 
 import itertools
-import time
 
 __all__ = ["Instruction"]
 
@@ -29,6 +28,10 @@ _serials = itertools.count()
 class Instruction:
     """A policy bound to a vm stream, with its edges and status."""
 
+    __slots__ = ("serial", "count", "stream", "policy", "in_edges", "out_edges", "accessed", "queued", "held", "dispatched",
+                 "launched", "released", "event", "received_at", "dispatched_at", "started_at", "launched_at",
+                 "released_at")
+
     def __init__(self, stream, policy):
         self.serial = next(_serials)
         self.count = 1              # how many received instructions this stands for (fusion)
@@ -36,13 +39,15 @@ class Instruction:
         self.policy = policy
         self.in_edges: set = set()
         self.out_edges: set = set()
+        self.accessed: tuple = ()   # the dependence objects it touched (the engine forgets it there on release)
+        self.queued = False         # in the engine's ready list
+        self.held = False           # held back by the engine's throttle on memory allocated ahead
         self.dispatched = False
         self.launched = False
         self.released = False
         self.event = None           # an ep event recorded after compute, if any
-        # Wall-clock marks (time.perf_counter) for tracing: received, dispatched,
-        # started (compute began), launched (compute returned), released.
-        self.times: dict[str, float] = {}
+        # Wall-clock marks (time.perf_counter, None until reached) for hang reports and tracing
+        self.received_at = self.dispatched_at = self.started_at = self.launched_at = self.released_at = None
 
     @property
     def name(self) -> str:
@@ -53,8 +58,12 @@ class Instruction:
         """Did any of its policies (a fused group's members) fail?"""
         return any(p.failure is not None for p in self.policy.members())
 
-    def mark(self, what: str) -> None:
-        self.times[what] = time.perf_counter()
+    @property
+    def times(self) -> dict:
+        """The marks reached so far: received, dispatched, started, launched, released."""
+        marks = {"received": self.received_at, "dispatched": self.dispatched_at, "started": self.started_at,
+                 "launched": self.launched_at, "released": self.released_at}
+        return {what: at for what, at in marks.items() if at is not None}
 
     # --- status ------------------------------------------------------------------
 
@@ -72,7 +81,10 @@ class Instruction:
         """Not dispatched yet, and every in-edge is satisfied (see the module docstring)."""
         if self.dispatched:
             return False
-        return not self.in_edges or all(self.edge_satisfied(src) for src in self.in_edges)
+        for src in self.in_edges:
+            if not (src.dispatched and self.policy.prescheduleable(src.stream, self.stream)):
+                return False
+        return True
 
     def __repr__(self) -> str:
         state = ("released" if self.released else "launched" if self.launched

@@ -35,6 +35,7 @@ class _State:
 
 
 _state = _State()
+state = _state   # read-only for the VM's hot loops: ``state.pending`` says a checkpoint would raise
 _main = threading.main_thread().ident
 
 

@@ -13,6 +13,8 @@ knows:
   compute and host2device use the device's compute allocator; device2host uses
   pinned host memory);
 * its **running list**: dispatched instructions not yet released, in order;
+* ``ahead`` / ``held``: the engine's throttle on memory allocated for work the
+  worker has not started (see ``engine.py``);
 * whether it is **event-recorded** (host2device and device2host: an instruction is
   done only when the device finished it, not when it was queued);
 * its **stream-sequential dependence** (``schedule_dep``).
@@ -25,6 +27,7 @@ RecordEvent instructions).
 from __future__ import annotations
 
 import collections
+import time
 
 from pyflow.device import ep
 from pyflow.device.stream import StreamType, allocator_stream_type
@@ -49,8 +52,13 @@ class Stream:
         # host source may be freed or read again).  OneFlow's event-recorded policy.
         self.event_recorded = self.stream_type in (StreamType.device2host, StreamType.host2device)
         self.running: collections.deque = collections.deque()
+        # Memory planned ahead (the engine's throttle): dispatched instructions that allocate a lot
+        # and have not been launched yet, and ready ones held back until those are launched.
+        self.ahead: collections.deque = collections.deque()
+        self.held: collections.deque = collections.deque()
         self.schedule_dep = LocalDepObject(f"stream {self.name}")
         self._ep_streams: dict[bool, object] = {}
+        self._allocator = False
 
     # --- lazily created ep objects --------------------------------------------------
 
@@ -76,8 +84,10 @@ class Stream:
     @property
     def allocator(self):
         """The caching allocator this stream's outputs come from (None: it allocates nothing)."""
-        kind = allocator_stream_type(self.stream_type)
-        return None if kind is None else self.vm.allocator(self.device, kind)
+        if self._allocator is False:   # looked up once: the VM keeps its allocators for good
+            kind = allocator_stream_type(self.stream_type)
+            self._allocator = None if kind is None else self.vm.allocator(self.device, kind)
+        return self._allocator
 
     # --- StreamPolicy::Run ---------------------------------------------------------------
 
@@ -88,16 +98,20 @@ class Stream:
         ``vm.compute_member``, so a failing member fails alone.  If something else
         goes wrong (an interrupt), the members that did not finish fail with it.
         """
-        members = instruction.policy.members()
+        policy = instruction.policy
+        members = policy.members()
         finished = 0
         try:
-            if any(p.failure is None for p in members):  # (a traced op that failed in prepare never starts)
-                instruction.mark("started")
+            for member in members:   # (a traced op that failed in prepare never starts)
+                if member.failure is None:
+                    instruction.started_at = time.perf_counter()
+                    break
             self.ep_device.set_as_active()
-            for policy in members:
-                self.vm.compute_member(policy, instruction)
+            compute_member = self.vm.compute_member
+            for member in members:
+                compute_member(member, instruction)
                 finished += 1
-            if self.event_recorded or instruction.policy.records_event:
+            if self.event_recorded or policy.records_event:
                 event = self.ep_device.create_event()
                 self.ep_stream.record_event(event)
                 instruction.event = event

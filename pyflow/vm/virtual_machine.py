@@ -112,6 +112,7 @@ class VirtualMachine:
         self._watched: dict = {}                   # storage id -> weakref to the handle that keeps it
         self._notifier = Notifier()                # wakes the scheduler
         self._progress = threading.Condition()     # wakes waiting callers
+        self._waiters = 0                          # how many callers wait on it now
         self._scheduler: threading.Thread | None = None
         interrupts.install()
 
@@ -205,7 +206,8 @@ class VirtualMachine:
                 while self.engine.schedule(self._dispatch, self._run_barrier):
                     moved = True
         finally:
-            if moved or self.engine.released != released:  # a release may be what a caller waits for
+            # a release may be what a caller waits for (nobody waits: no need to take the lock)
+            if self._waiters and (moved or self.engine.released != released):
                 with self._progress:
                     self._progress.notify_all()
         return moved
@@ -229,7 +231,8 @@ class VirtualMachine:
     def _drive_until(self, predicate) -> None:
         """Step-through mode: run schedule() rounds on this thread until ``predicate()``."""
         self._schedule_until_idle()
-        self.wait_until(predicate, "step-through scheduling", drive=True)
+        if not predicate():   # (usually it holds already: everything ran inline)
+            self.wait_until(predicate, "step-through scheduling", drive=True)
 
     def _dispatch(self, instruction) -> None:
         inline = self.sync_mode or instruction.stream.on_scheduler_thread
@@ -259,6 +262,8 @@ class VirtualMachine:
         """Prepare (allocate) each member on its own; a failing member fails alone."""
         members = instruction.policy.members()
         for k, policy in enumerate(members):
+            if not policy.prepares:
+                continue
             try:
                 self._prepare_member(policy, instruction)
             except BaseException as error:  # an interrupt: nothing after it was prepared
@@ -317,8 +322,9 @@ class VirtualMachine:
             self._notifier.notify()
 
     def _on_release(self, instruction) -> None:
-        for tracer in list(self.tracers):
-            tracer.on_release(instruction)
+        if self.tracers:
+            for tracer in list(self.tracers):
+                tracer.on_release(instruction)
 
     def _on_thread_error(self, thread_name: str, error: BaseException) -> None:
         """Supervision: a VM thread caught something unexpected; the next call raises it."""
@@ -385,8 +391,12 @@ class VirtualMachine:
                     time.sleep(_EVENT_POLL_SECONDS)
             else:
                 with self._progress:
-                    if not predicate() and not self._thread_errors:
-                        self._progress.wait(_IDLE_POLL_SECONDS)
+                    self._waiters += 1   # (read by the scheduler without the lock; see _schedule_until_idle)
+                    try:
+                        if not predicate() and not self._thread_errors:
+                            self._progress.wait(_IDLE_POLL_SECONDS)
+                    finally:
+                        self._waiters -= 1
             now = time.monotonic()
             if self._progress_mark() != mark:
                 mark, since = self._progress_mark(), now
@@ -424,7 +434,7 @@ class VirtualMachine:
                 computing = [b for b in busy if b[0] not in ("wait_event", "sync")]
                 if computing:
                     name, seconds = computing[0]
-                    since_launch = now - instruction.times.get("launched", now)
+                    since_launch = now - (instruction.launched_at or now)
                     found.append((instruction, seconds if seconds is not None else since_launch,
                                   f"on {stream.name} (its ep stream runs {name!r})"))
                     break  # the stream's head is what runs; the rest wait behind it
@@ -436,19 +446,22 @@ class VirtualMachine:
                  f"running (PYFLOW_VM_HANG_TIMEOUT={self.hang_timeout:g}); blocked instructions, oldest first:"]
         for instruction in self.engine.oldest():
             if not instruction.dispatched:
-                if instruction.policy.is_barrier:
+                if instruction.held:
+                    blockers = (f"its stream's worker (held: {instruction.stream.name} has more than "
+                                "AHEAD_BYTES allocated for instructions not launched yet)")
+                elif instruction.policy.is_barrier:
                     oldest = next(iter(self.engine.lively))
                     blockers = f"every earlier instruction (a barrier; the oldest is {oldest!r})"
                 else:
                     blockers = ", ".join(repr(i) for i in list(instruction.in_edges)[:3])
-                state, since = f"waiting for {blockers}", instruction.times.get("received", now)
+                state, since = f"waiting for {blockers}", (instruction.received_at or now)
             elif not instruction.launched:
                 state = f"queued on worker {getattr(instruction.stream.thread_ctx, 'key', 'scheduler')}"
-                since = instruction.times.get("dispatched", now)
+                since = (instruction.dispatched_at or now)
             else:
                 busy = [b for b in (e.busy() for e in instruction.stream.ep_streams()) if b is not None]
                 doing = f"; its ep stream is at {busy[0][0]!r}" if busy else "; its ep stream is idle"
-                state, since = f"launched, waiting for its device event{doing}", instruction.times.get("launched", now)
+                state, since = f"launched, waiting for its device event{doing}", (instruction.launched_at or now)
             lines.append(f"  {instruction.name} #{instruction.serial} on {instruction.stream.name}: "
                          f"{state} (for {now - since:.1f} s)")
         return "\n".join(lines)

@@ -110,10 +110,10 @@ def get_device(device: DeviceLike) -> Device:
     ``DeviceError`` if the index does not exist; ``BackendError`` for cuda when the
     GPU backend is selected but no GPU is usable.
     """
-    device = DeviceSymbol(device)
-    found = _cache.get(device)
+    found = _cache.get(device)   # a Device symbol is interned: found at once
     if found is not None:
         return found
+    device = DeviceSymbol(device)
     with _lock:
         found = _cache.get(device)
         if found is None:

@@ -258,22 +258,24 @@ def view_extent(offset: int, shape: Sequence[int], dtype: Any, strides: Sequence
     rejected (a view is described from its lowest byte).
     """
     dtype = np.dtype(dtype)
-    shape = tuple(int(n) for n in shape)
-    if any(n < 0 for n in shape):
+    shape = tuple(map(int, shape))
+    if shape and min(shape) < 0:
         raise ValueError(f"negative dimension in shape {shape}")
     if strides is None:
         strides, step = [], dtype.itemsize
         for n in reversed(shape):
             strides.insert(0, step)
             step *= max(n, 1)
-    strides = tuple(int(s) for s in strides)
+    strides = tuple(map(int, strides))
     if len(strides) != len(shape):
         raise ValueError(f"strides {strides} do not match shape {shape}")
-    if any(s < 0 for s in strides) or int(offset) < 0:
+    if (strides and min(strides) < 0) or offset < 0:
         raise ValueError(f"negative offset or strides (offset={offset}, strides={strides})")
     if 0 in shape:
         return shape, dtype, strides, 0
-    extent = sum((n - 1) * s for n, s in zip(shape, strides)) + dtype.itemsize
+    extent = dtype.itemsize
+    for n, s in zip(shape, strides):
+        extent += (n - 1) * s
     return shape, dtype, strides, extent
 
 

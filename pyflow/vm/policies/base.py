@@ -44,6 +44,13 @@ class InstructionPolicy:
     site = ("<pyflow>", 0)         # (filename, lineno) of the user's line that issued it
     thread = None                  # threading.get_ident() of the thread that issued it
 
+    prepares = False               # does it override ``prepare`` (set per class: the VM skips the call if not)
+    allocates = 0                  # bytes its prepare allocates (the engine's throttle on memory allocated ahead)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.prepares = cls.prepare is not InstructionPolicy.prepare
+
     def members(self) -> tuple:
         """The policies to prepare and compute one by one (a fused group: its members)."""
         return (self,)

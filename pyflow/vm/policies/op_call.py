@@ -28,17 +28,18 @@ already bound (the framework builds it); the VM never looks inside.
 from __future__ import annotations
 
 from pyflow.device.stream import StreamType
+from pyflow.vm.eager_blob_object import NoMemoryError as _NoMemory
 from pyflow.vm.failure import first_failure
 from pyflow.vm.policies.base import InstructionPolicy
 
 __all__ = ["OpCall"]
 
 
-def _unique(deps):
-    seen, result = set(), []
+def _unique(deps) -> list:
+    """``deps`` without repeats, in order (dependence objects compare by identity)."""
+    result = []
     for dep in deps:
-        if id(dep) not in seen:
-            seen.add(id(dep))
+        if dep not in result:
             result.append(dep)
     return result
 
@@ -55,12 +56,12 @@ class OpCall(InstructionPolicy):
         self.on_failed_inputs = on_failed_inputs  # called with the failure when an input failed
         self.inputs = list(inputs)
         self.outputs = list(outputs)
-        mutable = set(mutable_inputs)
-        written = [b.dep for b in self.outputs] + [b.dep for i, b in enumerate(self.inputs) if i in mutable]
-        self._writes = _unique(written)
-        self._reads = [d for d in _unique(b.dep for b in self.inputs) if all(d is not w for w in self._writes)]
-        self._written_blobs = self.outputs + [b for i, b in enumerate(self.inputs) if i in mutable]
-        in_order = sequential or mutable or not self.inputs or stream.stream_type is StreamType.ccl
+        self._written_blobs = self.outputs + ([b for i, b in enumerate(self.inputs) if i in mutable_inputs]
+                                              if mutable_inputs else [])
+        self._writes = _unique([b.storage.dep for b in self._written_blobs])
+        self._reads = [d for d in _unique([b.storage.dep for b in self.inputs]) if d not in self._writes]
+        self.allocates = sum(b.storage.nbytes for b in self.outputs if b.storage.allocation is None)
+        in_order = sequential or mutable_inputs or not self.inputs or stream.stream_type is StreamType.ccl
         self._sequential = stream.schedule_dep if in_order else None
         self.fuse_type = "enable" if self._sequential is not None else "none"
 
@@ -88,9 +89,13 @@ class OpCall(InstructionPolicy):
     def compute(self, instruction) -> None:
         vm, ep_stream = instruction.stream.vm, instruction.stream.ep_stream
         # A blob without memory belongs to an op that failed to prepare: nothing to run then.
-        runnable = all(b.storage.allocated for b in self.inputs) and all(b.storage.allocated for b in self.outputs)
-        outputs = [blob.array() for blob in self.outputs] if runnable else None
-        inputs = [blob.array() for blob in self.inputs] if runnable else None
+        try:
+            outputs = [blob.array() for blob in self.outputs]
+            inputs = [blob.array() for blob in self.inputs]
+            runnable = True
+        except _NoMemory:
+            outputs = inputs = None
+            runnable = False
 
         def task():  # runs in stream order: every kernel this one depends on has run
             upstream = first_failure(self.inputs) or (None if runnable else first_failure(self.outputs))

@@ -4,9 +4,11 @@
   copy allocates its output on the compute stream (which owns the allocator) and
   then waits for it.  This way a block another stream just freed is not reused
   before that stream is done with it.
-* ``ReleaseTensor``   - give a storage's memory back, on the stream that produced
-  it, after every earlier user (it writes the storage's dependence object).  The
-  builder first syncs the last user's stream to the producer's.
+* ``ReleaseTensor``   - give storages' memory back, on the stream that produced
+  them, after every earlier user (it writes their dependence objects).  The
+  builder first syncs the last user's stream to the producer's, and batches: the
+  storages whose tensors died since the last PhysicalRun are freed by one
+  ReleaseTensor per producer stream.
 * ``AccessBlobByCallback`` - run a Python callback with the ep stream and a blob,
   e.g. ``.numpy()`` copies the blob to the host and waits.  The modifier "const"
   reads the blob; "mut" writes it (filling a tensor from numpy).  A "const"
@@ -41,18 +43,26 @@ class AllocateTensors(InstructionPolicy):
 
 
 class ReleaseTensor(InstructionPolicy):
-    """Return a storage's memory to its allocator."""
+    """Return storages' memory to their allocator (one or a batch, all produced on this stream)."""
 
     name = "release_tensor"
 
-    def __init__(self, storage):
-        self.storage = storage
+    def __init__(self, storages):
+        self.storages = list(storages)
+        self._deps = [s.dep for s in self.storages]
 
     def output_dependences(self) -> list:
-        return [self.storage.dep]
+        return self._deps
 
     def compute(self, instruction) -> None:
-        self.storage.free()
+        errors = []
+        for storage in self.storages:   # every one, even if one of them fails to free
+            try:
+                storage.free()
+            except Exception as error:  # noqa: BLE001 - raised below, after the others are freed
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
 
 class AccessBlobByCallback(InstructionPolicy):
