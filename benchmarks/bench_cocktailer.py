@@ -7,10 +7,12 @@ Per call, for each model and executor it prints ``launches``, ``host_syncs`` and
 ``barriers`` (what the executors count; the ratio host/compiled is the point of
 seed 001).  The RAE also runs with recursion unroll (``optimize.unroll_recursion``:
 the root's two subtrees at once on two block groups), where ``barriers`` is what
-block 0 waited at, the critical path.  LSTM and NASRNN are then called with
-``pyflow.Tensor`` s: the same counts, plus the VM instructions per call (one: the
-whole program is one instruction).  In the simulator that is all: simulated
-time means nothing.
+block 0 waited at, the critical path; over a 127-node tree it runs unrolled 0 to 3
+levels deep (nested block groups), beside what ``mode="auto"``'s cost model picks.
+LSTM and NASRNN are then called with ``pyflow.Tensor`` s: the same counts, plus the VM instructions per call (one: the
+whole program is one instruction), and the models are called with tensors three
+times: the first call uploads the weights (host-to-device copies), the later ones
+copy nothing.  In the simulator that is all: simulated time means nothing.
 
 On a real GPU it also times, at batch 1 and 64, the artifact's sizes (LSTM 10
 layers, hidden 256, seq 64; RAE Linear(1024 -> 512) + tanh over a 127-node tree;
@@ -62,9 +64,12 @@ def balanced_tree(leaves: int):
     return (np.array(left, np.int64), np.array(right, np.int64), np.array(is_leaf, np.int64))
 
 
-def rae_unrolled(rae: RAE, nodes: int) -> ck.Compiled:
-    """The RAE with recursion unroll: the root's two subtrees at once, on two block groups."""
-    return ck.compile(unroll_recursion(rae.program(nodes)).program, mode="compiled", **rae.options)
+def rae_unrolled(rae: RAE, nodes: int, depth: int = 1) -> ck.Compiled:
+    """The RAE with recursion unroll ``depth`` levels: the root's two subtrees at once on two block groups,
+    their subtrees on halves of those, ... (depth 0: the program as traced)."""
+    program = rae.program(nodes)
+    program = unroll_recursion(program, depth).program if depth else program
+    return ck.compile(program, mode="compiled", **rae.options)
 
 
 def counts_row(name: str, host, compiled) -> str:
@@ -101,6 +106,7 @@ def counts(sizes: dict) -> None:
     print(counts_row(f"RAE dim{sizes['dim']} {len(left)} nodes, rec. unroll", host, unrolled)
           + "  (block 0's barriers: its group walks the left subtree)")
 
+    rae_depth_counts(sizes)
     nasrnn_attention_counts(sizes)
     seq2seq_counts(sizes)
     cnn_counts(sizes)
@@ -122,6 +128,32 @@ def counts(sizes: dict) -> None:
     print(f"{sizes['random']} random programs (depth 3), total: host {h[0]} launches {h[1]} syncs | compiled "
           f"{c[0]} launches {c[1]} syncs {c[2]} barriers | launches host/compiled = {h[0] / max(c[0], 1):.1f}")
     tensor_counts(sizes)
+
+
+def rae_depth_counts(sizes: dict) -> None:
+    """The RAE over the artifact's largest tree (127 nodes) with recursion unroll 0-3 levels deep (nested block
+    groups), and the depth mode="auto" picks by its cost model."""
+    dim, leaves = sizes["dim"], sizes["rae_leaves"]
+    rae = RAE(dim, **sizes["options"])
+    left, right, is_leaf = balanced_tree(leaves)
+    inp = np.random.default_rng(2).standard_normal((len(left), dim)).astype(np.float32)
+    want = rae(left, right, is_leaf, inp, mode="host")
+    host = rae.last_compiled
+    tables = rae.check_tree(left, right, is_leaf, inp, 0)
+    args = (*tables[:4], rae.weight, rae.bias, tables[4])
+    print(f"== RAE dim{dim} {len(left)} nodes: recursion unroll depth (block 0's barriers: grid + group barriers "
+          "on its path, the critical path) ==")
+    for depth in range(4):
+        c = rae_unrolled(rae, len(left), depth)
+        assert np.array_equal(c(*args), want)
+        grid = c.kernels[0].grid([], c.executor.options, c.program.name)
+        print(counts_row(f"RAE {len(left)} nodes, unroll depth {depth}", host, c) + f"  grid {grid} blocks")
+    auto = rae.compiled_for(len(left), "auto")
+    assert np.array_equal(auto(*args), want)
+    for note in auto.schedule.optimizations:
+        if note.name.startswith("recursion unroll"):
+            print(f"  cost model:{note}")
+    print(f"  mode='auto': {auto.last_stats}")
 
 
 def tensor_counts(sizes: dict) -> None:
@@ -151,6 +183,42 @@ def tensor_counts(sizes: dict) -> None:
             assert all(np.array_equal(g.numpy(), w) for g, w in zip(got, want))
             s = compiled.last_stats
             row.append(f"{mode}: {s.launches:5d} launch(es) {s.host_syncs:4d} syncs {len(tracer.records)} VM instr.")
+        print(f"{name:<34} " + " | ".join(row))
+    upload_counts(sizes)
+
+
+def upload_counts(sizes: dict) -> None:
+    """A model called with tensors keeps its weights on the device (``models/device_weights.py``): the first call
+    uploads each (a ``tensor`` VM instruction: a host-to-device copy), later calls only run the program."""
+    import gc
+
+    import pyflow as flow
+
+    print("== model calls with pyflow.Tensors (cuda): host-to-device uploads per call (weights stay on the device) ==")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((sizes["seq"], sizes["batch"], sizes["input"])).astype(np.float32)
+    left, right, is_leaf = balanced_tree(sizes["leaves"])
+    inp = rng.standard_normal((len(left), sizes["dim"])).astype(np.float32)
+    models = [(f"LSTM L{sizes['layers']} H{sizes['hidden']} seq{sizes['seq']} b{sizes['batch']}",
+               LSTM(sizes["input"], sizes["hidden"], sizes["layers"], **sizes["options"]), (x,)),
+              (f"RAE dim{sizes['dim']} {len(left)} nodes", RAE(sizes["dim"], **sizes["options"]),
+               (left, right, is_leaf, inp)),
+              (f"NASRNN H{sizes['hidden']} seq{sizes['seq']} b{sizes['batch']}",
+               NASRNN(sizes["input"], sizes["hidden"], **sizes["options"]), (x,))]
+    for name, model, arrays in models:
+        tensors = [flow.tensor(a, device="cuda") for a in arrays]
+        want = model(*arrays)
+        row = []
+        for call in range(1, 4):
+            gc.collect()
+            flow.sync()
+            with flow.trace() as tracer:
+                got = model(*tensors)
+            names = [r.name for r in tracer.records]
+            assert np.array_equal((got[0] if isinstance(got, tuple) else got).numpy(),
+                                  want[0] if isinstance(want, tuple) else want)
+            row.append(f"call {call}: {names.count('tensor'):2d} uploads "
+                       f"{sum(n.startswith('cocktailer[') for n in names)} program instr.")
         print(f"{name:<34} " + " | ".join(row))
 
 
@@ -303,7 +371,8 @@ def gpu_latency(warmup: int, repeats: int) -> None:
     dev_args = [cuda.to_device(a) for a in (*tables[:4], rae.weight, rae.bias, tables[4])]
     results = {}
     runs = {mode: rae.compiled_for(len(left), mode) for mode in ("compiled", "host")}
-    runs["compiled + recursion unroll"] = rae_unrolled(rae, len(left))
+    for depth in (1, 2, 3):
+        runs[f"compiled + recursion unroll x{depth}"] = rae_unrolled(rae, len(left), depth)
     for name, c in runs.items():
         results[name] = timed(lambda c=c: (c(*dev_args, to_host=False), cuda.synchronize()), warmup, repeats)
     w, b, xt = (torch.tensor(a, device=dev) for a in (rae.weight, rae.bias, inp))
@@ -569,7 +638,8 @@ def report(name: str, results: dict) -> None:
         print(f"  {key:<34} {seconds * 1e3:9.3f} ms   ({seconds / base:5.2f}x the compiled executor's time)")
 
 
-SIM_SIZES = {"input": 4, "hidden": 4, "layers": 2, "seq": 4, "batch": 2, "dim": 4, "leaves": 8, "random": 10,
+SIM_SIZES = {"input": 4, "hidden": 4, "layers": 2, "seq": 4, "batch": 2, "dim": 4, "leaves": 8, "rae_leaves": 64,
+             "random": 10,
              "heads": 2, "head_size": 4, "cache": 6, "start": 3, "vocab": 7, "max_length": 6, "sentence": 4,
              "bd_layers": (2, 2, 2), "bd_width": 2, "bd_image": 8, "sk_layers": (2, 2, 2, 2), "sk_width": 1,
              "sk_image": 32,

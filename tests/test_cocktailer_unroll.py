@@ -15,6 +15,13 @@ a grid barrier where the groups join.  The properties:
   frame is left alone;
 * the critical path (block 0's barriers) shrinks on a balanced tree, and the
   scheduler keeps the pass for the RAE and prints why.
+
+Unrolled ``depth`` levels (nested block groups: a lane is the call's body again,
+whose own sibling calls split its group): the same values for depths 1-3 on any
+tree and grid, the stack overflows where it did for every ``stack_depth`` (also
+in a lane whose frame is past it), an error deep in one lane stops the kernel
+without a hang, the critical path halves per level while there are blocks, and
+the scheduler picks a depth > 1 for the RAE by its cost model.
 """
 
 from __future__ import annotations
@@ -27,9 +34,9 @@ from hypothesis import strategies as st
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import Compiled
 from pyflow.cocktailer.executor import Options
-from pyflow.cocktailer.ir import CallGroup, walk
+from pyflow.cocktailer.ir import Call, CallGroup, Lane, walk
 from pyflow.cocktailer.optimize import Optimizations, unroll_recursion
-from pyflow.errors import StackOverflowError
+from pyflow.errors import IndexOutOfRangeError, StackOverflowError
 from pyflow.kernels import sim
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
@@ -111,7 +118,7 @@ def test_the_pass_groups_sibling_calls_and_keeps_the_original_function():
     assert {f.unrolled_from for f in unrolled.functions[1:]} == {"walk0"}
     assert len({f.stack.name for f in unrolled.functions}) == 3            # a stack each
     assert program.functions == [program.functions[0]] and "CallGroup" not in repr(program.body)  # unchanged
-    assert "at once, call k on block group k % groups:" in unrolled.listing()
+    assert "at once, lane k on block group k % groups:" in unrolled.listing()
 
 
 @settings(max_examples=8, deadline=None)
@@ -187,7 +194,7 @@ def test_removing_a_group_barrier_breaks_the_result():
     kernel = ck.compile(program, mode="compiled", threads=2, blocks=4).kernels[0]
     inside = {id(s) for f in program.functions[1:] for s in walk(f.body)}
     sites = [k for k in kernel.writer.barrier_sites if isinstance(k, int) and k in inside]
-    assert sites and "group_barrier(status, gslot, gblocks)  # before" in kernel.source
+    assert sites and "group_barrier(status, gslot1, gblocks1)  # before" in kernel.source
     wrong = 0
     for seed in range(4):
         with sim.configure(seed=seed, start_order="shuffle"):
@@ -204,13 +211,16 @@ def test_the_stack_overflows_where_it_did_before_the_unroll():
     rng = np.random.default_rng(3)
     args = tree_args(L, R, F, 2, rng)
     program = ck.trace(tree_program(2), *args, chunk=4, tile=4)
-    unrolled = unroll_recursion(program).program
     need = next(d for d in range(1, 12) if _runs(program, "host", d, args))
-    for prog in (program, unrolled):
-        for mode, blocks in (("host", 1), ("compiled", 1), ("compiled", 2), ("compiled", 3)):
-            assert _runs(prog, mode, need, args, blocks)
-            with pytest.raises(StackOverflowError, match=f"'walk0' went deeper than stack_depth={need - 1}"):
-                ck.compile(prog, mode=mode, threads=2, blocks=blocks, stack_depth=need - 1)(*args)
+    want = ck.compile(program, mode="host", threads=2, stack_depth=need)(*args)
+    for prog in [program] + [unroll_recursion(program, depth).program for depth in (1, 2, 3)]:
+        for mode, blocks in (("host", 1), ("compiled", 1), ("compiled", 2), ("compiled", 5)):
+            got = ck.compile(prog, mode=mode, threads=2, blocks=blocks, stack_depth=need)(*args)
+            np.testing.assert_array_equal(got, want)
+            # every smaller depth overflows: in the recursion, or (1, 2) in a lane whose frame is past it
+            for depth in (need - 1, 2, 1):
+                with pytest.raises(StackOverflowError, match=f"'walk0' went deeper than stack_depth={depth}"):
+                    ck.compile(prog, mode=mode, threads=2, blocks=blocks, stack_depth=depth)(*args)
 
 
 def _runs(program, mode, depth, args, blocks=1) -> bool:
@@ -254,6 +264,110 @@ def test_a_recursion_with_one_call_per_frame_is_left_alone():
     assert result.changed == 0 and result.program is program
 
 
+# ---- deeper: nested block groups ------------------------------------------------------------
+
+
+@settings(max_examples=10, deadline=None)
+@given(leaves=st.integers(1, 12), dim=st.integers(1, 4), blocks=st.integers(1, 9), depth=st.integers(2, 3),
+       seed=st.integers(0, 2**16))
+def test_trees_unrolled_several_levels_give_the_same_values_on_both_executors(leaves, dim, blocks, depth, seed):
+    rng = np.random.default_rng(seed)
+    args = tree_args(*random_tree(leaves, rng), dim, rng)
+    program = ck.trace(tree_program(dim), *args, chunk=2, tile=4)
+    unrolled = unroll_recursion(program, depth).program
+    want = ck.compile(program, mode="host", threads=4)(*args)
+    compiled = ck.compile(unrolled, mode="compiled", threads=4, blocks=blocks)
+    np.testing.assert_array_equal(compiled(*args), want)
+    assert compiled.last_stats.launches == 1 and compiled.last_stats.host_syncs == 0
+    np.testing.assert_array_equal(ck.compile(unrolled, mode="host", threads=4)(*args), want)
+    np.testing.assert_allclose(want, tree_reference(*args), rtol=1e-5, atol=1e-6)
+
+
+def test_the_pass_nests_lanes_one_group_per_level_with_a_stack_per_lane():
+    rng = np.random.default_rng(0)
+    args = tree_args(*balanced(8), 3, rng)
+    program = ck.trace(tree_program(3), *args, chunk=4, tile=4)
+    unrolled = unroll_recursion(program, 3).program
+
+    def nesting(block, level=1):
+        groups = [s for s in block.items if isinstance(s, CallGroup)]
+        inner = [s for s in block.items if not isinstance(s, CallGroup)]
+        found = [(level, len(g.lanes)) for g in groups]
+        for g in groups:
+            for lane in g.lanes:
+                found += nesting(lane.body, level + 1)
+        for s in inner:
+            for b in getattr(s, "blocks", lambda: ())():
+                found += nesting(b, level)
+        return found
+
+    assert sorted(nesting(unrolled.body)) == [(1, 2)] + [(2, 2)] * 2 + [(3, 2)] * 4
+    lanes = [s for s in walk(unrolled.body) if isinstance(s, Lane)]
+    assert sorted((lane.fn.name, lane.depth) for lane in lanes if lane.fn is not None) == [
+        ("walk0_g0", 1), ("walk0_g0_0", 2), ("walk0_g0_1", 2), ("walk0_g1", 1), ("walk0_g1_0", 2), ("walk0_g1_1", 2)]
+    calls = sorted((c.fn.name, c.depth) for lane in lanes for c in lane.body.items if isinstance(c, Call))
+    assert [d for _, d in calls] == [3] * 8 and len({name for name, _ in calls}) == 8
+    assert len({f.stack.name for f in unrolled.functions}) == 1 + 2 + 4 + 8
+    kernel = ck.compile(unrolled, mode="compiled", threads=2).kernels[0]
+    assert kernel.source.count("cuda.shared.array") == 1   # one frame stack: a block runs one dispatch at a time
+    assert "group_barrier(status, gslot3, gblocks3)" in kernel.source and "gslot4" not in kernel.source
+
+
+def test_the_critical_path_halves_per_level_while_there_are_blocks_to_split():
+    rng = np.random.default_rng(1)
+    args = tree_args(*balanced(16), 2, rng)
+    program = ck.trace(tree_program(2), *args, chunk=2, tile=2)
+    want = ck.compile(program, mode="host", threads=2)(*args)
+    barriers = []
+    for depth in (0, 1, 2, 3):
+        prog = program if depth == 0 else unroll_recursion(program, depth).program
+        compiled = ck.compile(prog, mode="compiled", threads=2, blocks=8)
+        np.testing.assert_array_equal(compiled(*args), want)
+        barriers.append(compiled.last_stats.barriers)
+    assert all(b < 0.6 * a for a, b in zip(barriers, barriers[1:])), barriers
+    # with 2 blocks the deeper levels cannot split: their lanes run one after another on one block, and only
+    # the inlined levels' saved segment barriers remain
+    two = ck.compile(unroll_recursion(program, 3).program, mode="compiled", threads=2, blocks=2)
+    np.testing.assert_array_equal(two(*args), want)
+    assert 0.6 * barriers[1] < two.last_stats.barriers < barriers[1]
+
+
+def test_removing_the_group_barriers_of_a_nested_lane_breaks_the_result():
+    rng = np.random.default_rng(2)
+    args = tree_args(*balanced(8), 4, rng)
+    program = unroll_recursion(ck.trace(tree_program(4), *args, chunk=1, tile=2), 2).program
+    good = ck.compile(program, mode="host", threads=2)(*args)
+    kernel = ck.compile(program, mode="compiled", threads=2, blocks=8).kernels[0]
+    lanes = [s for s in walk(program.body) if isinstance(s, Lane) and s.fn is not None]
+    inside = {id(s) for lane in lanes for s in walk(lane.body)}
+    sites = [k for k in kernel.writer.barrier_sites if isinstance(k, int) and k in inside]
+    assert sites and "group_barrier(status, gslot1, gblocks1)  # before" in kernel.source
+    wrong = 0
+    for seed in range(4):
+        with sim.configure(seed=seed, start_order="shuffle"):
+            broken = Compiled(program, "compiled", Options(threads=2, blocks=8), drop_barriers=frozenset(sites))
+            wrong += not np.array_equal(broken(*args), good)
+    assert wrong, "dropping the group barriers of the unrolled lanes went unnoticed"
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 8])
+def test_a_bad_node_deep_in_one_lane_stops_the_kernel_with_an_index_error(blocks):
+    left, right, is_leaf = balanced(8)
+    rng = np.random.default_rng(7)
+    args = list(tree_args(left, right, is_leaf, 2, rng))
+    program = unroll_recursion(ck.trace(tree_program(2), *args, chunk=2, tile=2), 3).program
+    for node, child in ((2, 99), (5, -4), (3, 40)):   # a lane at level 2 inlined; a call at level 3
+        bad = left.copy()
+        bad[node] = child
+        args[0] = bad
+        for mode in ("host", "compiled"):
+            with pytest.raises(IndexOutOfRangeError, match=f"at element {child}"):
+                ck.compile(program, mode=mode, threads=2, blocks=blocks)(*args)
+    args[0] = left
+    np.testing.assert_array_equal(ck.compile(program, mode="compiled", threads=2, blocks=blocks)(*args),
+                                  tree_reference(*args).astype(np.float32))
+
+
 # ---- the scheduler ----------------------------------------------------------------------------
 
 
@@ -272,3 +386,29 @@ def test_the_scheduler_keeps_recursion_unroll_for_the_rae_and_says_why():
     np.testing.assert_array_equal(auto(*args), ck.compile(program, mode="host", threads=2)(*args))
     off = ck.compile(program, mode="auto", threads=2, optimizations=Optimizations(unroll_recursion=False))
     assert not any(isinstance(s, CallGroup) for s in walk(off.schedule.program.body))
+
+
+def test_the_scheduler_unrolls_the_rae_more_than_one_level_when_its_cost_model_says_so():
+    model = RAE(2, threads=2, chunk=4, tile=2)
+    left, right, is_leaf = balanced(16)
+    rng = np.random.default_rng(8)
+    inp = rng.standard_normal((31, 2)).astype(np.float32)
+    auto = model.compiled_for(31, "auto")
+    notes = {n.name: n for n in auto.schedule.optimizations}
+    assert notes["recursion unroll x2"].kept and notes["recursion unroll x3"].kept
+    assert notes["recursion unroll x3"].after.total_us < notes["recursion unroll x2"].after.total_us
+    levels = max(sum(isinstance(s, CallGroup) for s in _path) for _path in _group_paths(auto.schedule.program.body))
+    assert levels == 3
+    np.testing.assert_array_equal(model(left, right, is_leaf, inp, mode="auto"),
+                                  model(left, right, is_leaf, inp, mode="host"))
+    # on one block there is nothing to split: no depth pays
+    single = ck.compile(model.program(31), mode="auto", threads=2, blocks=1)
+    assert not any(isinstance(s, CallGroup) for s in walk(single.schedule.program.body))
+
+
+def _group_paths(block, path=()):
+    """Every chain of nested statements from ``block`` down (to count CallGroups along one path)."""
+    yield path
+    for item in block.items:
+        for inner in getattr(item, "blocks", lambda: ())():
+            yield from _group_paths(inner, path + (item,))

@@ -78,10 +78,23 @@ def test_one_kernel_with_softmaxes_of_two_widths_and_a_sum_compiles_to_ptx():
 
 
 @pytest.mark.skipif(not _toolkit_installed(), reason='needs the CUDA toolkit wheels: pip install -e ".[ptx]"')
+def test_functions_not_inlined_calling_the_kernels_shared_memory_utasks_compile_to_ptx():
+    """Regression: with ``inline=False`` a function uTask's device function and the kernel both called the tiled
+    linear and the row softmax (uTasks declaring shared arrays), so the kernel's PTX module defined their shared
+    arrays twice and NVVM answered ERROR_INVALID_IR; each device function now calls private copies.  The same
+    program runs in the simulator against numpy in ``tests/test_cocktailer_functions.py``."""
+    result = _run(["-m", "pyflow.cocktailer.compile_check", "functions_share_utasks_not_inlined"])
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "ok    functions_share_utasks_not_inlined" in result.stdout
+    assert "1/1 generated kernels compiled" in result.stdout
+
+
+@pytest.mark.skipif(not _toolkit_installed(), reason='needs the CUDA toolkit wheels: pip install -e ".[ptx]"')
 def test_generated_cocktailer_kernels_compile_to_ptx_for_sm90():
-    """Loops, while loops, branches, fenced functions, the recursion stack and recursion unroll's block
-    groups, row reductions of several shapes in one kernel, the LSTM, NASRNN, Attention, Seq2seq, BlockDrop and
-    SkipNet models, as numba.cuda sees them."""
+    """Loops, while loops, branches, fenced functions (nested, sharing shared-memory uTasks), the recursion
+    stack (with loops inside the recursive function) and recursion unroll's block groups (nested two
+    levels), row reductions of several shapes in one kernel, the LSTM, NASRNN, Attention, Seq2seq,
+    BlockDrop and SkipNet models, as numba.cuda sees them."""
     result = _run(["-m", "pyflow.cocktailer.compile_check"])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert "FAIL" not in result.stdout and "12/12 generated kernels compiled" in result.stdout
+    assert "FAIL" not in result.stdout and "15/15 generated kernels compiled" in result.stdout

@@ -22,7 +22,8 @@
 # The whole program becomes one persistent kernel.  This tutorial traces an RNN,
 # runs it both ways, reads the generated kernel, steps through one block of it in
 # the simulator, and then does the same for a recursion (a recursive autoencoder
-# over a tree), whose call stack lives in shared memory.
+# over a tree), whose call stack lives in shared memory, unrolls that recursion
+# onto (nested) groups of blocks, and puts a loop inside a recursive function.
 
 # %%
 import os
@@ -265,7 +266,7 @@ print(unrolled.listing().split("body:")[1])
 # %% [markdown]
 # The kernel splits the grid into two groups of blocks.  Inside a group,
 # operators spread over the group's blocks and the barriers are
-# `group_barrier(status, gslot, gblocks)`, a barrier of just those blocks
+# `group_barrier(status, gslot1, gblocks1)`, a barrier of just those blocks
 # (`kernels/utask/groups.py`: two atomic counters); a grid barrier joins the
 # groups.  Block 0 now walks only the left subtree, so it waits at fewer barriers:
 
@@ -276,5 +277,50 @@ print("unrolled:", fast_tree.last_stats, " (barriers: block 0's)")
 text = fast_tree.source
 start = text.index("# recursion unroll")
 print(text[start:start + 700], "\n...")
+
+# %% [markdown]
+# Unrolled deeper (`unroll_recursion(tree, 2)`), a lane is not a call any more but
+# the call's body inlined again, whose own two calls split *its* group of blocks
+# (`gblock2` of `gblocks2`), joined by that group's barrier: nested block groups.
+# Both lanes hold that code; on this lopsided tree only the right one has
+# children to split when it runs (block 0, in the left lane, walks a leaf):
+
+# %%
+deeper = ck.compile(unroll_recursion(tree, 2).program, mode="compiled", threads=4, blocks=4)
+assert np.array_equal(deeper(left, right, is_leaf, inp, W, bias), got)
+print("two levels:", deeper.last_stats)
+print([line.strip() for line in deeper.source.splitlines() if line.strip().startswith("groups")])
+
+# %% [markdown]
+# ## 6. Loops inside a recursive function
+#
+# A recursive function may hold loops, even loops that call it (the artifact
+# compiles neither).  Here a node of a tree of any arity sums its children with a
+# `for_loop` over its child count, read on the device.  A call inside the loop
+# needs a resume point inside an iteration, so the loop becomes segments of the
+# state machine too, its counter and trip count kept in the frame:
+
+# %%
+nkids = np.array([3, 0, 2, 0, 0, 0], np.int64)      # 0 -> 1, 2, 3; 2 -> 4, 5
+kids = np.array([1, 2, 3, 0, 0, 0, 4, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], np.int64)
+values = rng.standard_normal((6, dim)).astype(np.float32)
+
+
+def sum_tree(kids, nkids, values):
+    @ck.function(returns=ck.spec(dim))
+    def total(node):
+        def inner():
+            return ck.for_loop(nkids[node].item(),
+                               lambda i, acc: ck.add(acc, total(kids[node * 3 + i].item())), ck.zeros(dim))
+
+        return ck.cond(nkids[node].item().eq(0), lambda: ck.copy(values[node]), inner)
+
+    return total(0)
+
+
+looped = ck.trace(sum_tree, kids, nkids, values, chunk=4, tile=4)
+summed = ck.compile(looped, mode="compiled", threads=4, blocks=2)
+np.testing.assert_allclose(summed(kids, nkids, values), values[[1, 3, 4, 5]].sum(axis=0), rtol=1e-6)
+print("a loop holding the call:", summed.last_stats)
 
 print("tutorial 4 done", file=sys.stderr)

@@ -11,6 +11,10 @@ The source is registered with ``linecache`` under a name like
 ``pdb`` (``breakpoint()`` inside the kernel, ``list``, ``step``) show the generated
 lines like any other file.
 
+``private_copy(fn)`` is a second, separately compiled device function with ``fn``'s
+Python source: what a non-inlined function uTask calls instead of the uTasks the
+kernel shares with it (``codegen.KernelSource.device_function`` says why).
+
 ``uoperator_kernel(fn, n_args)`` is the other half: one operator as its own launch,
 ``op_kernel[blocks, threads](u_begin, u_end, *args)`` runs uTasks
 ``u_begin <= u < u_end`` of ``fn`` in the virtual-block loop.  Cocktailer's host
@@ -26,7 +30,7 @@ import linecache
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit, max_cooperative_grid_blocks
 
-__all__ = ["build_kernel", "cooperative_grid_limit", "uoperator_kernel"]
+__all__ = ["build_kernel", "cooperative_grid_limit", "private_copy", "uoperator_kernel"]
 
 _serial = itertools.count()
 
@@ -44,6 +48,27 @@ def build_kernel(source: str, name: str, namespace: dict, **jit_options):
     env.update(namespace)
     exec(compile(source, filename, "exec"), env)  # noqa: S102 - our own generated source
     return jit(env[name], **jit_options)
+
+
+def private_copy(fn):
+    """A new device function compiled from ``fn``'s Python function: same code, a module of its own.
+
+    numba-cuda links a device function's module into every caller's module, and a
+    kernel's PTX is its module plus every module linked below it, duplicates
+    included.  Functions are merged (``linkonce_odr``), shared arrays are not: a
+    uTask that declares ``cuda.shared.array`` and is reached from one kernel along
+    two paths (called by the kernel, and by a device function the kernel calls)
+    defines its shared array twice, and NVVM rejects the kernel with
+    ``ERROR_INVALID_IR``.  A copy gets its own module, its own mangled name and its
+    own shared array (numba numbers every shared array it compiles), so each path
+    reaches a different one.  In the simulator a copy runs the same Python function
+    (its shared arrays are keyed by source line, which is harmless: a block runs one
+    uTask at a time).
+    """
+    py_func = getattr(fn, "py_func", None)
+    if py_func is None:
+        raise TypeError(f"private_copy: {fn!r} is not a device function (it has no py_func)")
+    return jit(py_func, device=True)
 
 
 def cooperative_grid_limit(kernel, args, block: int) -> int:

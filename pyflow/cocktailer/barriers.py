@@ -18,8 +18,9 @@ overlapping elements of a buffer.
   for a scalar read) that must wait at a barrier, with the reason.  Loops are
   analysed to a fixpoint: what the end of an iteration left pending meets the
   start of the next.  In a recursive body every call starts a new segment, which
-  is entered through a barrier; a ``CallGroup`` ends with the grid barrier that
-  joins its groups.
+  is entered through a barrier; a ``CallGroup`` starts with a barrier if anything
+  its lanes touch is pending (a group cannot wait for another), plans each lane
+  on its own, and ends with the barrier that joins its groups.
 
 ``optimize.py`` uses the same accesses to find dependences (reclustering) and
 independent sibling calls (recursion unroll).
@@ -33,7 +34,7 @@ from pyflow.cocktailer.ir import (Block, Branch, Call, CallGroup, FunctionCall, 
                                   scalar_loads, walk)
 
 __all__ = ["Access", "Pending", "CLEAR", "UNKNOWN", "BarrierPlan", "accesses", "op_accesses", "scalar_accesses",
-           "has_call", "block_has_call"]
+           "group_accesses", "has_call", "block_has_call"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +124,16 @@ class BarrierPlan:
     def item(self, item, pending: Pending) -> Pending:
         if isinstance(item, UOperator):
             return self._check(id(item), pending, op_accesses(item), f"before {item.name}")
+        if isinstance(item, Loop) and self.in_recursion and has_call(item):
+            # a loop holding a call is segments too (codegen ``_Segments.loop``): the trip count is read
+            # once where the loop starts, the head (a while loop's test) and the body start new segments
+            if item.trip is not None:
+                self._check(("trip", id(item)), pending, scalar_accesses(item.trip), "trip count")
+            if item.head is not None:
+                head = self.block(item.head, CLEAR)
+                self._check(("cond", id(item)), head, scalar_accesses(item.cond), "loop condition")
+            self.block(item.body, CLEAR)
+            return CLEAR
         if isinstance(item, Loop):
             entry = pending
             if item.trip is not None:
@@ -156,11 +167,39 @@ class BarrierPlan:
             args = [a for s in item.args for a in scalar_accesses(s)]
             self._check(("call", id(item)), pending, args, "recursion arguments")
             return CLEAR if self.in_recursion else UNKNOWN
-        if isinstance(item, CallGroup):   # its calls' arguments are read first; it ends with a grid barrier
-            args = [a for call in item.calls for s in call.args for a in scalar_accesses(s)]
-            self._check(("group", id(item)), pending, args, "recursion arguments")
+        if isinstance(item, CallGroup):
+            # once the blocks split into groups, a group cannot wait for another: whatever any lane touches
+            # must be settled before the split; inside a lane, its own group's barriers; a join ends it
+            self._check(("group", id(item)), pending, group_accesses(item), "before the block groups split")
+            for lane in item.lanes:
+                self.block(lane.body, CLEAR)
             return CLEAR
         raise TypeError(f"cannot plan barriers for {item!r}")
+
+
+def group_accesses(group: CallGroup) -> list:
+    """Everything the lanes of ``group`` may read or write, the bodies of the functions they call included."""
+    out, seen = [], set()
+
+    def visit(block):
+        for s in walk(block):
+            if isinstance(s, UOperator):
+                out.extend(op_accesses(s))
+            elif isinstance(s, Branch):
+                out.extend(scalar_accesses(s.pred))
+            elif isinstance(s, Loop):
+                out.extend(scalar_accesses(s.trip))
+                out.extend(scalar_accesses(s.cond))
+            elif isinstance(s, Call):
+                for a in s.args:
+                    out.extend(scalar_accesses(a))
+                out.extend(accesses(s.result, None, True))
+                if id(s.fn) not in seen:
+                    seen.add(id(s.fn))
+                    visit(s.fn.body)
+
+    visit(group.body)
+    return out
 
 
 def block_has_call(block: Block) -> bool:

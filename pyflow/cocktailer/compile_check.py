@@ -3,9 +3,11 @@
 The simulator runs generated source as Python, so it would accept code numba.cuda
 cannot compile (a Python object in device code, an untyped global).  This traces
 example programs covering every construct the code generator emits - a for loop
-over a device trip count, a while loop, branches, a non-inlined function uTask,
-recursion through the shared-memory frame stack, recursion unroll's block groups
-with their group barriers, row reductions and softmaxes of several shapes in one kernel,
+over a device trip count, a while loop, branches, non-inlined function uTasks (nested,
+and sharing shared-memory uTasks with the kernel),
+recursion through the shared-memory frame stack (with for and while loops inside
+the recursive function, holding the call or not), recursion unroll's block groups
+(nested two levels deep) with their group barriers, row reductions and softmaxes of several shapes in one kernel,
 the LSTM, NASRNN, Attention, Seq2seq, BlockDrop and SkipNet models - and compiles each generated
 kernel to PTX with the argument types it is launched with:
 
@@ -58,6 +60,41 @@ def _tree(left, right, is_leaf, values, w, b):
     return rae(0)
 
 
+def _shared_utasks(x, w, b):
+    """The kernel, two calls of a fenced function and the function nested in it all call the softmax and the
+    tiled linear (uTasks owning shared arrays): each device function must reach copies of its own."""
+    @ck.function
+    def head(h):
+        return ck.softmax_rows(ck.linear(h, w, b))
+
+    @ck.function
+    def cell(h):
+        return head(ck.tanh(ck.linear(h, w, b)))
+
+    h = ck.softmax_rows(ck.linear(x, w, b))
+    h = cell(h)
+    return cell(h), ck.sum_rows(h)
+
+
+def _loops_tree(kids, nkids, values, w, b, one):
+    """Loops inside a recursive function: a for loop holding the call (trip count read on the device), a while
+    loop holding it, a while loop without one."""
+    @ck.function(returns=ck.spec(4))
+    def walk(node):
+        def inner():
+            total = ck.for_loop(nkids[node].item(), lambda i, acc: ck.add(acc, walk(kids[node * 3 + i].item())),
+                                ck.zeros(4))
+            again, _ = ck.while_loop(lambda h, n: n[0].item() < 1,
+                                     lambda h, n: (ck.add(h, walk(kids[node * 3].item())), ck.add(n, one)),
+                                     total, ck.zeros(1), max_iters=2)
+            return ck.while_loop(lambda h: ck.sum_rows(ck.mul(h, h).reshape(1, 4)).item() > 1.0,
+                                 lambda h: ck.tanh(ck.linear(h, w, b)), again, max_iters=8)
+
+        return ck.cond(nkids[node].item().eq(0), lambda: ck.copy(values[node]), inner)
+
+    return walk(0)
+
+
 def _lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     def step(t, h, c, out):
         h, c = ck.lstm_cell(ck.linear(x[t], w_ih, b_ih), ck.linear(h, w_hh, b_hh), c)
@@ -81,8 +118,17 @@ def examples():
     yield "control_flow_not_inlined", control, False
     tree = ck.trace(_tree, ck.spec(7, dtype=i64), ck.spec(7, dtype=i64), ck.spec(7, dtype=i64),
                     ck.spec(7, 4), ck.spec(4, 8), ck.spec(4))
+    # a non-inlined function calling a shared-memory uTask the kernel calls too defined its shared array twice
+    # (ERROR_INVALID_IR) until each device function called private copies (regression example)
+    yield "functions_share_utasks_not_inlined", ck.trace(_shared_utasks, ck.spec(2, 8), ck.spec(8, 8), ck.spec(8),
+                                                         tile=4), False
     yield "recursion", tree, True
+    yield "recursion_with_loops", ck.trace(_loops_tree, ck.spec(21, dtype=i64), ck.spec(7, dtype=i64),
+                                           ck.spec(7, 4), ck.spec(4, 4), ck.spec(4), ck.spec(1)), True
     yield "recursion_unrolled", unroll_recursion(tree).program, True
+    # two levels: a lane inlined, block groups split inside block groups, a failed flag per group (deeper
+    # levels repeat the same code; three take the check 40 s longer)
+    yield "recursion_unrolled_2_levels", unroll_recursion(tree, 2).program, True
     # a device function with a shared array reached along two paths is defined twice (ERROR_INVALID_IR):
     # reduce.py's block_reduce owned one until the row uTasks declared theirs (regression example)
     yield "row_ops", ck.trace(_row_ops, ck.spec(2, 8), ck.spec(3, 5)), True

@@ -72,7 +72,7 @@ def for_loop(trip, body, *init):
     else:
         trip = Const(static_int(trip, "for_loop: the trip count"))
     states = _loop_state(init, "for_loop")
-    var = Var(t.fresh("i"))
+    var = Var(t.fresh("i", derived=("{}_trip",)))   # (in a recursive function codegen may keep the trip as i0_trip)
     loop = Loop(var, Block(), trip=trip)
     t.loop_depth += 1
     try:

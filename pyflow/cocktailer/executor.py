@@ -40,7 +40,7 @@ import numpy as np
 
 from pyflow.cocktailer import codegen
 from pyflow.cocktailer.checks import static_int
-from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, CallGroup, Const, FunctionCall, Load, Loop, Scalar,
+from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, CallGroup, Const, FunctionCall, Lane, Load, Loop, Scalar,
                                   TensorRef, UOperator, Var, free_vars, py_op, walk)
 from pyflow.cocktailer.names import kernel_name
 from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IndexOutOfRangeError,
@@ -107,16 +107,14 @@ class CompiledKernel:
         self.free_vars = free_vars(block)
         self.writer = codegen.generate(name, block, program.functions, self.free_vars,
                                        stack_depth=options.stack_depth, inline_functions=options.inline,
-                                       drop_barriers=drop_barriers, first_site=first_site)
+                                       drop_barriers=drop_barriers, first_site=first_site,
+                                       while_loops=while_loops(program))
         self.index_sites = self.writer.index_sites   # site first_site + k checks index_sites[k]
         self.source = self.writer.text
         self.buffer_names = list(self.writer.buffers)
         self._check_frame_stacks(program, options)
         self.kernel = build_kernel(self.source, name, self.writer.namespace)
-        self.max_utasks = max([s.count for s in walk(block) if isinstance(s, UOperator)]
-                              + [_utasks(f) for f in program.functions]
-                              + [sum(_utasks(c.fn) for c in s.calls) for s in walk(block) if isinstance(s, CallGroup)]
-                              + [1])
+        self.max_utasks = max([_parallel_utasks(block)] + [_utasks(f) for f in program.functions])
         self.barrier_sites = len(self.writer.barrier_sites)
         self._limit = None
 
@@ -146,9 +144,30 @@ class CompiledKernel:
                 f"stack_depth <= {FRAME_STACK_BYTES // per_frame}, or mode='host' (its stack is on the host).")
 
 
+def while_loops(program) -> list:
+    """The program's while loops, body first, then each recursive function's: the numbers errors report."""
+    bodies = [program.body] + [f.body for f in program.functions]
+    return [s for b in bodies for s in walk(b) if isinstance(s, Loop) and s.kind == "while"]
+
+
 def _utasks(fdef) -> int:
     """The most uTasks of one operator in a recursive function's body."""
     return max([s.count for s in walk(fdef.body) if isinstance(s, UOperator)], default=1)
+
+
+def _parallel_utasks(block: Block) -> int:
+    """The most uTasks ``block`` runs at once: one operator's, or the lanes of a ``CallGroup`` side by side."""
+    most = 1
+    for item in block.items:
+        if isinstance(item, UOperator):
+            most = max(most, item.count)
+        elif isinstance(item, CallGroup):
+            most = max(most, sum(_parallel_utasks(lane.body) for lane in item.lanes))
+        elif isinstance(item, Call):
+            most = max(most, _utasks(item.fn))
+        else:
+            most = max([most] + [_parallel_utasks(b) for b in getattr(item, "blocks", lambda: ())()])
+    return most
 
 
 class Executor:
@@ -200,10 +219,11 @@ class Executor:
         return self._memory
 
     def _status_size(self) -> int:
-        """``[error, detail, barriers, value]``, then two counters per block group (``group_barrier``)."""
+        """``[error, detail, barriers, value]``, then three words per block group of every ``CallGroup``
+        (``group_barrier``'s count and generation, a failed flag; see ``codegen``)."""
         bodies = [self.program.body] + [f.body for f in self.program.functions]
-        groups = [len(s.calls) for b in bodies for s in walk(b) if isinstance(s, CallGroup)]
-        return codegen.STATUS_HEAD + 2 * max(groups, default=0)
+        lanes = sum(len(s.lanes) for b in bodies for s in walk(b) if isinstance(s, CallGroup))
+        return codegen.STATUS_HEAD + 3 * lanes
 
     def check_inputs(self, arrays) -> None:
         """Raise unless ``arrays`` (arrays or tensors) have the traced count, shapes and dtypes."""
@@ -273,7 +293,7 @@ class Executor:
         if code == codegen.ERR_INDEX:
             self._index_error(self.index_sites[detail], int(status[3]))
         if code == codegen.ERR_ITERATIONS:
-            loops = [s for s in walk(self.program.body) if isinstance(s, Loop) and s.kind == "while"]
+            loops = while_loops(self.program)
             cap = loops[detail].max_iters if detail < len(loops) else "?"
             raise IterationLimitError(f"{self.program.name}: a while loop ran more than max_iters={cap} "
                                       "iterations")
@@ -371,7 +391,13 @@ class Executor:
                 env[id(item.var)] += 1
         elif isinstance(item, Branch):
             yield self._block(item.then if self._scalar(item.pred, env) else item.orelse, env, frame)
-        elif isinstance(item, (FunctionCall, CallGroup)):   # a group's calls: one after another
+        elif isinstance(item, (FunctionCall, CallGroup)):   # a group's lanes: one after another
+            yield self._block(item.body, env, frame)
+        elif isinstance(item, Lane):
+            if item.fn is not None and item.depth >= self.options.stack_depth:   # an unrolled call's frame
+                name = item.fn.unrolled_from or item.fn.name
+                raise StackOverflowError(f"{self.program.name}: recursive function {name!r} went deeper "
+                                         f"than stack_depth={self.options.stack_depth} frames")
             yield self._block(item.body, env, frame)
         elif isinstance(item, Call):
             inner, callee = self._enter(item, env, frame)

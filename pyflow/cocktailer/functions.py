@@ -11,7 +11,9 @@
 
 A plain function becomes a ``FunctionCall`` (inlined, or a device function of its
 own).  A recursive one becomes a ``FunctionDef`` whose locals live in frames of its
-own stack arena; each call is a ``Call`` (a uTask reference).  Its code names (the
+own stack arena; each call is a ``Call`` (a uTask reference).  Its body may hold
+``for_loop`` s and ``while_loop`` s, also ones whose body calls the function (their
+loop-carried values live in the frame, so each call keeps its own).  Its code names (the
 function, its parameters, its frame fields and stack) come from ``names.py``: valid
 and distinct whatever the Python function is called.
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import functools
 
-from pyflow.cocktailer.ir import Block, Buffer, Call, FunctionCall, FunctionDef, Loop, Offset, TensorRef, Var, walk
+from pyflow.cocktailer.ir import Block, Buffer, Call, FunctionCall, FunctionDef, Offset, TensorRef, Var
 from pyflow.cocktailer.names import readable_name, sanitize
 from pyflow.cocktailer.trace import (FLOAT_DTYPES, Tensor, TensorSpec, TraceError, _copy_into, _current, _float,
                                      _Frame, _int_argument, _param_names, _tensor, _Trace)
@@ -105,10 +107,6 @@ class Function:
         finally:
             t.frames.pop()
             t.loop_depth = saved_depth
-        for item in walk(fdef.body):
-            if isinstance(item, Loop):
-                raise TraceError(f"{fdef.name}: loops inside a recursive function are not supported "
-                                 "(call the function from a loop instead)")
         return fdef
 
 

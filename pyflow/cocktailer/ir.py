@@ -10,8 +10,9 @@ A traced program (``trace.py``) is a tree of statements:
   condition), ``Branch`` (then/else on a device scalar), ``FunctionCall`` (a
   function uTask: the body of a called function), ``Call`` (a uTask reference to
   a ``FunctionDef``; a function that references itself is recursive) and
-  ``CallGroup`` (independent calls run at the same time on disjoint groups of
-  blocks: what recursion unroll makes of sibling subtrees).
+  ``CallGroup`` (independent ``Lane``s run at the same time on disjoint groups of
+  blocks: what recursion unroll makes of sibling subtrees; a lane is one call, or
+  the call's body unrolled again, holding a ``CallGroup`` of its own).
 
 Tensors are ``TensorRef``s: a shape and an element offset into a ``Buffer``, a flat
 preallocated device array (Cocktailer preallocates everything: inputs, one arena per
@@ -32,7 +33,7 @@ import operator
 import numpy as np
 
 __all__ = ["Buffer", "Offset", "TensorRef", "Scalar", "Const", "Var", "Load", "BinOp", "UOperator",
-           "Block", "NestedUTask", "Loop", "Branch", "FunctionCall", "FunctionDef", "Call", "CallGroup",
+           "Block", "NestedUTask", "Loop", "Branch", "FunctionCall", "FunctionDef", "Call", "CallGroup", "Lane",
            "walk", "as_scalar", "is_int_scalar", "free_vars"]
 
 
@@ -376,21 +377,50 @@ class Call(NestedUTask):
 
 
 @dataclasses.dataclass(eq=False)
+class Lane(NestedUTask):
+    """One lane of a ``CallGroup``: the statements one group of blocks runs (``body``).
+
+    Recursion unroll makes a lane of each sibling call: the ``Call`` itself (on a
+    copy of the function with its own stack), or, unrolled one level deeper, that
+    call's body inlined, whose own sibling calls are a ``CallGroup`` again.  Such a
+    body is frame ``depth`` of ``fn``'s stack (``fn``: the copy it belongs to; None
+    for a lane that is just a call): a lane at ``depth >= stack_depth`` overflows
+    the stack exactly where the call it replaces would have.
+    """
+
+    body: Block
+    fn: "FunctionDef | None" = None
+    depth: int = 0
+    kind = "lane"
+
+    def blocks(self):
+        return (self.body,)
+
+
+@dataclasses.dataclass(eq=False)
 class CallGroup(NestedUTask):
-    """Independent ``Call``s (``body.items``) run at the same time, each on its own group of blocks.
+    """Independent ``Lane``s (``body.items``) run at the same time, each on its own group of blocks.
 
     Made by recursion unroll (``optimize.unroll_recursion``) from sibling calls
-    that share nothing they write: each calls its own copy of the function, with
-    its own stack.  Call ``k`` runs on block group ``k % groups`` with ``groups =
-    min(len(calls), blocks)``; the host executor simply runs them one after another.
+    that share nothing they write: each lane calls its own copies of the function,
+    with their own stacks.  Lane ``k`` runs on block group ``k % groups`` of the
+    blocks running the group (the grid, or the enclosing lane's group) with
+    ``groups = min(len(lanes), blocks)``; a ``CallGroup`` inside a lane splits that
+    lane's group again (nested block groups).  The host executor simply runs the
+    lanes one after another.
     """
 
     body: Block
     kind = "group"
 
     @property
-    def calls(self) -> list:
+    def lanes(self) -> list:
         return self.body.items
+
+    @property
+    def calls(self) -> list:
+        """The calls of lanes that are one call each (the lanes of a one-level unroll)."""
+        return [s for lane in self.lanes for s in lane.body.items if isinstance(s, Call)]
 
     def blocks(self):
         return (self.body,)

@@ -27,14 +27,17 @@ import functools
 import re
 import unicodedata
 
-__all__ = ["sanitize", "readable_name", "kernel_name", "Names", "GENERATED"]
+__all__ = ["sanitize", "readable_name", "kernel_name", "Names", "GENERATED", "GROUP_LEVELS"]
 
 # Every name the generated kernels use that does not come from the IR (codegen.py's
 # locals and globals, the builtins it calls): no IR name may shadow one of them.
+# Block groups nested ``L`` deep (recursion unroll) name their variables ``gblockL``..., ``L`` <= GROUP_LEVELS.
+GROUP_LEVELS = 8
 GENERATED = frozenset(
-    "grid block blocks leader barriers u frame label top overflow done groups group gfirst gblocks gblock "
-    "gslot group_failed status cuda jit int64 group_barrier range min max int float bool True False None"
-    .split())
+    "grid block blocks leader barriers u frame label top overflow done g "
+    "status cuda jit int64 group_barrier range min max int float bool True False None".split()
+    + [f"{stem}{level}" for stem in ("groups", "group", "gfirst", "gblocks", "gblock", "gslot", "failed")
+       for level in range(1, GROUP_LEVELS + 1)])
 
 
 def sanitize(text, default: str = "program") -> str:

@@ -27,13 +27,17 @@ keeps it only if the profiler says the program got cheaper.
 * recursion unroll - an outside call of a recursive function is replaced by the
   function's body, inlined once for that call (its frame is the call's first
   frame), and inside it each run of sibling calls that share nothing they write
-  (RAE's ``rae(left)``, ``rae(right)``) becomes a ``CallGroup``: the calls run at
+  (RAE's ``rae(left)``, ``rae(right)``) becomes a ``CallGroup``: its lanes run at
   the same time, each on its own group of blocks, each calling its own copy of
   the function (``rae0_g0``, ``rae0_g1``) with its own stack, followed by a copy
   of each result into its slot.  This is Fig. 8 of the paper: the unrolled tree
-  exposes that nodes 2 and 3 are independent.  One level is unrolled (the
-  root's subtrees); unrolling deeper would split a group again, which the code
-  generator does not do.
+  exposes that nodes 2 and 3 are independent.  ``depth`` levels are unrolled:
+  below the first, a lane is not the call but the call's body inlined again (a
+  frame of its copy's stack), whose own sibling calls are a ``CallGroup`` nested
+  in the lane, splitting its group of blocks again (``rae0_g0_1``: lane 1 inside
+  lane 0).  Each level costs a split and a join and saves half of what is left
+  on the critical path, while there are blocks to split; the scheduler tries
+  the depths of ``Optimizations.recursion_depths`` and keeps the cheapest.
 
 The passes share one engine, ``_Cloner``: a deep copy of statements with a
 substitution of loop variables (``Var -> Scalar``) that folds constants as it goes.
@@ -55,6 +59,7 @@ from pyflow.cocktailer.ir import (
     Const,
     FunctionCall,
     FunctionDef,
+    Lane,
     Load,
     Loop,
     NestedUTask,
@@ -94,6 +99,7 @@ class Optimizations:
     ``unroll_factors``: the factors tried for every static for loop; 0 means a full
     unroll.  ``max_unrolled_ops``: a loop is left alone if unrolling it would give
     more operators than this (kernel size, and the simulator's patience).
+    ``recursion_depths``: the levels of recursion unroll tried (nested block groups).
     """
 
     inline: bool = True
@@ -102,6 +108,7 @@ class Optimizations:
     unroll_factors: tuple = (2, 4, 0)
     max_unrolled_ops: int = 256
     unroll_recursion: bool = True
+    recursion_depths: tuple = (1, 2, 3)
 
 
 @dataclasses.dataclass
@@ -226,6 +233,8 @@ class _Cloner:
                          s.depth)]
         if isinstance(s, CallGroup):
             return [CallGroup(self.block(s.body))]
+        if isinstance(s, Lane):
+            return [Lane(self.block(s.body), self.functions.get(s.fn, s.fn), s.depth)]
         raise TypeError(f"cannot copy {s!r}")
 
 
@@ -409,18 +418,20 @@ def _as_offset_scalar(o: Offset) -> Scalar:
 
 
 class _RecursionUnroll:
-    """Unrolls every outside call of a recursive function once (see the module docstring)."""
+    """Unrolls every outside call of a recursive function ``depth`` levels (see the module docstring)."""
 
-    def __init__(self, program):
-        self.program = program
-        self.copies: dict = {}      # FunctionDef -> [its copies for block groups]
+    def __init__(self, program, depth: int):
+        self.program, self.depth = program, depth
+        self.copies: dict = {}      # (FunctionDef, lane path) -> its copy for that block group
         self.changed = 0
 
-    def copy_of(self, fdef: FunctionDef, k: int) -> FunctionDef:
-        """Copy ``k`` of ``fdef``: the same body on a stack of its own (so copies share nothing)."""
-        have = self.copies.setdefault(fdef, [])
-        while len(have) <= k:
-            name = f"{fdef.name}_g{len(have)}"
+    def copy_of(self, fdef: FunctionDef, path: tuple) -> FunctionDef:
+        """The copy of ``fdef`` for the lane at ``path`` (its index at each level): the same body on a stack
+        of its own, so concurrent lanes share nothing.  ``walk0_g1`` is lane 1's, ``walk0_g1_0`` lane 0's
+        inside it."""
+        key = (fdef, path)
+        if key not in self.copies:
+            name = f"{fdef.name}_g{'_'.join(map(str, path))}"
             params = tuple(Var(f"{name}_{p.name[len(fdef.name) + 1:]}") for p in fdef.params)
             copy = FunctionDef(name, params, fdef.result_shape, fdef.dtype, frame_size=fdef.frame_size,
                                max_depth=fdef.max_depth, unrolled_from=fdef.unrolled_from or fdef.name)
@@ -429,8 +440,8 @@ class _RecursionUnroll:
             subst = {id(p): q for p, q in zip(fdef.params, params)}
             subst.update({id(fdef.base): copy.base, id(fdef.ret): copy.ret})
             copy.body = _Cloner(subst, functions={fdef: copy}, buffers={fdef.stack: copy.stack}).block(fdef.body)
-            have.append(copy)
-        return have[k]
+            self.copies[key] = copy
+        return self.copies[key]
 
     def rewrite(self, block: Block) -> None:
         """Replace outside calls in ``block`` (and the blocks nested in it) by their unrolled form."""
@@ -448,38 +459,52 @@ class _RecursionUnroll:
             items.append(item)
         block.items = items
 
+    @staticmethod
+    def inline(f: FunctionDef, args, ret: Scalar, depth: int, stack=None) -> Block:
+        """``f``'s body for one call: its parameters ``args``, its frame ``depth`` of ``stack`` (default
+        ``f.stack``), its result at ``ret``.  Its own calls of ``f`` stay calls of ``f``."""
+        subst = {id(p): a for p, a in zip(f.params, args)}
+        subst.update({id(f.base): Const(f.root_size + depth * f.frame_size), id(f.ret): ret})
+        return _Cloner(subst, buffers={f.stack: stack} if stack is not None else None).block(f.body)
+
     def unroll_call(self, call: Call):
         """The body of ``call.fn`` inlined for ``call``, its sibling calls grouped; None if none are."""
         f = call.fn
-        base = f.root_size + call.depth * f.frame_size   # the call's own (first) frame
-        subst = {id(p): a for p, a in zip(f.params, call.args)}
-        subst.update({id(f.base): Const(base), id(f.ret): _as_offset_scalar(call.result.offset)})
-        body = _Cloner(subst).block(f.body)
-        if not self.group_siblings(body, f, call.depth + 1):
+        body = self.inline(f, call.args, _as_offset_scalar(call.result.offset), call.depth)
+        if not self.group_siblings(body, f, call.depth + 1, (), f):
             return None
         return body.items
 
-    def group_siblings(self, block: Block, f: FunctionDef, depth: int) -> bool:
+    def group_siblings(self, block: Block, f: FunctionDef, depth: int, path: tuple, own: FunctionDef) -> bool:
         """Turn each run of independent calls of ``f`` in ``block`` (and nested blocks) into a CallGroup.
 
-        Calls left alone start at ``depth`` too: the inlined body is the frame above them.
+        ``block`` is a frame at ``depth - 1`` of the lane at ``path`` (``()``: the outside
+        call's), whose stack belongs to ``own``.  A grouped call becomes a lane: the call
+        of a copy of ``f`` at the last level, else its body inlined (a frame at ``depth``
+        of the copy's stack) with its own siblings grouped again.  Calls left alone call
+        ``own``, starting at ``depth`` too: the inlined body is the frame above them.
         """
         grouped, items, run = False, [], []
 
         def flush():
             nonlocal grouped
             if len(run) > 1 and self.independent(run):
-                calls, copies = [], []
+                lanes, copies = [], []
                 for k, c in enumerate(run):
-                    g = self.copy_of(f, k)
+                    g = self.copy_of(f, path + (k,))
                     root = TensorRef(g.stack, f.result_shape, Offset(None, 0))
-                    calls.append(Call(g, c.args, root, depth))
+                    if len(path) + 1 < self.depth:   # unroll this call too: its body, in a frame of g's stack
+                        body = self.inline(f, c.args, Const(0), depth, g.stack)
+                        self.group_siblings(body, f, depth + 1, path + (k,), g)
+                        lanes.append(Lane(body, g, depth))
+                    else:
+                        lanes.append(Lane(Block([Call(g, c.args, root, depth)])))
                     copies.append(copy_operator(c.result, root, f"result of {g.name}", self.program.chunk))
-                items.append(CallGroup(Block(calls)))
+                items.append(CallGroup(Block(lanes)))
                 items.extend(copies)
                 grouped = True
             else:
-                items.extend(Call(c.fn, c.args, c.result, depth) for c in run)
+                items.extend(Call(own, c.args, c.result, depth) for c in run)
             run.clear()
 
         for item in block.items:
@@ -489,7 +514,7 @@ class _RecursionUnroll:
             flush()
             if isinstance(item, NestedUTask):
                 for inner in item.blocks():
-                    grouped |= self.group_siblings(inner, f, depth)
+                    grouped |= self.group_siblings(inner, f, depth, path, own)
             items.append(item)
         flush()
         block.items = items
@@ -518,18 +543,21 @@ class _RecursionUnroll:
                        for a in touched[i] for b in touched[j])
 
 
-def unroll_recursion(program) -> PassResult:
-    """Unroll each outside call of a recursive function once; sibling calls run on disjoint block groups.
+def unroll_recursion(program, depth: int = 1) -> PassResult:
+    """Unroll each outside call of a recursive function ``depth`` levels; sibling calls run on disjoint block
+    groups, and below the first level their own siblings on disjoint parts of their group (nested groups).
 
     ``changed``: the calls unrolled (a call whose body has no two independent
     sibling calls is left as it was).  The new program has a copy of the function
-    per group (and its stack buffer); the original stays for its other callers.
+    per lane (and its stack buffer); the original stays for its other callers.
     """
+    if not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"unroll_recursion: depth must be an int >= 1, got {depth!r}")
     copy = _rebuild(program).program
-    unroll = _RecursionUnroll(copy)
+    unroll = _RecursionUnroll(copy, depth)
     unroll.rewrite(copy.body)
     if not unroll.changed:
         return PassResult(program, 0)
-    copies = [g for gs in unroll.copies.values() for g in gs]
+    copies = list(unroll.copies.values())
     return PassResult(dataclasses.replace(copy, functions=copy.functions + copies,
                                           buffers=copy.buffers + [g.stack for g in copies]), unroll.changed)

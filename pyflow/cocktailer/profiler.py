@@ -39,7 +39,8 @@ import time
 
 import numpy as np
 
-from pyflow.cocktailer.ir import Block, Branch, Call, CallGroup, FunctionCall, Loop, UOperator, scalar_loads, walk
+from pyflow.cocktailer.ir import (Block, Branch, Call, CallGroup, FunctionCall, Lane, Loop, UOperator, scalar_loads,
+                                  walk)
 from pyflow.cocktailer.optimize import static_value
 from pyflow.kernels.backend import cuda, is_gpu
 
@@ -145,21 +146,28 @@ def _ref_loads(ref) -> int:
     return _loads(ref.offset.dynamic)
 
 
-def segments_per_frame(block: Block, p: float) -> float:
+def segments_per_frame(block: Block, p: float, trip=lambda loop: 16.0) -> float:
     """Expected dispatches of a recursive body per frame (each starts with a grid barrier).
 
     The code generator cuts the body at its calls into labelled segments: the entry,
     one resume point per call, and for a branch with calls inside one label per
-    side plus the join.
+    side plus the join.  A loop holding a call (``trip(loop)`` iterations) is a head
+    segment per test, a body segment per iteration and one after it.
     """
     count = 0.0
     for item in block.items:
+        holds_call = any(isinstance(s, Call) for b in getattr(item, "blocks", lambda: ())() for s in walk(b))
         if isinstance(item, Call):
             count += 1
-        elif isinstance(item, Branch) and any(isinstance(s, Call) for b in item.blocks() for s in walk(b)):
-            count += 2 + p * segments_per_frame(item.then, p) + (1 - p) * segments_per_frame(item.orelse, p)
+        elif isinstance(item, Branch) and holds_call:
+            count += (2 + p * segments_per_frame(item.then, p, trip)
+                      + (1 - p) * segments_per_frame(item.orelse, p, trip))
+        elif isinstance(item, Loop) and holds_call:
+            n = trip(item)
+            head = segments_per_frame(item.head, p, trip) if item.head is not None else 0.0
+            count += (n + 1) * (1 + head) + n * (1 + segments_per_frame(item.body, p, trip)) + 1
         elif isinstance(item, FunctionCall):
-            count += segments_per_frame(item.body, p)
+            count += segments_per_frame(item.body, p, trip)
     return count
 
 
@@ -186,7 +194,7 @@ class _ModelWalk:
         return mult * self.model.assumed_calls * self.share
 
     def trip(self, loop: Loop) -> float:
-        value = static_value(loop.trip)
+        value = static_value(loop.trip) if loop.kind == "for" else None
         return float(value) if value is not None else float(self.model.assumed_trip)
 
     # control flow on the host: the host executor, with ``units`` launched as kernels
@@ -218,10 +226,12 @@ class _ModelWalk:
                 self.host(item.orelse, mult * (1 - then_p), tally, units)
             elif isinstance(item, FunctionCall):
                 self.host(item.body, mult, tally, units)
-            elif isinstance(item, CallGroup):   # the host runs the calls one after another
-                saved, self.share = self.share, 1.0 / len(item.calls)
+            elif isinstance(item, CallGroup):   # the host runs the lanes one after another
+                saved, self.share = self.share, self.share / len(item.lanes)
                 self.host(item.body, mult, tally, units)
                 self.share = saved
+            elif isinstance(item, Lane):
+                self.host(item.body, mult, tally, units)
             elif isinstance(item, Call):
                 tally.host_syncs += mult * (sum(_loads(a) for a in item.args) + _ref_loads(item.result))
                 if item.fn not in self.inside:   # an outside call: count the whole call tree
@@ -255,25 +265,28 @@ class _ModelWalk:
                 self.kernel(item.body, mult, tally, resource)
             elif isinstance(item, CallGroup):
                 self.group(item, mult, tally, resource)
+            elif isinstance(item, Lane):
+                self.kernel(item.body, mult, tally, resource)
             elif isinstance(item, Call):
                 tally.barriers += mult * (("call", id(item)) in sites)
                 if item.fn not in self.inside:
                     frames = self.frames(mult)
-                    tally.barriers += frames * (1 + segments_per_frame(item.fn.body, p))
+                    tally.barriers += frames * (1 + segments_per_frame(item.fn.body, p, self.trip))
                     self.inside.add(item.fn)
                     self.kernel(item.fn.body, frames, tally, resource)
                     self.inside.discard(item.fn)
 
     def group(self, item: CallGroup, mult: float, tally: _Tally, resource) -> None:
-        """Call ``k`` on block group ``k % groups``, each group a share of the grid; the slowest one counts."""
+        """Lane ``k`` on block group ``k % groups``, each group a share of the blocks (of the grid, or of the
+        enclosing lane's group); the slowest group counts.  Each lane covers its share of the call tree."""
         sites = resource.barrier_sites
         tally.barriers += mult * ((("group", id(item)) in sites) + (("join", id(item)) in sites))
-        groups = min(len(item.calls), resource.grid)
+        groups = min(len(item.lanes), resource.grid)
         part = dataclasses.replace(resource, grid=max(1, resource.grid // groups))
-        saved, self.share = self.share, 1.0 / len(item.calls)
+        saved, self.share = self.share, self.share / len(item.lanes)
         per_group = [_Tally() for _ in range(groups)]
-        for k, call in enumerate(item.calls):
-            self.kernel(Block([call]), mult, per_group[k % groups], part)
+        for k, lane in enumerate(item.lanes):
+            self.kernel(lane.body, mult, per_group[k % groups], part)
         self.share = saved
         tally.add(max(per_group, key=lambda t: t.estimate(self.model).total_us))
 

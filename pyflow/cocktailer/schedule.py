@@ -24,7 +24,9 @@ cheaper than leaving its control on the host.  The program body is the last node
 it pays, the whole program is one kernel.  (The paper also tries each candidate
 at several unit levels; pyflow's uTasks are all block-level, so there is one.)
 Around that, the optimizations of ``optimize.py`` are tried and kept when they
-pay.  The ``Schedule`` it returns prints every decision with both costs and why:
+pay (recursion unroll at each depth of ``Optimizations.recursion_depths``: the
+cheapest depth wins, none if none beats the program without it).  The
+``Schedule`` it returns prints every decision with both costs and why:
 
     >>> print(ck.compile(program, mode="auto").schedule)      # doctest: +SKIP
 """
@@ -35,7 +37,7 @@ import dataclasses
 import enum
 
 from pyflow.cocktailer.executor import CompiledKernel, Options
-from pyflow.cocktailer.ir import Block, Branch, Call, CallGroup, FunctionCall, Loop, UOperator, walk
+from pyflow.cocktailer.ir import Block, Branch, Call, CallGroup, FunctionCall, Lane, Loop, UOperator, walk
 from pyflow.cocktailer.names import kernel_name
 from pyflow.cocktailer.optimize import (Optimizations, inline_functions, optimize, recluster_branches,
                                         unroll_recursion)
@@ -228,13 +230,20 @@ def describe(node, program=None) -> str:
         elif isinstance(node, FunctionCall):
             text = f"function {node.name}"
         elif isinstance(node, CallGroup):
-            text = f"{len(node.calls)} calls at once ({', '.join(c.fn.name for c in node.calls)})"
+            text = f"{len(node.lanes)} lanes at once ({', '.join(_lane_name(lane) for lane in node.lanes)})"
+        elif isinstance(node, Lane):
+            text = f"lane {_lane_name(node)}"
         else:
             return repr(node)
         ops = sum(isinstance(s, UOperator) for b in node.blocks() for s in walk(b))
     if len(text) > 40:
         text = text[:37] + "..."
     return f"{text} [{ops} ops]"
+
+
+def _lane_name(lane) -> str:
+    calls = [s for s in lane.body.items if isinstance(s, Call)]
+    return lane.fn.name if lane.fn is not None else (calls[0].fn.name if calls else "lane")
 
 
 def cheaper(a: Estimate, b: Estimate) -> bool:
@@ -289,6 +298,8 @@ class _Algorithm1:
             level = schedule_operator(node).level
         elif isinstance(node, Call) and node.fn in self.defining:
             level = Level.BLOCK   # a uTask reference inside its own definition: placed with the definition
+        elif isinstance(node, Lane):   # runs on a group of its CallGroup's blocks: never a uProgram alone
+            level = schedule_control_flow(node, self.children_levels(node)) or Level.HOST
         else:
             level = self.consider(node, self.children_levels(node))
         self.levels[id(node)] = level
@@ -462,15 +473,24 @@ def schedule(program, options: Options | None = None, cost_model: CostModel | No
             best = trial if keep else best
 
     if opts.unroll_recursion:
-        cand = unroll_recursion(best.program)
-        if not cand.changed:
-            notes.append(OptimizationNote("recursion unroll", "no outside call with independent sibling calls",
-                                          None, None, False))
-        else:
-            trial = algorithm1(cand.program, best.options)
+        base = best
+        for depth in opts.recursion_depths:   # each depth from the program before, the cheapest kept
+            cand = unroll_recursion(base.program, depth)
+            name = "recursion unroll" if depth == 1 else f"recursion unroll x{depth}"
+            if not cand.changed:
+                notes.append(OptimizationNote(name, "no outside call with independent sibling calls",
+                                              None, None, False))
+                break
+            try:
+                trial = algorithm1(cand.program, base.options)
+            except LaunchConfigError as e:   # e.g. more block groups than the status word or the grid allow
+                notes.append(OptimizationNote(name, f"cannot be compiled: {e}", None, None, False))
+                continue
             keep = cheaper(trial.estimate, best.estimate)
-            notes.append(OptimizationNote("recursion unroll", f"{cand.changed} call(s): sibling subtrees on "
-                                          "disjoint block groups", best.estimate, trial.estimate, keep))
+            what = ("sibling subtrees on disjoint block groups" if depth == 1 else
+                    f"{depth} levels: sibling subtrees on nested block groups")
+            notes.append(OptimizationNote(name, f"{cand.changed} call(s): {what}", best.estimate, trial.estimate,
+                                          keep))
             best = trial if keep else best
 
     best.optimizations = notes

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyflow.cocktailer.ir import Branch, Call, CallGroup, FunctionCall, Loop, UOperator
+from pyflow.cocktailer.ir import Branch, Call, CallGroup, FunctionCall, Lane, Loop, UOperator
 
 __all__ = ["listing"]
 
@@ -33,7 +33,11 @@ def _lines(block, indent: str):
             yield (f"{indent}{item.result!r} = {item.fn.name}({', '.join(map(repr, item.args))})"
                    f"  # uTask reference{depth}")
         elif isinstance(item, CallGroup):
-            yield f"{indent}at once, call k on block group k % groups:  # recursion unroll"
+            yield f"{indent}at once, lane k on block group k % groups:  # recursion unroll"
+            yield from _lines(item.body, indent + "    ")
+        elif isinstance(item, Lane):
+            frame = f"  # frame {item.depth} of {item.fn.name}'s stack" if item.fn is not None else ""
+            yield f"{indent}lane:{frame}"
             yield from _lines(item.body, indent + "    ")
         else:
             yield f"{indent}{item!r}"

@@ -27,7 +27,11 @@ executor:
 
 ``mode="compiled"`` runs the whole program as one persistent kernel, ``mode="host"``
 one kernel launch per operator with control flow on the host; the two are bitwise
-equal.  ``model.compiled_for(...)`` gives the ``cocktailer.Compiled`` object
+equal.  Called with ``pyflow.Tensor`` s, a model returns tensors and its call is one
+VM instruction; its weights are uploaded to that device at the first such call and
+kept there (``device_weights.py``: ``model.device_weights``), uploaded again only
+when ``load_state_dict`` or an assignment changes them (parameter arrays are
+read-only).  ``model.compiled_for(...)`` gives the ``cocktailer.Compiled`` object
 (``source``, ``last_stats``) for benchmarks.
 """
 

@@ -70,6 +70,7 @@ from pyflow.cocktailer.model_ops import batched_matmul, scaled_softmax_rows
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
 from pyflow.models.nasrnn import check_mode, xavier_uniform
+from pyflow.models.device_weights import DeviceWeights, freeze
 from pyflow.models.state_dict import as_input, check_state_dict
 
 __all__ = ["Attention", "ARTIFACT_SCALE"]
@@ -110,6 +111,7 @@ class Attention:
         self.options = check_options("Attention", chunk, tile, options)
         self._compiled: dict = {}       # (batch, seq_len, mode) -> Compiled
         self.last_compiled = None
+        self.device_weights = DeviceWeights()   # the weights as tensors, per device (calls with tensors)
         rng = np.random.default_rng(seed)
         self.load_state_dict({name: xavier_uniform(rng, shape) for name, shape in self.parameter_shapes().items()})
 
@@ -122,7 +124,7 @@ class Attention:
     def load_state_dict(self, state_dict) -> None:
         """Take the artifact model's parameters (numpy arrays or torch tensors); raises ``StateDictError``."""
         p = check_state_dict("Attention", state_dict, self.parameter_shapes(), self.dtype)
-        self.weights = tuple(p[name] for name in WEIGHTS)
+        self.weights = tuple(freeze(p[name]) for name in WEIGHTS)   # read-only (device_weights)
 
     def state_dict(self) -> dict:
         return {name: w.copy() for name, w in zip(WEIGHTS, self.weights)}
@@ -181,6 +183,7 @@ class Attention:
 
     def __call__(self, x, k, v, mode: str | None = None):
         args = self.program_inputs(x, k, v)
+        args = self.device_weights.bind(args, range(3, len(args)))   # with tensors: weights stay uploaded
         compiled = self.compiled_for(args[0].shape[0], args[1].shape[2], mode)
         out = compiled(*args)
         self.last_compiled = compiled

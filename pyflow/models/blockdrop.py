@@ -82,6 +82,7 @@ from pyflow.cocktailer.conv_ops import (avg_pool2d, batch_norm, block_policy, co
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
 from pyflow.models.nasrnn import check_mode
+from pyflow.models.device_weights import DeviceWeights, freeze
 from pyflow.models.state_dict import as_input, check_state_dict
 
 __all__ = ["BlockDrop", "BN_FIELDS", "bn_shapes", "conv_bn", "check_resnet_state", "pack_parameters",
@@ -193,6 +194,7 @@ class BlockDrop:
         self.options = check_options("BlockDrop", chunk, tile, options)
         self._compiled: dict = {}       # (batch, mode) -> Compiled
         self.last_compiled = None
+        self.device_weights = DeviceWeights()   # the weights as tensors, per device (calls with tensors)
         self.load_state_dict(init_resnet_parameters(self.parameter_shapes(), np.random.default_rng(seed)))
 
     # ---- parameters (the artifact's names) -------------------------------------------
@@ -222,6 +224,7 @@ class BlockDrop:
         """Take ``FlatResNet32``'s state dict (numpy arrays or torch tensors); raises ``StateDictError``."""
         params, self.counters = check_resnet_state("BlockDrop", state_dict, self.parameter_shapes(), self.dtype)
         self.params, self.layout = pack_parameters(params, self.dtype)
+        freeze(self.params)   # read-only (device_weights)
 
     def state_dict(self) -> dict:
         """The parameters under the artifact's names, in its order (copies; the counters 0-d int64)."""
@@ -280,7 +283,7 @@ class BlockDrop:
     def __call__(self, inputs, probs, mode: str | None = None):
         """The logits (batch, classes): a numpy array, or a ``pyflow.Tensor`` on its device when an input is one
         (the call is then one VM instruction, ``cocktailer/launch.py``)."""
-        args = self.program_inputs(inputs, probs)
+        args = self.device_weights.bind(self.program_inputs(inputs, probs), (2,))   # with tensors: stays uploaded
         compiled = self.compiled_for(args[0].shape[0], mode)
         out = compiled(*args)
         self.last_compiled = compiled

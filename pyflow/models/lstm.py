@@ -53,12 +53,15 @@ its ``source`` is the generated kernel and ``last_stats`` the counts of the last
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import MODES
 from pyflow.cocktailer.checks import is_int, static_int
 from pyflow.errors import DTypeError, ShapeError
+from pyflow.models.device_weights import DeviceWeights, freeze
 from pyflow.models.state_dict import as_input, check_state_dict
 
 __all__ = ["LSTM", "DEFAULT_THREADS", "DEFAULT_CHUNK", "DEFAULT_TILE", "check_options"]
@@ -86,6 +89,12 @@ def check_options(model: str, chunk, tile, options: dict) -> dict:
     return options
 
 
+@functools.lru_cache(maxsize=16)
+def _zeros(shape: tuple, dtype) -> np.ndarray:
+    """The zero state for a missing ``h0`` / ``c0``: one read-only array per shape, so tensor calls reuse its upload."""
+    return freeze(np.zeros(shape, dtype))
+
+
 class LSTM:
     """``nn.LSTM(input_size, hidden_size, num_layers)`` (bias, seq-first, unidirectional) on Cocktailer.
 
@@ -96,7 +105,11 @@ class LSTM:
     per operator, the loop in Python) or ``"auto"`` (Cocktailer's scheduler decides).
 
     ``x`` (and the states) may be ``pyflow.Tensor`` s: the outputs are then tensors on
-    their device, and the call is one VM instruction (``cocktailer/launch.py``).
+    their device, and the call is one VM instruction (``cocktailer/launch.py``).  The
+    weights are uploaded to that device at the first such call and stay there
+    (``device_weights``): later calls copy nothing host-to-device until
+    ``load_state_dict`` or an assignment (``model.w_hh = ...``) changes them.  The
+    parameter arrays are read-only.
 
     ``dtype``: float32 or float64 (inputs are converted to it).  ``chunk`` and ``tile``:
     the uTask sizes of the trace; other keywords (``threads``, ``blocks``,
@@ -116,6 +129,7 @@ class LSTM:
         self.options = check_options("LSTM", chunk, tile, options)
         self._compiled: dict = {}       # (seq, batch, mode) -> Compiled
         self.last_compiled = None       # the Compiled of the last call (its last_stats, source)
+        self.device_weights = DeviceWeights()   # the weights as tensors, per device (calls with tensors)
         rng = np.random.default_rng(seed)
         bound = 1.0 / np.sqrt(self.hidden_size)
         self.load_state_dict({name: rng.uniform(-bound, bound, shape)
@@ -147,6 +161,7 @@ class LSTM:
         self.w_hh = np.stack([p[f"weight_hh_l{k}"] for k in range(L)])
         self.b_ih = np.stack([p[f"bias_ih_l{k}"] for k in range(L)])
         self.b_hh = np.stack([p[f"bias_hh_l{k}"] for k in range(L)])
+        freeze(*self._weights())   # read-only: a tensor call reuses their device copies until they are replaced
 
     def state_dict(self) -> dict:
         """The parameters under PyTorch's names (copies)."""
@@ -218,7 +233,7 @@ class LSTM:
         state_shape = (self.num_layers, x.shape[1], self.hidden_size)
         states = []
         for name, state in (("h0", h0), ("c0", c0)):
-            state = np.zeros(state_shape, self.dtype) if state is None else as_input(state, self.dtype)
+            state = _zeros(state_shape, self.dtype) if state is None else as_input(state, self.dtype)
             if state.shape != state_shape:
                 raise ShapeError(f"LSTM: {name} must be (num_layers, batch, hidden_size) = {state_shape}, "
                                  f"got {state.shape}")
@@ -232,6 +247,9 @@ class LSTM:
             x = x[:, None, :]
             h0, c0 = (s if s is None or np.ndim(s) != 2 else as_input(s, self.dtype)[:, None, :] for s in (h0, c0))
         inputs = self.program_inputs(x, h0, c0)
+        # with tensors the weights (and the zero states used for a missing h0 / c0) stay uploaded between calls
+        constants = [k for k, s in ((1, h0), (2, c0)) if s is None] + list(range(3, len(inputs)))
+        inputs = self.device_weights.bind(inputs, constants)
         compiled = self.compiled_for(x.shape[0], x.shape[1], mode)
         out, h_n, c_n = compiled(*inputs)
         self.last_compiled = compiled

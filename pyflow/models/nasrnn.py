@@ -69,6 +69,7 @@ from pyflow.cocktailer.model_ops import batched_matmul, nasrnn_cell
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels.utask.nasrnn import GATES
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
+from pyflow.models.device_weights import DeviceWeights, freeze
 from pyflow.models.state_dict import as_input, check_state_dict
 
 __all__ = ["NASRNN", "xavier_uniform", "check_mode"]
@@ -114,6 +115,7 @@ class NASRNN:
         self.options = check_options("NASRNN", chunk, tile, options)
         self._compiled: dict = {}       # (seq, batch, mode) -> Compiled
         self.last_compiled = None
+        self.device_weights = DeviceWeights()   # the weights as tensors, per device (calls with tensors)
         rng = np.random.default_rng(seed)
         self.load_state_dict({name: xavier_uniform(rng, shape) for name, shape in self.parameter_shapes().items()})
 
@@ -126,7 +128,7 @@ class NASRNN:
     def load_state_dict(self, state_dict) -> None:
         """Take the artifact model's parameters (numpy arrays or torch tensors); raises ``StateDictError``."""
         p = check_state_dict("NASRNN", state_dict, self.parameter_shapes(), self.dtype)
-        self.weight_ih, self.weight_hh = p["weight_ih"], p["weight_hh"]
+        self.weight_ih, self.weight_hh = freeze(p["weight_ih"], p["weight_hh"])   # read-only (device_weights)
 
     def state_dict(self) -> dict:
         return {"weight_ih": self.weight_ih.copy(), "weight_hh": self.weight_hh.copy()}
@@ -167,7 +169,7 @@ class NASRNN:
         return x, self.weight_ih, self.weight_hh
 
     def __call__(self, inputs, mode: str | None = None) -> np.ndarray:
-        args = self.program_inputs(inputs)
+        args = self.device_weights.bind(self.program_inputs(inputs), (1, 2))   # with tensors: weights stay uploaded
         compiled = self.compiled_for(args[0].shape[0], args[0].shape[1], mode)
         out = compiled(*args)
         self.last_compiled = compiled

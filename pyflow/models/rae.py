@@ -41,6 +41,10 @@ A tree of depth ``d`` (root at depth 0) needs ``d + 1`` frames; ``stack_depth``
 (``left``, ``right``, ``is_leaf`` over nodes, ``inp`` (nodes, dim) and ``root``) is
 program input, so one trace serves every tree of the same node count; it is
 checked on the host before it runs (shapes, child indices in range, no cycles).
+With ``pyflow.Tensor`` s among the tree's arrays the root's vector is a tensor on
+their device and the call one VM instruction (the tables are read to the host for
+the check first; int64 table tensors are then the program's inputs as they are),
+the weights uploaded at the first such call only (``device_weights``).
 
     >>> import numpy as np
     >>> from pyflow.models import RAE
@@ -56,10 +60,13 @@ import numpy as np
 
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import MODES
+from pyflow.framework.tensor import Tensor
 from pyflow.cocktailer.checks import is_int, static_int
+from pyflow.cocktailer.profiler import CostModel
 from pyflow.errors import DTypeError, IndexOutOfRangeError, ShapeError
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
-from pyflow.models.state_dict import as_array, check_state_dict
+from pyflow.models.device_weights import DeviceWeights, freeze
+from pyflow.models.state_dict import as_input, check_state_dict
 
 __all__ = ["RAE", "TreeError"]
 
@@ -75,10 +82,11 @@ class RAE:
     vector (dim,).  ``left``/``right``/``is_leaf`` are int arrays over the nodes (a
     leaf's children are ignored), ``inp`` is (nodes, dim).  ``mode``: ``"compiled"``
     (one persistent kernel), ``"host"`` (one launch per operator, the recursion in
-    Python) or ``"auto"`` (Algorithm 1 decides; it also tries recursion unroll,
-    which walks the root's two subtrees at once on two groups of blocks).  ``chunk``/``tile`` are the trace's uTask sizes; other
-    keywords (``threads``, ``blocks``, ``stack_depth``, ``inline``, ...) are
-    ``cocktailer.Options``.
+    Python) or ``"auto"`` (Algorithm 1 decides, pricing a tree of ``nodes`` calls; it
+    also tries recursion unroll 1 to 3 levels deep, which walks the root's subtrees
+    at once on groups of blocks, their subtrees on parts of those groups, ...).
+    ``chunk``/``tile`` are the trace's uTask sizes; other keywords (``threads``,
+    ``blocks``, ``stack_depth``, ``inline``, ...) are ``cocktailer.Options``.
     """
 
     def __init__(self, dim: int, *, dtype="float32", chunk: int = DEFAULT_CHUNK, tile: int = DEFAULT_TILE,
@@ -91,6 +99,7 @@ class RAE:
         self.options = check_options("RAE", chunk, tile, options)
         self._compiled: dict = {}       # (nodes, mode) -> Compiled
         self.last_compiled = None
+        self.device_weights = DeviceWeights()   # the weights as tensors, per device (calls with tensors)
         rng = np.random.default_rng(seed)  # nn.Linear's init: uniform(-1/sqrt(fan_in), 1/sqrt(fan_in))
         bound = 1.0 / np.sqrt(2 * self.dim)
         self.load_state_dict({name: rng.uniform(-bound, bound, shape)
@@ -104,7 +113,7 @@ class RAE:
     def load_state_dict(self, state_dict) -> None:
         """Take ``{"encoder.weight": (dim, 2*dim), "encoder.bias": (dim,)}``; raises ``StateDictError``."""
         p = check_state_dict("RAE", state_dict, self.parameter_shapes(), self.dtype)
-        self.weight, self.bias = p["encoder.weight"], p["encoder.bias"]
+        self.weight, self.bias = freeze(p["encoder.weight"], p["encoder.bias"])   # read-only (device_weights)
 
     def state_dict(self) -> dict:
         return {"encoder.weight": self.weight.copy(), "encoder.bias": self.bias.copy()}
@@ -139,7 +148,9 @@ class RAE:
             raise ValueError(f"RAE: mode must be one of {MODES}, got {mode!r}")
         key = (int(nodes), mode)
         if key not in self._compiled:
-            self._compiled[key] = ck.compile(self.program(nodes), mode=mode, **self.options)
+            # Algorithm 1 prices a recursion by its calls per outside call: a walk visits each node once
+            extra = {"cost_model": CostModel(assumed_calls=int(nodes))} if mode == "auto" else {}
+            self._compiled[key] = ck.compile(self.program(nodes), mode=mode, **self.options, **extra)
         return self._compiled[key]
 
     # ---- calling ---------------------------------------------------------------------
@@ -152,7 +163,7 @@ class RAE:
         """
         tables = []
         for name, table in (("left", left), ("right", right), ("is_leaf", is_leaf)):
-            a = np.asarray(table)
+            a = table.numpy() if isinstance(table, Tensor) else np.asarray(table)
             if a.ndim != 1 or a.size == 0 or not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
                 raise ShapeError(f"RAE: {name} must be a non-empty 1-d int array over the nodes, "
                                  f"got shape {a.shape} dtype {a.dtype}")
@@ -162,9 +173,9 @@ class RAE:
         if len(left) != n or len(right) != n:
             raise ShapeError(f"RAE: left, right and is_leaf must have one entry per node, got lengths "
                              f"{len(left)}, {len(right)}, {n}")
-        inp = as_array(inp, self.dtype)
-        if inp.shape != (n, self.dim):
-            raise ShapeError(f"RAE: inp must be (nodes, dim) = ({n}, {self.dim}), got {inp.shape}")
+        inp = as_input(inp, self.dtype)   # a pyflow.Tensor stays one
+        if tuple(inp.shape) != (n, self.dim):
+            raise ShapeError(f"RAE: inp must be (nodes, dim) = ({n}, {self.dim}), got {tuple(inp.shape)}")
         if not is_int(root):
             raise DTypeError(f"RAE: root must be an int node index, got {root!r} ({type(root).__name__})")
         if not 0 <= root < n:
@@ -181,9 +192,17 @@ class RAE:
         return left, right, is_leaf, inp, np.array([root], dtype=np.int64)
 
     def __call__(self, left, right, is_leaf, inp, root: int = 0, mode: str = "compiled"):
+        """The root's vector: numpy, or a ``pyflow.Tensor`` on the inputs' device when one of them is a tensor
+        (the call is then one VM instruction; the tree tables are read to the host first, to be checked)."""
+        given = (left, right, is_leaf)
         left, right, is_leaf, inp, root = self.check_tree(left, right, is_leaf, inp, root)
+        # tables given as int64 tensors are the program's inputs as they are (nothing to upload again)
+        tables = [g if isinstance(g, Tensor) and g.dtype == np.int64 and g.ndim == 1 else t
+                  for g, t in zip(given, (left, right, is_leaf))]
+        args = (*tables, inp, self.weight, self.bias, root)
+        args = self.device_weights.bind(args, (4, 5, 6))   # with tensors: weights (and an unchanged root) stay
         compiled = self.compiled_for(len(is_leaf), mode)
-        out = compiled(left, right, is_leaf, inp, self.weight, self.bias, root)
+        out = compiled(*args)
         self.last_compiled = compiled
         return out
 

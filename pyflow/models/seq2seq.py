@@ -76,6 +76,7 @@ The program is traced and compiled once per ``(batch, mode)``; the weights are i
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -89,6 +90,7 @@ from pyflow.framework.tensor import Tensor, tensor
 from pyflow.kernels.utask.seq2seq import GATES
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
 from pyflow.models.nasrnn import check_mode, xavier_uniform
+from pyflow.models.device_weights import DeviceWeights, freeze
 from pyflow.models.state_dict import as_input, check_state_dict
 
 __all__ = ["Seq2seq", "SOS", "EOS", "steps_run"]
@@ -132,6 +134,7 @@ class Seq2seq:
         self.options = check_options("Seq2seq", chunk, tile, options)
         self._compiled: dict = {}       # (batch, mode) -> Compiled
         self.last_compiled = None
+        self.device_weights = DeviceWeights()   # the weights as tensors, per device (calls with tensors)
         self._last_tokens = None   # the last call's output_all, read by ``last_steps`` when asked
         self._last_steps = None
         self.load_state_dict(self._initial_parameters(np.random.default_rng(seed)))
@@ -168,6 +171,7 @@ class Seq2seq:
         self.bias_hh = np.stack([p[f"gru.bias_hh_{g}"] for g in range(GATES)])
         self.out_weight, self.out_bias = p["out.weight"], p["out.bias"]
         self.embedding_weight = p["embedding.weight"]
+        freeze(*self._weights())   # read-only (device_weights)
 
     def state_dict(self) -> dict:
         d = {"gru.weight_ih_l0_t": self.weight_ih.copy(), "gru.weight_hh_l0_t": self.weight_hh.copy()}
@@ -238,11 +242,12 @@ class Seq2seq:
         if h.shape != (B, H) or c.shape != (B, H):
             raise ShapeError(f"Seq2seq: h and c must be (batch, hidden_size) = {(B, H)} (h may be (1, {B}, {H})), "
                              f"got {h.shape} and {c.shape}")
-        start = np.full(B, SOS, self.dtype)
-        return (start, std, h, c, *self._weights())
+        return (_start_tokens(B, self.dtype), std, h, c, *self._weights())
 
     def __call__(self, encoder_output, std, h, c, mode: str | None = None):
         args = self.program_inputs(encoder_output, std, h, c)
+        # with tensors the weights (and the constant start tokens) stay uploaded between calls
+        args = self.device_weights.bind(args, [0, *range(4, len(args))])
         compiled = self.compiled_for(args[0].shape[0], mode)
         out, h_n = compiled(*args)
         self.last_compiled = compiled
@@ -265,6 +270,12 @@ class Seq2seq:
     def __repr__(self):
         return (f"Seq2seq({self.hidden_size}, {self.output_size}, max_length={self.max_length}, mode={self.mode!r}, "
                 f"dtype={self.dtype}, chunk={self.chunk}, tile={self.tile}, options={self.options})")
+
+
+@functools.lru_cache(maxsize=16)
+def _start_tokens(batch: int, dtype) -> np.ndarray:
+    """Every row's first token, SOS: one read-only array per (batch, dtype), so a tensor call reuses its upload."""
+    return freeze(np.full(batch, SOS, dtype))
 
 
 def steps_run(output_all: np.ndarray) -> int:

@@ -92,6 +92,7 @@ from pyflow.models.blockdrop import (bn_shapes, check_resnet_state, conv_bn, ini
                                      pack_parameters, unpack_parameters)
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
 from pyflow.models.nasrnn import check_mode
+from pyflow.models.device_weights import DeviceWeights, freeze
 from pyflow.models.state_dict import StateDictError, as_input
 
 __all__ = ["SkipNet", "EXPANSION", "FORCE", "cond_control", "skipnet_barriers"]
@@ -149,6 +150,7 @@ class SkipNet:
             self.pool_sizes.append(side)
         self._compiled: dict = {}       # (batch, mode) -> Compiled
         self.last_compiled = None
+        self.device_weights = DeviceWeights()   # the weights as tensors, per device (calls with tensors)
         self.load_state_dict(self._initial_parameters(np.random.default_rng(seed)))
 
     # ---- parameters (the artifact's names) -------------------------------------------
@@ -224,6 +226,7 @@ class SkipNet:
                                  f"group*_layer0.downsample (the artifact shares one module under both names)")
         self.counters = counters
         self.params, self.layout = pack_parameters(params, self.dtype)
+        freeze(self.params)   # read-only (device_weights)
 
     @staticmethod
     def _is_shared(name: str) -> bool:
@@ -333,7 +336,8 @@ class SkipNet:
     def __call__(self, x, ch, cc, actions, mode: str | None = None):
         """``(logits, ch, cc)``: numpy arrays, or ``pyflow.Tensor`` s on their device when ``x``, ``ch`` or ``cc``
         is one (the call is then one VM instruction, ``cocktailer/launch.py``)."""
-        args = self.program_inputs(x, ch, cc, actions)
+        # with tensors the parameters stay uploaded; the actions' control vector is uploaded when it changes
+        args = self.device_weights.bind(self.program_inputs(x, ch, cc, actions), (3, 4))
         compiled = self.compiled_for(args[0].shape[0], mode)
         logits, ch_n, cc_n = compiled(*args)
         self.last_compiled = compiled

@@ -38,7 +38,7 @@ def as_input(value, dtype):
 
 
 def check_state_dict(model: str, state_dict, expected: dict, dtype) -> dict:
-    """``state_dict`` checked against ``expected`` (name -> shape); returns name -> array of ``dtype``.
+    """``state_dict`` checked against ``expected`` (name -> shape); returns name -> a new array of ``dtype``.
 
     >>> check_state_dict("M", {"w": [[1, 2]]}, {"w": (1, 2)}, "float32")["w"].dtype
     dtype('float32')
@@ -64,7 +64,7 @@ def check_state_dict(model: str, state_dict, expected: dict, dtype) -> dict:
         if array.shape != tuple(shape):
             problems.append(f"{name!r} has shape {array.shape}, expected {tuple(shape)}")
             continue
-        arrays[name] = array
+        arrays[name] = array.copy()   # the model's own (it may make it read-only): never the caller's array
     if problems:
         raise StateDictError(f"{model}.load_state_dict: " + "; ".join(problems))
     return arrays
