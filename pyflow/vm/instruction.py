@@ -73,12 +73,9 @@ class Instruction:
             return False
         return self.event is None or self.event.query_done()
 
-    def edge_satisfied(self, src: "Instruction") -> bool:
-        """May this instruction go although ``src`` (an in-edge) is not released yet?"""
-        return src.dispatched and self.policy.prescheduleable(src.stream, self.stream)
-
     def dispatchable(self) -> bool:
-        """Not dispatched yet, and every in-edge is satisfied (see the module docstring)."""
+        """Not dispatched yet, and every in-edge ``src`` is satisfied: released (it left ``in_edges``), or
+        dispatched where the policy lets a dispatched ``src`` count (``prescheduleable``; module docstring)."""
         if self.dispatched:
             return False
         for src in self.in_edges:
