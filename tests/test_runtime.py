@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import pyflow as flow
 from pyflow import nn
+from pyflow.compiler.plan import replan_memory
 from pyflow.compiler.run_plan import run_plan
 from pyflow.compiler.task_graph import RegstDesc
 from pyflow.errors import RuntimeHangError
@@ -180,13 +181,15 @@ def test_training_with_grad_acc_matches_run_plan_and_actors_follow_their_definit
         acts = [r for r in timeline if r.actor_id == task.task_id]
         per_call = task.time_shape[1]
         assert [r.piece for r in acts] == [(n, j) for n in range(2) for j in range(per_call)], task.op_name
+        data_in, data_out = task.consumed.get("in_0", [None])[0], task.produced.get("out_0")
         if task.kind in ("unpack", "repeat"):
             assert per_call == k
-            assert [r.consumed[0][2] for r in acts if r.consumed[0][0] != task.consumed.get("ctrl", [None])[0]] \
+            assert [p[2] for r in acts for p in r.consumed if p[0] == data_in] \
                 == [(n, 0) for n in range(2) for _ in range(k)]
-            assert [p[2] for r in acts for p in r.produced] == [(n, j) for n in range(2) for j in range(k)]
+            assert [p[2] for r in acts for p in r.produced if p[0] == data_out] == \
+                [(n, j) for n in range(2) for j in range(k)]
         if task.kind in ("acc", "pack"):
-            made = [(r.piece, p[2]) for r in acts for p in r.produced]
+            made = [(r.piece, p[2]) for r in acts for p in r.produced if p[0] == data_out]
             assert made == [((n, k - 1), (n, 0)) for n in range(2)], task.op_name
     if k > 1:
         assert {t.kind for t in g_rt.plan.tasks.values()} >= {"unpack", "repeat", "acc", "pack"}
@@ -207,24 +210,29 @@ def test_no_producer_runs_more_than_regst_num_pieces_ahead(nums, costs):
         handles = [rt.launch([]) for _ in range(8)]
         for handle in handles:
             handle.result()
-        assert_back_pressure(plan, rt.timeline())
+        assert_back_pressure(rt.plan, rt.timeline())   # (the runtime's view: its sink's inputs take more)
     assert_all_regsts_back_and_actors_exited(rt)
 
 
 def test_back_pressure_on_a_compiled_plan_with_more_regsts():
-    """The same property on a compiled two-stage plan whose planned regsts get regst num 2."""
+    """The same property on a compiled two-stage plan whose planned regsts get regst num 2 (not inplace: each
+    its own memory), its memory planned again for that (a plan edited without it is refused)."""
     g = _graph(lambda x: ((x * 2.0).relu().to("cuda") + 1.0).tanh())
     g.executor = "sequential"
     x = flow.randn(2, 3)
     expected = g(x).numpy()
-    regsts = {rid: dataclasses.replace(r, max_regst_num=2 if r.mem == "planned" else r.max_regst_num)
+    regsts = {rid: dataclasses.replace(r, max_regst_num=2, inplace_of=None) if r.mem == "planned" else r
               for rid, r in g.plan.regsts.items()}
-    plan = dataclasses.replace(g.plan, regsts=regsts)
+    edited = dataclasses.replace(g.plan, regsts=regsts)
+    with pytest.raises(flow.errors.GraphError, match=r"regst .* needs \d+ bytes \(regst num 2\) but the memory plan "
+                                                     r"has a request of \d+ bytes.*replan_memory"):
+        Runtime(edited, g.job)
+    plan = replan_memory(edited)
     with Runtime(plan, g.job, max_calls_in_flight=4) as rt:
         handles = [rt.launch([x]) for _ in range(6)]
         for handle in handles:
             np.testing.assert_array_equal(handle.result()[0].numpy(), expected)
-        assert_back_pressure(plan, rt.timeline())
+        assert_back_pressure(rt.plan, rt.timeline())   # (the runtime's view: its sink's inputs take more)
 
 
 def test_seed_003_pipeline_reaches_the_bottleneck_rate_with_regst_num_2():

@@ -1,9 +1,13 @@
-"""nn.Graph on the actor runtime: LaunchLazyJob ordering, input checks, faults, long runs, cleanup."""
+"""nn.Graph on the actor runtime: LaunchLazyJob ordering, input checks, faults, long runs, cleanup.
+
+(Successive calls in flight, the output critical section and the frontier: ``test_runtime_graph_pipeline.py``.)
+"""
 
 from __future__ import annotations
 
 import gc
 import threading
+import time
 import tracemalloc
 
 import numpy as np
@@ -25,6 +29,14 @@ def _graph(build):
 
 def _two_stage():
     return _graph(lambda x: ((x * 2.0).relu().to("cuda") + 1.0))
+
+
+def settle(runtime, timeout: float = 30.0) -> None:
+    """Wait until ``runtime`` has no call in flight (``g(x)`` returns before its call is over)."""
+    deadline = time.monotonic() + timeout
+    while runtime.calls_in_flight():
+        assert time.monotonic() < deadline, runtime.hang_report(timeout, "settling")
+        time.sleep(0.005)
 
 
 def _actor_threads(name: str) -> list:
@@ -81,7 +93,8 @@ def test_the_call_is_a_launch_lazy_job_instruction_in_flow_trace():
 
 def test_inputs_of_the_wrong_shape_dtype_or_count_are_clear_errors_before_anything_runs():
     g = _two_stage()
-    g(flow.randn(2, 3))
+    g(flow.randn(2, 3)).numpy()
+    settle(g.runtime)
     acts = len(g.runtime.timeline())
     with pytest.raises(ShapeError, match=r"input 0 must have shape \(2, 3\), dtype float32, device cpu:0, got "
                                          r"shape \(3, 3\)"):
@@ -109,18 +122,29 @@ def test_a_failing_act_raises_at_the_call_and_the_next_call_gets_a_fresh_runtime
         return act(plan, task, ins, outs, j, call)
 
     monkeypatch.setattr(runtime_module, "act", failing)
+    first = None
     with pytest.raises(OpError, match=r"actor \d+ \(normal actor of op 'relu_0', task kind compute\) failed at "
                                       r"piece \(0, 0\): ZeroDivisionError: relu exploded") as caught:
-        g(flow.ones(2, 2))
-    assert isinstance(caught.value.__cause__, ZeroDivisionError)
-    assert g.runtime is None and not _actor_threads("G")
+        y = g(flow.ones(2, 2))   # (it may return before relu_0 acts: the call's frontier is mul_0)
+        first = g.runtime
+        y.numpy()
+    cause = caught.value
+    while cause.__cause__ is not None and not isinstance(cause, ZeroDivisionError):
+        cause = cause.__cause__
+    assert isinstance(cause, ZeroDivisionError)
     monkeypatch.setattr(runtime_module, "act", act)
     np.testing.assert_array_equal(g(flow.ones(2, 2)).numpy(), np.full((2, 2), 3.0, np.float32))
+    assert first is None or (g.runtime is not first and first.closed)
+    assert not [t for t in threading.enumerate() if first is not None and t in first.threads() and t.is_alive()]
 
 
-def test_ctrl_c_while_a_call_waits_stops_the_runtime_and_the_graph_can_be_called_again(monkeypatch):
-    """Ctrl-C (a KeyboardInterrupt in the caller, here while it waits for the call's sink tick): it reaches
-    the caller, the runtime is closed (no actor thread left), and the next call works on a new one."""
+@pytest.mark.parametrize("interrupt_after", [False, True])
+def test_ctrl_c_while_a_call_waits_stops_the_runtime_and_the_graph_can_be_called_again(monkeypatch,
+                                                                                       interrupt_after):
+    """Ctrl-C (a KeyboardInterrupt in the caller while it waits for the call's frontier, before or after
+    the wait is over) with earlier calls still in flight: it reaches the caller, the runtime is closed
+    (the calls in flight finish, their outputs are right, no actor thread is left), and the next call works
+    on a new one."""
     from pyflow.runtime.call import CallHandle
 
     g = _graph(lambda x: (x * 2.0).relu() + 1.0)
@@ -128,17 +152,21 @@ def test_ctrl_c_while_a_call_waits_stops_the_runtime_and_the_graph_can_be_called
     first = g.runtime
     threads = first.threads()
     assert threads and all(t.is_alive() for t in threads)
-    real_result = CallHandle.result
+    earlier = [g(flow.full((2, 2), float(i))) for i in range(3)]
+    real_wait = CallHandle.wait_issued
 
-    def interrupted(self, timeout=None):
-        real_result(self, timeout)   # the call finishes, then the user presses Ctrl-C
+    def interrupted(self):
+        if interrupt_after:
+            real_wait(self)   # the frontier acted, then the user presses Ctrl-C
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(CallHandle, "result", interrupted)
+    monkeypatch.setattr(CallHandle, "wait_issued", interrupted)
     with pytest.raises(KeyboardInterrupt):
         g(flow.ones(2, 2))
     assert g.runtime is None and first.closed and not any(t.is_alive() for t in threads)
-    monkeypatch.setattr(CallHandle, "result", real_result)
+    for i, y in enumerate(earlier):
+        np.testing.assert_array_equal(y.numpy(), np.full((2, 2), 2.0 * i + 1.0, np.float32))
+    monkeypatch.setattr(CallHandle, "wait_issued", real_wait)
     np.testing.assert_array_equal(g(flow.ones(2, 2)).numpy(), np.full((2, 2), 3.0, np.float32))
     assert g.runtime is not first
 
@@ -186,17 +214,21 @@ def test_500_calls_of_a_two_stage_graph_neither_hang_nor_grow():
             out = g(x)
         return out
 
-    calls(100)
+    calls(100).numpy()
+    settle(g.runtime)
     g.runtime.set_timeline_limit(0)
     gc.collect()
     threads = {t.name for t in threading.enumerate()}
     tensors = sum(isinstance(o, Tensor) for o in gc.get_objects())
     tracemalloc.start()
     try:
-        calls(50)
+        calls(50).numpy()
+        settle(g.runtime)
         gc.collect()
         before = tracemalloc.get_traced_memory()[0]
         out = calls(350)
+        out.numpy()
+        settle(g.runtime)
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:

@@ -27,7 +27,11 @@
 # 3. deterministic mode: every actor on one thread, one message at a time, and
 #    one actor's `act_until_fail` by hand;
 # 4. what a deadlock looks like (the hang report), and the acts inside
-#    `flow.trace()`.
+#    `flow.trace()`;
+# 5. memory: the runtime's regsts live where the compiler's memory plan put
+#    them, sharing bytes, and the `mem_guard` control regsts that make that
+#    safe however the actors interleave;
+# 6. successive calls of a graph in flight at once.
 #
 # The code: `pyflow/runtime/` (read `__init__.py` first: it maps the package),
 # `pyflow/graph/graph.py` (how a graph call becomes a `LaunchLazyJob`
@@ -105,10 +109,12 @@ if DRAW:
 # ## 2. A training graph on its actors: two stages on two ranks
 #
 # The graph of tutorial 7: `first` on rank 0's cpu, `second` on rank 1's GPU,
-# two micro-batches per call.  A graph call is one `LaunchLazyJob` instruction
-# in the eager VM (reading the inputs, writing the outputs) that hands the call
-# to the rank's **Runtime**, made at the first call and kept; the call returns
-# when the rank's **sink tick** has acted for it.  Every rank runs its own
+# two micro-batches per call.  A graph call is a `LaunchLazyJob` instruction
+# in the eager VM (reading the inputs) that hands the call to the rank's
+# **Runtime**, made at the first call and kept, plus one *output critical
+# section* per output (writing it once the call made it); `g(x)` returns once
+# the rank's part of the call that touches the caller's memory, talks to other
+# ranks or makes the outputs has been issued (section 6).  Every rank runs its own
 # tasks of the one Plan on its own runtime; activations cross to rank 1 and
 # gradients back as `send` / `recv` tasks, which act in the Plan's order on
 # each rank (`pyflow/runtime/comm_net.py`), so neither rank waits in a recv for
@@ -117,6 +123,9 @@ if DRAW:
 # Inside a call the actors of gradient accumulation appear: `unpack` (one input,
 # k micro-batches), `repeat` (one weight, read k times), `acc` (k gradients, one
 # sum) and `pack` (k losses, one tensor); everything between them acts k times.
+# (Two more kinds exist: `output`, which hands each call's value over to the
+# caller, and `input_wise`, a boxing concat or add that acts on each piece as it
+# arrives from another rank instead of waiting for all of them.)
 
 # %%
 rng = np.random.default_rng(0)
@@ -248,3 +257,106 @@ with flow.trace() as tracer:
 print(tracer.summary())
 if DRAW:
     print("trace drawn to", tracer.plot(os.path.join(OUT, "acts_in_flow_trace.png")))
+
+# %% [markdown]
+# ## 5. Memory: one chunk per device, shared bytes, and the guards
+#
+# The compiler plans memory in the Plan's order: two regsts never alive at the
+# same time in that order may share bytes (`g.plan.memory`), and the runtime
+# allocates exactly that: one chunk per device of `plan.memory.block_sizes`
+# bytes.  But actors do not follow the Plan's order.  Below, `a = x * 2` is read
+# by a sum and `b = x * 3`, on another branch, takes `a`'s bytes once the sum has
+# read them; nothing in the data orders the two branches.  So the compiler adds
+# a control regst, `reduce_sum_0/mem_guard -> mul_1`: the op that makes `b` waits
+# for the last reader of `a` (and, across calls, the op that makes `a` again
+# waits for the readers of `b`).  OneFlow does the same with its
+# `out_ctrl_shared_mem_safe_guard` regsts.  Take the guards away and some
+# interleavings give a wrong sum.
+
+# %%
+import dataclasses
+
+
+class Branches(nn.Graph):
+    def build(self, x):
+        return (x * 2.0).sum(dim=0), (x * 3.0).tanh()
+
+
+branches = Branches()
+branches.executor = "sequential"
+xb = flow.tensor(np.arange(12, dtype=np.float32).reshape(4, 3))
+want = branches(xb)[0].numpy()
+plan = branches.plan
+offset = {t.op_name: plan.memory.offsets.get(t.produced.get("out_0")) for t in plan.tasks.values()}
+print("mul_0 and mul_1 at offsets", offset["mul_0"], offset["mul_1"], "of a", plan.memory.block_sizes, "chunk")
+for task in plan.tasks.values():
+    if "mem_guard" in task.produced:
+        readers = [plan.tasks[c].op_name for c in plan.regsts[task.produced["mem_guard"]].consumers]
+        print(f"  guard: {task.op_name} -> {readers}")
+
+
+def without_guards(plan):
+    guards = {t.produced["mem_guard"] for t in plan.tasks.values() if "mem_guard" in t.produced}
+    tasks = {tid: dataclasses.replace(t, produced={k: v for k, v in t.produced.items() if k != "mem_guard"},
+                                      consumed={k: [r for r in ids if r not in guards]
+                                                for k, ids in t.consumed.items()})
+             for tid, t in plan.tasks.items()}
+    return dataclasses.replace(plan, tasks=tasks, regsts={r: d for r, d in plan.regsts.items() if r not in guards})
+
+
+for name, p in (("with the guards", plan), ("without them", without_guards(plan))):
+    wrong = 0
+    for seed in range(12):
+        with Runtime(p, branches.job, deterministic=True, seed=seed) as rt:
+            wrong += not np.array_equal(rt.launch([xb]).result()[0].numpy(), want)
+            chunks = rt.regst_mgr.chunk_bytes()
+    print(f"{name}: {wrong} of 12 interleavings give a wrong sum (the runtime's chunks: {chunks})")
+
+# %% [markdown]
+# ## 6. Successive calls in flight
+#
+# `g(x)` does not wait for its call to end: it returns once the call's
+# *frontier* has acted (every op that reads or writes the caller's inputs and
+# parameters, talks to other ranks, or makes an output is issued), having
+# issued one output critical section per output: an instruction that writes
+# the tensor it returns, done once the call's output actor handed the value
+# over.  So the next call starts while this one runs, at most
+# `config.outputs_buffer_size` of them at once, and `y.numpy()` waits for `y`'s
+# call only.  Here a side branch the outputs do not need is slow (its acts
+# sleep 20 ms): the calls pile up to the buffer size, and the outputs come out
+# right in any order.
+
+# %%
+import time
+
+from pyflow.compiler.run_plan import act
+
+w = flow.tensor(np.eye(3, dtype=np.float32))
+
+
+class WithSlowSide(nn.Graph):
+    def __init__(self):
+        super().__init__()
+        self.config.set_outputs_buffer_size(3)
+
+    def build(self, x):
+        (x * 3.0).to("cuda").exp()   # returned nowhere: the call goes on after its output is made
+        return (x @ w).relu() + 1.0
+
+
+def slow_side(plan, task, ins, outs, j, call):
+    if task.op_name == "exp_0":
+        time.sleep(0.02)
+    return act(plan, task, ins, outs, j, call)
+
+
+g = WithSlowSide()
+g.act_fn = slow_side
+xs = [flow.tensor(np.full((2, 3), float(i), np.float32)) for i in range(6)]
+g(xs[0]).numpy()
+ys, in_flight = [], []
+for xi in xs:
+    ys.append(g(xi))
+    in_flight.append(len(g.runtime.calls_in_flight()))
+print("calls in flight after each g(x) returned:", in_flight, "(outputs_buffer_size 3)")
+print("outputs, read newest first:", [float(y.numpy()[0, 0]) for y in reversed(ys)])

@@ -13,7 +13,35 @@
    sum is written k times).  A regst with regst num > 1 is not shared (OneFlow reuses
    only regst num 1) and lives through the whole call.  The memory planner
    (``memory.py``) places them in one chunk per (rank, device).
-3. **Ids**: task ids already carry OneFlow's bit layout (``ids.py``).
+3. **Memory safety** (``mem_guards``): the planner lets two regsts share bytes when
+   they are never alive at once *in this order*; actors do not follow it (below).
+4. **Ids**: task ids already carry OneFlow's bit layout (``ids.py``).
+
+**Why sharing needs guards, and which.**  Actors act when their messages arrive: with
+several calls (or micro-batches) in flight, the op that makes regst r1 for the *next*
+piece may run while a reader of r2, which took over r1's bytes, still reads this piece;
+and even within one piece two independent branches may act in either order.  OneFlow
+(``intra_job_mem_sharing_util.cpp``, ``task_graph.cpp``) shares memory only inside a *mem
+chain* (the tasks of one CUDA stream, ordered by ctrl edges between consecutive tasks, so
+the stream runs them in the planned order) and adds ``out_ctrl_shared_mem_safe_guard``
+ctrl regsts from the chain's first task to its last consumers (regst num 1: the next
+piece waits for them).  In pyflow every op on a chunk is ordered by its *issue* (the
+chunk is one storage, one VM dependence object), so the chain is the whole (rank,
+device) chunk and what must be ordered are the *acts* that issue the ops.  For each pair
+of regsts whose bytes overlap, r1 dying before r2 is born (its "touchers": the producer,
+every reader, the inplace writers and the readers of its aliases):
+
+* **same piece**: every toucher of r1 acts before r2's producer.  Already true when r2's
+  producer is reachable from it; else a ctrl regst toucher -> r2's producer;
+* **next piece** (next micro-batch or next call): every toucher of r2 acts before r1's
+  producer acts again.  Already true when r1's producer makes a regst of regst num 1 that
+  a task reachable from the toucher reads (the producer cannot write it again before it
+  came back; not when that reader absorbs several pieces per act, acts input-wise or is
+  the sink tick); else a ctrl regst r1's producer -> toucher, whose regst num 1 holds the
+  producer back.
+
+The guards are the producer's ``mem_guard`` ctrl regst (``<op>/mem_guard``).  Every guard
+goes forward in this order, which therefore stays a valid schedule: no deadlock.
 
 ``print(plan)`` is OneFlow's light plan (one record per actor); ``plan.to_dot()`` draws
 tasks and regsts; ``plan.memory_report()`` gives ``planned_bytes`` against
@@ -22,15 +50,19 @@ tasks and regsts; ``plan.memory_report()`` gives ``planned_bytes`` against
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 
-from pyflow.compiler.ids import decode_task_id
+import numpy as np
+
+from pyflow.compiler.ids import PER_RANK_SHIFT, decode_task_id, per_rank_id
 from pyflow.compiler.memory import MemoryPlan, MemRequest, plan_memory
-from pyflow.compiler.task_graph import RegstDesc, TaskNode
+from pyflow.compiler.run_plan import is_input_wise
+from pyflow.compiler.task_graph import GUARD_KEY, RegstDesc, TaskNode, pieces_per_call
 from pyflow.errors import CompileError
 
-__all__ = ["Plan", "make_plan"]
+__all__ = ["Plan", "make_plan", "replan_memory", "mem_guards", "GUARD_KEY"]
 
 
 @dataclasses.dataclass
@@ -172,23 +204,23 @@ def _order(task_graph) -> tuple[list, tuple]:
     return order, (start, start + sum(len(task_graph.tasks_in_order(n.name)) for n in loop))
 
 
-def _readers(task_graph) -> dict:
+def _readers(regsts) -> dict:
     """regst id -> every task that reads its memory: its consumers and those of the aliases of it."""
-    readers = {rid: list(r.consumers) for rid, r in task_graph.regsts.items()}
-    for r in task_graph.regsts.values():   # an alias's (an inplace output's) readers read the regst it stands for
+    readers = {rid: list(r.consumers) for rid, r in regsts.items()}
+    for r in regsts.values():   # an alias's (an inplace output's) readers read the regst it stands for
         source = r
         while source.inplace_of is not None or (source.mem == "alias" and source.alias_of is not None):
-            source = task_graph.regsts[source.inplace_of if source.inplace_of is not None else source.alias_of]
+            source = regsts[source.inplace_of if source.inplace_of is not None else source.alias_of]
             readers[source.id].extend(r.consumers)
     return readers
 
 
-def _requests(task_graph, order: list, loop: tuple) -> list[MemRequest]:
+def _requests(regsts, order: list, loop: tuple) -> list[MemRequest]:
     position = {tid: i for i, tid in enumerate(order)}
     total = len(order)
-    readers = _readers(task_graph)
+    readers = _readers(regsts)
     requests = []
-    for r in task_graph.regsts.values():
+    for r in regsts.values():
         if r.mem != "planned" or r.inplace_of is not None:   # an inplace output lives in its input's request
             continue
         start = position[r.producer]
@@ -204,13 +236,159 @@ def _requests(task_graph, order: list, loop: tuple) -> list[MemRequest]:
 
 
 def make_plan(task_graph, algorithm: str = "best") -> Plan:
-    """The Plan of a TaskGraph: order, memory layout, and the ops' attributes for the executors."""
+    """The Plan of a TaskGraph: order, memory layout and its guards, and the ops' attributes for the executors."""
     order, loop = _order(task_graph)
-    memory = plan_memory(_requests(task_graph, order, loop), algorithm=algorithm)
     job = task_graph.op_graph.job
     op_attrs = {op.name: (op.type, list(op.inputs), dict(op.attrs)) for op in job.ops}
     op_attrs.update(task_graph.op_attrs)   # the boxing tasks
     boxings = [{"lbn": lbn, "consumer": consumer, "builder": g.builder, "text": str(g)}
                for lbn, consumer, g in task_graph.boxings]
-    return Plan(job.name, dict(task_graph.tasks), dict(task_graph.regsts), order, loop, job.grad_acc_steps, memory,
-                op_attrs, boxings)
+    plan = Plan(job.name, dict(task_graph.tasks), dict(task_graph.regsts), order, loop, job.grad_acc_steps,
+                MemoryPlan(()), op_attrs, boxings)
+    return replan_memory(plan, algorithm)
+
+
+def replan_memory(plan: Plan, algorithm: str = "best") -> Plan:
+    """``plan`` with its memory planned again for its regsts (e.g. after editing regst nums), and the guards
+    that layout needs (``mem_guards``); a new Plan, ``plan`` is left alone.
+
+    The guards ``plan`` had stay: an extra ordering, forward in the order like every guard, never a deadlock.
+    """
+    memory = plan_memory(_requests(plan.regsts, plan.order, plan.loop), algorithm=algorithm)
+    tasks, regsts = dict(plan.tasks), dict(plan.regsts)
+    for src, dst in mem_guards(tasks, regsts, plan.order, memory):
+        _add_guard(tasks, regsts, src, dst)
+    return dataclasses.replace(plan, tasks=tasks, regsts=regsts, memory=memory)
+
+
+# --- memory safety under the actor runtime (the module docstring's "Why sharing needs guards") -------------
+
+
+class _Reach:
+    """Who reaches whom along regsts (data and ctrl): one bitset per task, kept up to date as edges are added."""
+
+    def __init__(self, tasks, regsts, order):
+        self.bit = {tid: 1 << i for i, tid in enumerate(order)}
+        successors = collections.defaultdict(set)
+        for r in regsts.values():
+            successors[r.producer].update(r.consumers)
+        self.reach = {}
+        for tid in reversed(_topological(tasks, successors)):
+            bits = self.bit[tid]
+            for c in successors[tid]:
+                bits |= self.reach[c]
+            self.reach[tid] = bits
+
+    def __call__(self, src: int, dst: int) -> bool:
+        """Does ``src`` reach ``dst`` (or is it ``dst``)?"""
+        return bool(self.reach[src] & self.bit[dst])
+
+    def add_edge(self, src: int, dst: int) -> None:
+        gained, mark = self.reach[dst], self.bit[src]
+        for tid, bits in self.reach.items():
+            if bits & mark:
+                self.reach[tid] = bits | gained
+
+    def maximal(self, tids) -> list:
+        """The tasks of ``tids`` that reach no other of them: acting after those is acting after all."""
+        tids = sorted(set(tids), key=self.bit.get)
+        return [t for t in tids if not any(u != t and self(t, u) for u in tids)]
+
+
+def _topological(tasks, successors) -> list:
+    """Kahn's order of ``tasks`` along ``successors`` (ties: task order)."""
+    indegree = dict.fromkeys(tasks, 0)
+    for src, dsts in successors.items():
+        for d in dsts:
+            indegree[d] += 1
+    ready = collections.deque(t for t, n in indegree.items() if n == 0)
+    found = []
+    while ready:
+        tid = ready.popleft()
+        found.append(tid)
+        for d in successors.get(tid, ()):
+            indegree[d] -= 1
+            if indegree[d] == 0:
+                ready.append(d)
+    if len(found) != len(tasks):
+        raise CompileError("the task graph has a cycle of regsts: no order can run it")
+    return found
+
+
+def _shared_pairs(memory: MemoryPlan) -> list:
+    """(r1, r2) regst ids whose bytes overlap, r1 dying before r2 is born, per device; r2 by birth."""
+    pairs = []
+    for rs in memory.by_device().values():
+        rs = [r for r in rs if r.size > 0]
+        if len(rs) < 2:
+            continue
+        low = np.array([memory.offsets[r.regst_id] for r in rs])
+        high = low + np.array([memory.size_of(r) for r in rs])
+        end = np.array([r.end for r in rs])
+        for k in sorted(range(len(rs)), key=lambda i: rs[i].start):
+            before = np.flatnonzero((end <= rs[k].start) & (low < high[k]) & (low[k] < high))
+            for i in sorted(before.tolist(), key=lambda i: -end[i]):   # the latest to die first
+                pairs.append((rs[i].regst_id, rs[k].regst_id))
+    return pairs
+
+
+def mem_guards(tasks, regsts, order, memory: MemoryPlan) -> list[tuple[int, int]]:
+    """The ctrl edges (producer task, consumer task) that make ``memory``'s sharing safe for the actors.
+
+    See the module docstring: per pair of regsts sharing bytes, a *same piece* and a *next piece* rule,
+    each edge added only where the graph (and the edges added so far) does not already imply it.
+    """
+    reach = _Reach(tasks, regsts, order)
+    readers = _readers(regsts)
+    touchers = {rid: {regsts[rid].producer, *readers[rid]} for rid in memory.offsets}
+    guarded = collections.defaultdict(set)   # producer -> consumers of its guard so far
+    edges = []
+
+    def add(src: int, dst: int) -> None:
+        edges.append((src, dst))
+        guarded[src].add(dst)
+        reach.add_edge(src, dst)
+
+    def holds_back(producer: int, toucher: int) -> bool:
+        """Can ``producer`` not act again before ``toucher`` acted?  True if a regst num 1 regst it makes is
+        read by a task reachable from ``toucher`` that returns it only after acting on it: not one that
+        absorbs several pieces per act (unless ``toucher`` acts once per call), not an input-wise task (it
+        returns each input after its own act, maybe before what ``toucher`` sends it arrived), not the sink
+        tick (the runtime lets the tasks before it run ahead, ``pyflow/runtime/rank_plan.py``)."""
+        task = tasks[producer]
+        readers_of = [(regsts[rid].max_regst_num, pieces_per_call(task, key), c)
+                      for key, rid in task.produced.items() for c in regsts[rid].consumers]
+        readers_of += [(1, pieces_per_call(task, GUARD_KEY), c) for c in guarded[producer]]
+        return any(num == 1 and reach(toucher, c) and tasks[c].op_type != "sink_tick" and
+                   not is_input_wise(tasks[c]) and
+                   (made <= tasks[c].time_shape[1] or tasks[toucher].time_shape[1] == 1)
+                   for num, made, c in readers_of)
+
+    for r1, r2 in _shared_pairs(memory):
+        w1, w2 = regsts[r1].producer, regsts[r2].producer
+        for t in reach.maximal(touchers[r1]):      # same piece: r1's last touchers before r2 is written
+            if not reach(t, w2):
+                add(t, w2)
+        for t in reach.maximal(touchers[r2]):      # next piece: r2's last touchers before r1 is written again
+            if not holds_back(w1, t):
+                add(w1, t)
+    return edges
+
+
+def _add_guard(tasks: dict, regsts: dict, src: int, dst: int) -> None:
+    """The ctrl regst ``src/mem_guard`` (made once, regst num 1) gets consumer ``dst`` (in copies of both tasks)."""
+    producer = tasks[src]
+    rid = producer.produced.get(GUARD_KEY)
+    if rid is None:
+        counter = max((i & ((1 << PER_RANK_SHIFT) - 1) for i in regsts if i >> PER_RANK_SHIFT == producer.rank),
+                      default=-1) + 1
+        rid = per_rank_id(producer.rank, counter)
+        regsts[rid] = RegstDesc(rid, f"{producer.op_name}/{GUARD_KEY}", src, [], (), "int8", producer.device,
+                                producer.rank, mem="ctrl")
+        tasks[src] = dataclasses.replace(producer, produced={**producer.produced, GUARD_KEY: rid})
+    regst = regsts[rid]
+    if dst not in regst.consumers:
+        regsts[rid] = dataclasses.replace(regst, consumers=[*regst.consumers, dst])
+        consumer = tasks[dst]
+        ctrl = list(consumer.consumed.get("ctrl", []))
+        tasks[dst] = dataclasses.replace(consumer, consumed={**consumer.consumed, "ctrl": [*ctrl, rid]})

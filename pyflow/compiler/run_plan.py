@@ -20,9 +20,18 @@ unpack        micro-batch j of its input (rows ``j*b .. (j+1)*b``)
 repeat        passes its input on (alias)
 acc           j = 0: copies its input; later: adds it (the gradient sum over micro-batches)
 pack          writes its input into rows ``j*b ..`` of its output
-output        a fresh eager tensor with the value (the user keeps it)
+output        a fresh eager tensor with the value (``nn.Graph`` copies it into the tensor it
+              handed the caller: its output critical section); its regst is that tensor
 tick          nothing
 ============  ===========================================================================
+
+**Input-wise tasks** (``is_input_wise``): a boxing ``concat`` and a two-input boxing ``add`` /
+``assemble`` may also be done one input at a time, in any order (``act_input``): the actor
+runtime's InputWise actor acts on each piece as it arrives (from another rank, say) instead
+of waiting for all of them.  The result is the same bitwise: concat writes disjoint rows,
+and with two inputs ``a + b == b + a``.  (OneFlow's ReduceAdd sums any number of pieces in
+arrival order; pyflow keeps three or more in a fixed order, so its numbers never depend on
+timing.)
 """
 
 from __future__ import annotations
@@ -40,7 +49,8 @@ from pyflow.framework.op_registry import get_op
 from pyflow.framework.tensor import Tensor, _StorageHandle, _Version
 from pyflow.vm.eager_blob_object import EagerBlobObject
 
-__all__ = ["run_plan", "act", "CallContext", "call_context", "chunk_tensors", "planned_tensor", "produced_regsts"]
+__all__ = ["run_plan", "act", "act_input", "is_input_wise", "CallContext", "call_context", "chunk_tensors",
+           "make_chunks", "planned_tensor", "produced_regsts"]
 
 
 @dataclasses.dataclass
@@ -49,7 +59,7 @@ class CallContext:
 
     inputs: list                                  # the graph's eager inputs, by index
     variables: dict                               # variable op name -> the eager tensor (job.variables)
-    outputs: dict = dataclasses.field(default_factory=dict)   # output index -> the tensor handed back
+    outputs: dict = dataclasses.field(default_factory=dict)   # output index -> the value (a fresh tensor)
     feeds: dict = dataclasses.field(default_factory=dict)     # variable op name -> its value for this call
     output_layouts: dict = dataclasses.field(default_factory=dict)   # output index -> (placement, sbp, shape,
     #                                                                   dtype) of a global output
@@ -63,7 +73,7 @@ class CallContext:
         return [self.outputs[i] for i in range(self.output_count)]
 
 
-def call_context(job, inputs: list, outputs: dict | None = None) -> CallContext:
+def call_context(job, inputs: list) -> CallContext:
     """The context of one call: its inputs, and this call's values of the job's feeds (lr, step...)."""
     by_tensor = {id(t): name for name, t in job.variables.items()}
     feeds = {by_tensor[id(t)]: value() for t, value in job.feeds if id(t) in by_tensor}
@@ -73,21 +83,21 @@ def call_context(job, inputs: list, outputs: dict | None = None) -> CallContext:
         desc = job.blobs[op.outputs[0]]
         if desc.placement is not None:
             layouts[op.attrs["index"]] = (desc.placement, tuple(desc.sbp), tuple(desc.shape), desc.dtype)
-    return CallContext(list(inputs), job.variables, dict(outputs or {}), feeds, layouts, len(job.output_ops))
+    return CallContext(list(inputs), job.variables, {}, feeds, layouts, len(job.output_ops))
+
+
+def make_chunks(plan, rank: int) -> dict:
+    """One new uint8 eager tensor per chunk of ``rank`` (``plan.memory.block_sizes`` bytes each)."""
+    mine = f"rank{rank}/"
+    return {key: empty(max(int(size), 1), dtype="uint8", device=key.split("/", 1)[1])
+            for key, size in plan.memory.block_sizes.items() if key.startswith(mine)}   # others: their rank's
 
 
 def chunk_tensors(plan) -> dict:
-    """One uint8 eager tensor per chunk of this rank's devices, made once per plan and kept on it."""
+    """The sequential interpreter's chunks of this rank: ``make_chunks``, made once per plan and kept on it."""
     chunks = getattr(plan, "_chunk_tensors", None)
     if chunks is None:
-        chunks = {}
-        mine = f"rank{env.get_rank()}/"
-        for key, size in plan.memory.block_sizes.items():
-            if not key.startswith(mine):
-                continue   # another rank's memory: its own process (or thread) makes it
-            device = key.split("/", 1)[1]
-            chunks[key] = empty(max(int(size), 1), dtype="uint8", device=device)
-        plan._chunk_tensors = chunks
+        chunks = plan._chunk_tensors = make_chunks(plan, env.get_rank())
     return chunks
 
 
@@ -101,8 +111,12 @@ def planned_tensor(plan, chunks: dict, regst, copy: int = 0) -> Tensor:
 
 
 def produced_regsts(plan, task) -> list:
-    """The data regsts ``task`` produces, ``out_0, out_1, ...`` (its ctrl regst left out)."""
-    return [plan.regsts[task.produced[f"out_{i}"]] for i in range(len(task.produced) - ("ctrl" in task.produced))]
+    """The data regsts ``task`` produces, ``out_0, out_1, ...`` (its ctrl regsts left out)."""
+    found, i = [], 0
+    while f"out_{i}" in task.produced:
+        found.append(plan.regsts[task.produced[f"out_{i}"]])
+        i += 1
+    return found
 
 
 def run_plan(plan, inputs: list, job) -> list:
@@ -155,15 +169,11 @@ def act(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
         return [to_local(call.inputs[attrs["index"]])]
     if kind == "repeat" or op_type == "to_global":   # the same memory, passed on
         return [args[0]]
-    if kind == "output":   # into the tensor the caller made for it, or a fresh one
-        target = call.outputs.get(attrs["index"])
-        if target is None:
-            desc = call.output_layouts.get(attrs["index"])
-            piece = args[0].clone()
-            call.outputs[attrs["index"]] = piece if desc is None else make_global(piece, *desc)
-        else:
-            apply("contiguous", [args[0]], out=[to_local(target)])
-        return outs
+    if kind == "output":   # a fresh tensor: the regst's memory is the runtime's, the value is the caller's
+        desc = call.output_layouts.get(attrs["index"])
+        piece = args[0].clone()
+        call.outputs[attrs["index"]] = piece if desc is None else make_global(piece, *desc)
+        return [piece]   # (the output regst is that tensor: its consumers hear once it is written)
     if kind == "boxing":
         return [run_boxing_task(op_type, args, outs[0] if outs else None, attrs)]
     if kind == "unpack":
@@ -197,3 +207,40 @@ def act(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
         results = apply(op_type, args[:n_in], out=targets or None, **kwargs)
         return list(results) if results is not None else outs
     return outs
+
+
+_INPUT_WISE = {"concat": None, "add": 2, "assemble": 2}   # boxing kind -> the input count it must have (None: any)
+
+
+def is_input_wise(task) -> bool:
+    """May ``task`` act one input at a time (see the module docstring)?"""
+    if task.kind != "boxing" or task.op_type not in _INPUT_WISE:
+        return False
+    inputs = sum(key.startswith("in_") for key in task.consumed)
+    wanted = _INPUT_WISE[task.op_type]
+    return inputs >= 2 and (wanted is None or inputs == wanted)
+
+
+def act_input(plan, task, key: str, x: Tensor, out: Tensor, first: bool) -> None:
+    """One act of an input-wise task: input ``key`` (``x``) into ``out``; ``first``: the piece's first act.
+
+    concat: ``x`` into its rows of ``out`` (along the axis, after the inputs before it); add: the first
+    input is copied, the second added; assemble: ``out`` zeroed at the first act, ``x`` added into its region.
+    """
+    op_type, _, attrs = plan.op_attrs[task.op_name]
+    i = int(key[len("in_"):])
+    if op_type == "concat":
+        axis = attrs["axis"]
+        start = sum(plan.regsts[task.consumed[f"in_{m}"][0]].shape[axis] for m in range(i))
+        apply("contiguous", [x], out=[out.narrow(axis, start, x.shape[axis])])
+    elif op_type == "add":
+        apply("contiguous", [x], out=[out]) if first else apply("add", [out, x], out=[out])
+    elif op_type == "assemble":
+        if first:
+            out.zero_()
+        part = out
+        for d, (lo, hi) in enumerate(attrs["regions"][i]):
+            part = part.narrow(d, lo, hi - lo)
+        apply("add", [part, x], out=[part])
+    else:
+        raise ValueError(f"task {task.op_name} ({op_type}) cannot act one input at a time")

@@ -56,10 +56,11 @@ from pyflow.device import Device
 from pyflow.distributed.boxing import Layout
 from pyflow.framework.op_registry import OP_REGISTRY
 
-__all__ = ["TaskNode", "RegstDesc", "TaskGraph", "STREAM_INDEX"]
+__all__ = ["TaskNode", "RegstDesc", "TaskGraph", "STREAM_INDEX", "GUARD_KEY", "pieces_per_call"]
 
 STREAM_INDEX = {"compute": 0, "host2device": 1, "device2host": 2, "ccl": 3, "comm_net": 4}
 HOST_DEVICE = "cpu"
+GUARD_KEY = "mem_guard"   # the produced key (and lbn suffix) of a task's memory-safety ctrl regst (plan.py)
 _KINDS = {"source_tick": "tick", "sink_tick": "tick", "variable": "variable", "input": "input", "output": "output",
           "unpack": "unpack", "repeat": "repeat", "acc": "acc", "pack": "pack"}
 
@@ -109,6 +110,15 @@ class TaskNode:
     @property
     def thread_id(self) -> int:
         return thread_id(self.task_id)
+
+
+def pieces_per_call(task, key: str = "out_0") -> int:
+    """How many pieces of its produced regst ``key`` ``task`` makes per call: one per act (``time_shape[1]``
+    acts), except Acc and Pack, which fill their outputs (and send their ctrl) once over their k acts; their
+    ``mem_guard`` still goes out after every act, as each act writes the memory it guards."""
+    if task.kind in ("acc", "pack") and key != GUARD_KEY:
+        return 1
+    return task.time_shape[1]
 
 
 class TaskGraph:

@@ -27,15 +27,41 @@ What happens at the first call (``g.debug(1)`` prints each step with its time):
    TaskGraph (boxing, copies), regsts and memory, the Plan (``g.plan``).
 3. **Run**: the Plan runs on the actor runtime (``pyflow/runtime``), one per graph, made
    at the first call and kept (closed when the graph is garbage-collected or at exit).
-   Each call, as OneFlow's: the outputs are made from the Plan's output regsts, a
-   ``LaunchLazyJob`` VM instruction (reading the inputs, writing the outputs) hands the
-   call to the runtime, and the call returns once the call's sink tick acted: every op
-   of the call has then been issued to the VM, so eager ops issued afterwards (reading
-   an output, a parameter) come after it, and ``numpy()`` of an output waits only for
-   the ops that make it.  A failed act raises here and the next call gets a fresh runtime.
    ``g.executor`` (or ``PYFLOW_GRAPH_EXECUTOR``) picks ``"actors"`` (default),
    ``"deterministic"`` (the runtime on the caller's thread, for pdb) or ``"sequential"``
    (the sequential Plan interpreter, ``pyflow/compiler/run_plan.py``).
+
+**A call, and successive calls pipelining** (OneFlow: "the outputs buffer size bounds how
+many calls run at once; ``numpy()`` of an output waits for just that call").  ``g(x)``:
+
+1. makes the output tensors it will return (empty, allocated by the VM);
+2. issues a ``LaunchLazyJob`` VM instruction that reads the inputs and hands the call to the
+   runtime (``pyflow/vm/policies/launch_lazy_job.py``);
+3. waits only until the call's *frontier* has acted (``pyflow/runtime/call.py``): every op of
+   the call that reads or writes the caller's inputs and parameters, talks to other ranks,
+   or makes an output is then *issued* (not necessarily run), so whatever the caller issues
+   next is ordered after it (an ``x.add_(1)`` cannot reach the call; ``model.weight.numpy()``
+   sees its update) and cannot hold back anything the call's outputs need;
+4. issues, per output, an *output critical section*: an instruction that writes the output
+   tensor and completes once the call's output actor has handed over the value; then returns.
+
+So ``g(x)`` returns while the call still runs (its ops in the VM, its other actors, its sink);
+the next ``g(x2)`` starts meanwhile (at most ``config.outputs_buffer_size`` calls in flight: the
+source tick admits no more, and a call's frontier cannot act before it is admitted), and reading
+an output (``y.numpy()``, ``y + 1``) waits for that call's output only.  On a pipeline over
+several ranks each rank's ``g(x)`` waits only for its own stage.  Why the frontier holds every
+op the outputs need, rather than only those touching the caller's memory: the VM keeps some
+ops of one stream in order, the caller's and the actors' alike (``y.zero_()``, the stream waits
+it inserts), so a caller's op waiting for an output must not be able to come before one the
+output needs (``call.py`` tells the whole story; actors issuing their ops on streams of their
+own would lift this).
+
+A failure in call k stops the runtime and raises ``OpError`` naming the actor and the op: at
+``g(x)`` itself if it came before the call's frontier acted (an act upstream of an output that
+raises), else at the readers of call k's outputs (a kernel that fails in the VM after ``g(x)``
+returned); the outputs of later calls in flight raise it too, the next ``g(x)`` makes a new
+runtime.  With ``"deterministic"`` (or the VM in step-through mode, ``PYFLOW_VM_SYNC``) the
+caller's thread runs the whole call before returning.
 
 After each call that trains, the graph steps its learning-rate scheduler (OneFlow steps
 it once per graph call) and counts the step (Adam's bias correction reads it).
@@ -52,6 +78,7 @@ from pyflow.compiler import compile_job
 from pyflow.compiler.job import Job
 from pyflow.compiler.lazy import LazyTensor, Tracer, tracing
 from pyflow.compiler.run_plan import run_plan
+from pyflow.distributed.global_tensor import make_global, to_local
 from pyflow.errors import GraphError
 from pyflow.framework.creation import empty
 from pyflow.framework.tensor import Tensor
@@ -237,6 +264,7 @@ class Graph:
     # --- running the Plan -----------------------------------------------------------------------
 
     executor = None   # "actors" | "deterministic" | "sequential"; None: $PYFLOW_GRAPH_EXECUTOR, else "actors"
+    act_fn = None     # the runtime's act (``Runtime(act_fn=...)``: tests and benchmarks, e.g. acts that sleep)
 
     def _executor(self) -> str:
         choice = self.__dict__.get("executor") or os.environ.get("PYFLOW_GRAPH_EXECUTOR") or "actors"
@@ -245,19 +273,22 @@ class Graph:
         return choice
 
     def _run(self, args: list) -> list:
-        """One call of the Plan: through LaunchLazyJob on the actor runtime, or the sequential interpreter."""
+        """One call of the Plan (the module docstring's "A call"), or of the sequential interpreter."""
         executor = self._executor()
         if executor == "sequential":
             return run_plan(self._plan, args, self._job)
         runtime = self._runtime_for(deterministic=executor == "deterministic")
         handle = runtime.register(args)   # checks the inputs first: an error here runs nothing
         try:
-            self._make_outputs(runtime, handle.context)
+            outputs, sections = self._output_tensors(runtime, handle)
             inputs = [a._blob for a in args if not a.is_global]
-            outputs = [t._blob for t in handle.context.outputs.values()]
-            vm.run(lambda builder: builder.launch_lazy_job(self.name, lambda: runtime.start(handle), inputs,
-                                                   outputs))
-            return handle.result()
+            vm.run(lambda builder: builder.launch_lazy_job(self.name, lambda: runtime.start(handle), inputs))
+            if runtime.deterministic or vm.get_vm().sync_mode:
+                handle.result()        # the caller's thread runs the actors, or every op: the whole call
+            else:
+                handle.wait_issued()   # the frontier acted: what the caller issues next comes after it
+            vm.run(lambda builder: builder.launch_lazy_job(self.name, None, [], sections))
+            return outputs
         except BaseException as error:
             # Ctrl-C while waiting, a dead runtime, or a call that never started: stop this runtime
             # (its threads exit) and let the next call make a new one
@@ -265,17 +296,23 @@ class Graph:
                 self._close_runtime(quiet=True)
             raise
 
-    def _make_outputs(self, runtime, context) -> None:
-        """The call's local outputs, made now from this rank's output regsts (the call writes into them).
-
-        A global output is left to its output tasks, which make the global tensor from their pieces.
-        """
-        plan = self._plan
+    def _output_tensors(self, runtime, handle) -> tuple:
+        """The tensors the call returns (made now, written by the output critical sections) and the sections:
+        ``(index, blob, fetch)`` per output piece this rank holds.  A global output is this rank's piece
+        wrapped (an empty piece where the rank holds none)."""
+        plan, context = self._plan, handle.context
+        pieces = {}
         for task in plan.tasks.values():
-            index = plan.op_attrs[task.op_name][2].get("index")
-            if task.kind == "output" and task.rank == runtime.rank and index not in context.output_layouts:
+            if task.kind == "output" and task.rank == runtime.rank:
                 desc = plan.regsts[task.produced["out_0"]]
-                context.outputs[index] = empty(tuple(desc.shape), dtype=desc.dtype, device=desc.device)
+                pieces[plan.op_attrs[task.op_name][2]["index"]] = empty(tuple(desc.shape), dtype=desc.dtype,
+                                                                        device=desc.device)
+        outputs = []
+        for i in range(context.output_count):
+            layout = context.output_layouts.get(i)
+            outputs.append(pieces[i] if layout is None else make_global(pieces.get(i), *layout))
+        sections = [(i, to_local(piece)._blob, lambda i=i: handle.output(i)) for i, piece in sorted(pieces.items())]
+        return outputs, sections
 
     @property
     def runtime(self):
@@ -284,12 +321,15 @@ class Graph:
 
     def _runtime_for(self, deterministic: bool) -> Runtime:
         runtime = self.__dict__.get("_runtime")
+        if runtime is not None and runtime.error is not None:   # a call failed since the last one returned
+            self._close_runtime(quiet=True)
+            runtime = None
         if runtime is not None and runtime.deterministic != deterministic:
             self._close_runtime()
             runtime = None
         if runtime is None:
             runtime = Runtime(self._plan, self._job, deterministic=deterministic, name=self.name,
-                              max_calls_in_flight=self.config.outputs_buffer_size)
+                              max_calls_in_flight=self.config.outputs_buffer_size, act_fn=self.act_fn)
             object.__setattr__(self, "_runtime", runtime)
             # closes the runtime when the graph is garbage-collected, or at exit (holds no ref to the graph)
             object.__setattr__(self, "_runtime_closer", weakref.finalize(self, runtime.close))

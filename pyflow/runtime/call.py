@@ -9,7 +9,26 @@ registered, so calls in flight each keep their own), and where the outputs go.
 * ``check_inputs`` - inputs that do not fit the Plan's input regsts are an error before
   anything runs (a compiled graph takes inputs like those it was traced with);
 * ``new_context``  - the call's context (a hand-made Plan without a Job gets an empty one);
-* ``CallHandle``   - what the caller holds: ``result()`` waits until the call's sink tick acted.
+* ``CallHandle``   - what the caller holds: ``result()`` waits until the call's sink tick acted;
+  ``wait_issued()`` only until the call's *frontier* acted; ``output(i)`` until output ``i``'s
+  value is written (the output actor hands it over, ``actors/output.py``).
+
+**The frontier** (``frontier_tasks``): the tasks whose acts must have issued their ops before
+``nn.Graph`` may hand a call back while the rest of it is still running, because an eager
+op the caller issues next could otherwise be ordered before them:
+
+* the tasks that touch memory the caller owns: the input and variable tasks and every task
+  reading them (or an alias of them: a repeat of a parameter), among them the ops that update
+  parameters in place; the caller's next op on an input or a parameter then comes after them;
+* the send / recv / collective tasks: a rank's collectives must be issued in the same order
+  on every rank, eager ones included (``comm_net.py``);
+* the output tasks, their value's hand-over included (``actors/output.py``): then every op the
+  call's outputs depend on is issued.  This one is about deadlock.  The caller's next op on an
+  output waits for the output's critical section, which waits for those ops; and an op that
+  keeps its stream in order (``y.zero_()``, and the stream waits the VM inserts between two
+  streams of one device, for the caller's ops as for the actors') holds back every later
+  stream-ordered op of that stream.  Were one the output depends on issued later, the two
+  would wait for each other.  Issued earlier, it runs first.
 """
 
 from __future__ import annotations
@@ -21,23 +40,34 @@ import numpy as np
 from pyflow.compiler.run_plan import CallContext, call_context
 from pyflow.errors import DeviceError, DTypeError, GraphError, ShapeError
 from pyflow.framework.tensor import Tensor
+from pyflow.runtime.comm_net import is_comm
 
-__all__ = ["CallHandle", "check_inputs", "new_context"]
+__all__ = ["CallHandle", "check_inputs", "new_context", "frontier_tasks"]
 
 
 class CallHandle:
     """One launched call: ``result()`` waits for it (the sink tick acted) and returns its outputs."""
 
-    def __init__(self, runtime, index: int, context: CallContext):
+    def __init__(self, runtime, index: int, context: CallContext, frontier: int = 0):
         self.index, self.context = index, context
         self._runtime = runtime
         self._done = threading.Event()
         self._outputs = None
         self._error = None
         self.started = False
+        self.frontier_left = frontier            # frontier actors that have not finished this call yet
+        self._issued = threading.Event()
+        if not frontier:
+            self._issued.set()
+        self._delivered: dict = {}               # output index -> (tensor, error) once written
+        self._delivery = threading.Condition()
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    def issued(self) -> bool:
+        """Has every frontier actor (the module docstring) acted for this call (or did the call fail)?"""
+        return self._issued.is_set()
 
     def result(self, timeout: float | None = None) -> list:
         """The call's outputs, in output order; raises what stopped the runtime."""
@@ -46,10 +76,36 @@ class CallHandle:
             raise self._error
         return self._outputs
 
+    def wait_issued(self) -> None:
+        """Wait until the call's frontier acted (its ops on the caller's memory, with other ranks and making
+        the outputs are issued); raises what stopped the runtime."""
+        self._runtime.wait_issued(self)
+        if self._error is not None:
+            raise self._error
+
+    def output(self, index: int) -> Tensor:
+        """This rank's piece of output ``index``, once its value is written (any thread may wait; nothing is
+        driven); raises what stopped the call, or the failure of the op that made the value."""
+        with self._delivery:
+            while index not in self._delivered and self._error is None:
+                self._delivery.wait()
+            value, error = self._delivered.get(index, (None, self._error))
+        if error is not None:
+            raise error
+        return value
+
+    def _deliver(self, index: int, value, error=None) -> None:
+        with self._delivery:
+            self._delivered[index] = (value, error)
+            self._delivery.notify_all()
+
     def _finish(self, outputs=None, error=None) -> None:
         self._outputs, self._error = outputs, error
         self.context = None   # the inputs and outputs belong to the caller now
+        self._issued.set()
         self._done.set()
+        with self._delivery:
+            self._delivery.notify_all()
 
     def __repr__(self) -> str:
         state = "failed" if self._error is not None else "done" if self.done() else "in flight"
@@ -78,9 +134,28 @@ def check_inputs(plan, input_tasks: list, inputs: list) -> None:
                         "compiled graph takes inputs like those it was traced with (build a new graph for others)")
 
 
-def new_context(plan, job, inputs: list, outputs: dict | None) -> CallContext:
+def new_context(plan, job, inputs: list) -> CallContext:
     """The context of one call (``job`` None: a hand-made Plan, with no variables, feeds or global outputs)."""
     if job is not None:
-        return call_context(job, inputs, outputs)
+        return call_context(job, inputs)
     count = sum(op_type == "output" for op_type, _, _ in plan.op_attrs.values())
-    return CallContext(list(inputs), {}, dict(outputs or {}), {}, {}, count)
+    return CallContext(list(inputs), {}, {}, {}, {}, count)
+
+
+def _callers_memory(plan, rid: int) -> bool:
+    """Is regst ``rid`` memory the caller owns (an input, a parameter), or an alias of it?"""
+    regst = plan.regsts[rid]
+    while regst.mem == "alias" and regst.alias_of is not None:
+        regst = plan.regsts[regst.alias_of]
+    return regst.mem in ("input", "variable")
+
+
+def frontier_tasks(plan, tasks) -> set:
+    """The ids of ``tasks`` (one rank's) in a call's frontier (see the module docstring)."""
+    found = set()
+    for task in tasks:
+        reads = [rid for key, ids in task.consumed.items() if key != "ctrl" for rid in ids]
+        if (task.kind in ("input", "variable", "output") or is_comm(task)
+                or any(_callers_memory(plan, rid) for rid in reads + list(task.produced.values()))):
+            found.add(task.task_id)
+    return found

@@ -14,7 +14,13 @@ tick.  Two kinds of task slip through, because the boxing tasks come after that 
   finished before it acted.  It gets a control regst that the sink tick consumes, as the
   ticks pass does for ops nobody reads.
 
-``rank_plan(plan, rank)`` returns the Plan with those control regsts added (a copy: the
+And one setting: every control regst the sink tick reads gets regst num ``calls`` (the
+runtime's ``max_calls_in_flight``, the graph's outputs buffer size), so that the tasks that
+end a call may run up to that many calls ahead of the sink: with regst num 1 a task could
+not act for call n + 1 before the sink acted for call n, and the calls in flight would be
+bounded by 2 whatever the buffer.
+
+``rank_plan(plan, rank, calls)`` returns the Plan with those control regsts added (a copy: the
 compiler's Plan is left alone) and this rank's tasks in execution order.
 """
 
@@ -36,7 +42,7 @@ def _tick(plan, tasks: list, op_type: str, rank: int):
     return found[0]
 
 
-def rank_plan(plan, rank: int) -> tuple:
+def rank_plan(plan, rank: int, calls: int = 1) -> tuple:
     """``(plan with this rank's calls closed by its ticks, this rank's tasks in order, source id, sink id)``."""
     mine = [plan.tasks[tid] for tid in plan.order if plan.tasks[tid].rank == rank]
     source, sink = _tick(plan, mine, "source_tick", rank), _tick(plan, mine, "sink_tick", rank)
@@ -64,5 +70,8 @@ def rank_plan(plan, rank: int) -> tuple:
         regsts[rid] = dataclasses.replace(regsts[rid], consumers=[sink.task_id])
         ends = tasks[sink.task_id].consumed
         edit(sink.task_id, consumed={**ends, "ctrl": list(ends.get("ctrl", [])) + [rid]})
+    for rid in tasks[sink.task_id].consumed.get("ctrl", []):
+        num = max(regsts[rid].max_regst_num, calls)
+        regsts[rid] = dataclasses.replace(regsts[rid], min_regst_num=num, max_regst_num=num)
     view = dataclasses.replace(plan, tasks=tasks, regsts=regsts)
     return view, [tasks[t.task_id] for t in mine], source.task_id, sink.task_id

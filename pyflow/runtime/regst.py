@@ -23,26 +23,23 @@ allocates all memory when the runtime starts; running costs no allocation):
   tensor handed back to the caller): each act sets the regst's tensor;
 * ``ctrl`` regsts carry no memory at all: only the piece id and the back pressure.
 
-**Where in the chunk.**  The compiler's memory plan lets regsts that are never alive
-at the same time *in the Plan's sequential order* share bytes.  Actors do not run in
-that order: with pipelining, micro-batch j + 1 of one op runs while micro-batch j
-of a later op still holds its regst.  OneFlow makes sharing safe with control edges
-the compiler adds between the regsts of one mem block; pyflow's compiler does not add
-them (yet), so the RegstMgr lays the chunk out again with every planned regst alive
-all call long (no sharing, ``size x regst num`` each) and then uses ``chunk_tensors``
-and ``planned_tensor`` on that layout.  ``layout_plan`` is the Plan with that memory.
+**Where in the chunk.**  Exactly where the compiler's memory plan (``plan.memory``) puts
+it: the chunk of (rank, device) has ``plan.memory.block_sizes`` bytes, and regsts that are
+never alive at the same time in the Plan's order share bytes there, as in OneFlow.  That
+is safe although actors do not follow the Plan's order (pipelining, several calls in
+flight, independent branches in any order) because the compiler added the ``mem_guard``
+ctrl regsts that order the acts touching shared bytes (``pyflow/compiler/plan.py``, "Why
+sharing needs guards"), and pyflow's VM runs every op on one chunk in the order the acts
+issued them.  A planned regst whose request in the memory plan is smaller than ``size x
+regst num`` (a Plan edited by hand without ``replan_memory``) is refused here.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from pyflow.compiler.run_plan import make_chunks, planned_tensor
+from pyflow.errors import GraphError
 
-from pyflow.compiler.memory import MemoryPlan, MemRequest
-from pyflow.compiler.run_plan import chunk_tensors, planned_tensor
-
-__all__ = ["Regst", "RegstMgr", "private_layout"]
-
-_ALIGNMENT = 512
+__all__ = ["Regst", "RegstMgr"]
 
 
 class Regst:
@@ -72,33 +69,37 @@ class Regst:
         return f"<Regst {self.desc.lbn}#{self.index} ({state})>"
 
 
-def private_layout(plan, descs) -> MemoryPlan:
-    """A memory layout in which no two of ``descs`` (planned regsts) share bytes (see the module docstring)."""
-    offsets, sizes, requests = {}, {}, []
-    for desc in sorted(descs, key=lambda r: r.id):
-        if desc.mem != "planned" or desc.inplace_of is not None:
-            continue   # an inplace output lives in its input's memory (``planned_tensor`` finds it)
-        key = plan.chunk_key(desc)
-        size = desc.nbytes * max(desc.max_regst_num, 1)
-        offsets[desc.id] = sizes.get(key, 0)
-        sizes[key] = offsets[desc.id] + -(-max(size, 1) // _ALIGNMENT) * _ALIGNMENT
-        requests.append(MemRequest(desc.id, key, size, 0, 1))
-    return MemoryPlan(tuple(requests), _ALIGNMENT, offsets, sizes, {key: "private" for key in sizes})
+def _check_room(plan, desc) -> None:
+    """The memory plan must give ``desc`` its ``size x regst num`` bytes (an inplace output: its root's)."""
+    if desc.inplace_of is not None:
+        if desc.max_regst_num != 1:
+            raise GraphError(f"plan {plan.job_name}: regst {desc.lbn} is written in place but has regst num "
+                             f"{desc.max_regst_num}; only regst num 1 can be inplace")
+        return
+    request = next((r for r in plan.memory.requests if r.regst_id == desc.id), None)
+    need = desc.nbytes * desc.max_regst_num
+    if request is None or request.size < need:
+        have = "no request" if request is None else f"a request of {request.size} bytes"
+        raise GraphError(f"plan {plan.job_name}: regst {desc.lbn} needs {need} bytes (regst num "
+                         f"{desc.max_regst_num}) but the memory plan has {have} for it; after editing regst nums, "
+                         "plan the memory again (pyflow.compiler.plan.replan_memory)")
 
 
 class RegstMgr:
-    """Every Regst of the tasks ``task_ids`` of a Plan (this rank's), made once: ``regsts_of(desc_id)``."""
+    """Every Regst of the tasks ``task_ids`` of a Plan (``rank``'s), made once: ``regsts_of(desc_id)``."""
 
-    def __init__(self, plan, task_ids):
+    def __init__(self, plan, task_ids, rank: int):
         mine = set(task_ids)
         descs = [desc for desc in plan.regsts.values() if desc.producer in mine]
-        self.layout_plan = dataclasses.replace(plan, memory=private_layout(plan, descs))
-        self.chunks = chunk_tensors(self.layout_plan)   # one uint8 tensor per device of this rank
+        self.plan = plan
+        self.chunks = make_chunks(plan, rank)   # one uint8 tensor per device of this rank (its own, not run_plan's)
         self._regsts: dict[int, list[Regst]] = {}
         for desc in descs:
+            if desc.mem == "planned":
+                _check_room(plan, desc)
             copies = []
             for i in range(desc.max_regst_num):   # regst num 0 is allowed: that producer can never act
-                tensor = planned_tensor(self.layout_plan, self.chunks, desc, copy=i) if desc.mem == "planned" else None
+                tensor = planned_tensor(plan, self.chunks, desc, copy=i) if desc.mem == "planned" else None
                 copies.append(Regst(desc, i, tensor))
             self._regsts[desc.id] = copies
 
@@ -109,5 +110,6 @@ class RegstMgr:
         return [r for copies in self._regsts.values() for r in copies]
 
     def chunk_bytes(self) -> dict:
-        """Bytes of each chunk the runtime allocated (against the compiler's ``plan.memory.block_sizes``)."""
-        return dict(self.layout_plan.memory.block_sizes)
+        """Bytes of each chunk the runtime allocated: the compiler's ``plan.memory.block_sizes`` of this rank."""
+        return {key: int(chunk.shape[0]) if self.plan.memory.block_sizes[key] else 0
+                for key, chunk in self.chunks.items()}

@@ -4,8 +4,9 @@ OneFlow's runtime is three steps: make the global objects, construct every actor
 from the Plan on its thread, send the start signal to the source actors.  After that
 nothing is central: actors react to messages.  pyflow's Runtime:
 
-1. **Globals**: the ``RegstMgr`` (every regst, memory allocated once), the
-   ``ActorMsgBus``, the ``ThreadMgr`` (one thread per stream id of the Plan).
+1. **Globals**: the ``RegstMgr`` (every regst, memory allocated once, as the Plan's
+   memory plan lays it out), the ``ActorMsgBus``, the ``ThreadMgr`` (one thread per
+   stream id of the Plan).
 2. **Construct**: a ``construct`` command per task goes to its thread; the thread
    builds the actor there; the runtime waits until all are built.
 3. **Calls**: ``launch(inputs)`` registers a call (its ``CallContext``: the inputs,
@@ -13,7 +14,9 @@ nothing is central: actors react to messages.  pyflow's Runtime:
    source tick.  The call flows through the actors as pieces ``(call, j)``; the sink
    tick's act completes the ``CallHandle``.  Calls overlap: call n + 1 starts while
    call n is still in flight, bounded by the regst nums and by
-   ``max_calls_in_flight`` (``Graph.config.outputs_buffer_size``).
+   ``max_calls_in_flight`` (``Graph.config.outputs_buffer_size``).  Before that, the
+   call's *frontier* (``call.py``) acting sets ``handle.issued()``, and each output's
+   value is handed to ``handle.output(i)`` once written: what ``nn.Graph`` waits for.
 4. **Close**: ``close()`` tells the source tick to stop after the calls launched so
    far; its eord spreads through the graph, every actor exits once its regsts are
    back, every thread leaves its loop and is joined.
@@ -49,7 +52,7 @@ import weakref
 from pyflow import env
 from pyflow.compiler.run_plan import CallContext, act
 from pyflow.errors import OpError, RuntimeHangError
-from pyflow.runtime.call import CallHandle, check_inputs, new_context
+from pyflow.runtime.call import CallHandle, check_inputs, frontier_tasks, new_context
 from pyflow.runtime.comm_net import CommOrder
 from pyflow.runtime.msg import cmd_msg
 from pyflow.runtime.msg_bus import ActorMsgBus
@@ -87,7 +90,7 @@ class Runtime:
         self.hang_timeout = hang_timeout if hang_timeout is not None else default_hang_timeout()
         self.act_fn = act_fn or act
         self._timeline: collections.deque = collections.deque(maxlen=timeline)
-        self.plan, mine, self.source_id, self.sink_id = rank_plan(plan, self.rank)
+        self.plan, mine, self.source_id, self.sink_id = rank_plan(plan, self.rank, max_calls_in_flight)
         self.comm_order = CommOrder(self.plan, [t.task_id for t in mine])
         self.error: BaseException | None = None
         self.closed = False
@@ -100,7 +103,8 @@ class Runtime:
         self._exited = 0
         self._all_built = threading.Event()
         self._all_exited = threading.Event()
-        self.regst_mgr = RegstMgr(self.plan, [t.task_id for t in mine])
+        self.regst_mgr = RegstMgr(self.plan, [t.task_id for t in mine], self.rank)
+        self.frontier = frontier_tasks(self.plan, mine)   # see call.py: what a call must issue before returning
         self.bus = ActorMsgBus()
         tasks = mine
         self._task_count = len(tasks)
@@ -134,14 +138,14 @@ class Runtime:
         """Raise before anything runs if ``inputs`` do not match the Plan's input regsts."""
         check_inputs(self.plan, [a.task for a in self.actors.values() if a.task.kind == "input"], list(inputs))
 
-    def register(self, inputs, outputs: dict | None = None) -> CallHandle:
+    def register(self, inputs) -> CallHandle:
         """Make a call's handle and context (this call's feeds are read now); ``start`` launches it."""
         self._check_usable()
         inputs = list(inputs)
         self.check_inputs(inputs)
-        context = new_context(self.plan, self.job, inputs, outputs)
+        context = new_context(self.plan, self.job, inputs)
         with self._lock:
-            handle = CallHandle(self, self._next_call, context)
+            handle = CallHandle(self, self._next_call, context, len(self.frontier))
             self._calls[handle.index] = handle
             self._next_call += 1
         return handle
@@ -155,9 +159,9 @@ class Runtime:
             self._progress = time.monotonic()
         self.bus.send(cmd_msg(self.source_id, "launch", handle.index))
 
-    def launch(self, inputs, outputs: dict | None = None) -> CallHandle:
-        """Start one call; ``outputs`` maps output index -> a tensor to write into (else fresh ones)."""
-        handle = self.register(inputs, outputs)
+    def launch(self, inputs) -> CallHandle:
+        """Start one call of the Plan with ``inputs``; ``result()`` of the handle gives its outputs."""
+        handle = self.register(inputs)
         self.start(handle)
         return handle
 
@@ -166,10 +170,14 @@ class Runtime:
         return self.launch(inputs).result()
 
     def call_context(self, index: int) -> CallContext:
+        return self.handle(index).context
+
+    def handle(self, index: int) -> CallHandle:
+        """The handle of call ``index`` while it is in flight."""
         handle = self._calls.get(index)
         if handle is None:
             raise RuntimeError(f"call {index} is not in flight (finished, or the runtime stopped)")
-        return handle.context
+        return handle
 
     def complete_call(self, index: int) -> None:
         """The sink tick acted for call ``index``: hand its outputs to the caller."""
@@ -203,8 +211,16 @@ class Runtime:
                 self._all_exited.set()
 
     def record_act(self, actor, piece: tuple, start: float, end: float, consumed: list, produced: list) -> None:
-        """An actor acted: progress for the watchdog, a record for the timeline and for ``flow.trace()``."""
+        """An actor acted: progress for the watchdog, the call's frontier, a record for the timeline and for
+        ``flow.trace()``."""
         self._progress = time.monotonic()
+        if actor.actor_id in self.frontier and actor.acts == (piece[0] + 1) * actor.acts_per_call:
+            with self._lock:   # its last act of this call: its ops on the caller's memory are issued
+                handle = self._calls.get(piece[0])
+                if handle is not None:
+                    handle.frontier_left -= 1
+                    if not handle.frontier_left:
+                        handle._issued.set()
         vm = current_vm()
         tracing = vm is not None and vm.tracers
         if self._timeline.maxlen == 0 and not tracing:
@@ -328,6 +344,13 @@ class Runtime:
             raise RuntimeError(f"Runtime.{what}() steps a deterministic runtime: make it with deterministic=True")
 
     # --- waiting, watchdog, hang report ---------------------------------------------------------
+
+    def wait_issued(self, handle: CallHandle) -> None:
+        """Wait until the call's frontier acted (``call.py``), or the runtime stopped."""
+        if self.deterministic:
+            self.run_until(handle.issued, max_call=handle.index)
+        else:
+            self._wait(handle.issued, f"call {handle.index} to be issued")
 
     def wait_for(self, handle: CallHandle, timeout: float | None = None) -> None:
         if self.deterministic:

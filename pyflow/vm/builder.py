@@ -155,12 +155,22 @@ class InstructionsBuilder:
             blob.storage.producer_stream = stream
         self._append(stream, AccessBlobByCallback(blob, callback, modifier, name))
 
-    def launch_lazy_job(self, job_name: str, launch, inputs, outputs) -> None:
-        """One call of a compiled graph (OneFlow's LaunchLazyJob): ``launch()`` hands it to the actor runtime,
-        on the lazy-job-launcher stream, reading ``inputs`` and writing ``outputs`` (EagerBlobObjects)."""
-        stream = StreamSymbol.new(Device("cpu"), StreamType.lazy_job_launcher)
-        self.soft_sync_stream(list(inputs) + list(outputs), stream)
-        self._append(stream, LaunchLazyJob(job_name, launch, inputs, outputs))
+    def launch_lazy_job(self, job_name: str, launch, inputs, outputs=()) -> None:
+        """One call of a compiled graph (``pyflow/vm/policies/launch_lazy_job.py``): LaunchLazyJob, whose
+        ``launch()`` hands it to the actor runtime, on the lazy-job-launcher stream, reading ``inputs``
+        (EagerBlobObjects); ``launch`` None: none.  Then, per ``(index, blob, fetch)`` of ``outputs``, an
+        output critical section on the blob's device's critical-section stream, writing the blob with
+        ``fetch()``'s tensor (it waits for the call to make it)."""
+        from pyflow.vm.policies.launch_lazy_job import OutputCriticalSection
+
+        if launch is not None:
+            stream = StreamSymbol.new(Device("cpu"), StreamType.lazy_job_launcher)
+            self.soft_sync_stream(list(inputs), stream)
+            self._append(stream, LaunchLazyJob(job_name, launch, inputs))
+        for index, blob, fetch in outputs:
+            stream = StreamSymbol.new(blob.device, StreamType.critical_section)
+            self.soft_sync_stream([blob], stream)
+            self._append(stream, OutputCriticalSection(job_name, index, blob, fetch))
 
     def launch_program(self, name: str, run, inputs, outputs, scratch, stream) -> None:
         """One call of a compiled Cocktailer program as ONE instruction on ``stream`` (``LaunchProgram``).

@@ -36,7 +36,8 @@ pieces per call is consumed
   piece of each group go straight back (**absorbed**).
 
 A produced desc normally gets one piece per act; Acc and Pack fill one regst over k acts
-and send it after the k-th (``acts_per_piece``).
+and send it after the k-th (``acts_per_piece``; their ``mem_guard`` ctrl regst still goes
+out after every act: ``pieces_per_call`` in ``pyflow/compiler/task_graph.py``).
 
 **Alias regsts** (a repeat's output, an op writing a variable in place) and **inplace
 regsts** (an output the compiler put in its input's memory) are the memory of a regst
@@ -52,16 +53,12 @@ import collections
 import time
 
 from pyflow.compiler.run_plan import produced_regsts
+from pyflow.compiler.task_graph import pieces_per_call
 from pyflow.errors import OpError
 from pyflow.runtime.device_ctx import after_device_work
 from pyflow.runtime.msg import CMD, EORD, REGST, eord_msg, regst_msg
 
 __all__ = ["Actor", "InSlot", "OutSlot", "pieces_per_call"]
-
-
-def pieces_per_call(task) -> int:
-    """How many pieces of each produced regst ``task`` makes per call (Acc and Pack: one, after k acts)."""
-    return 1 if task.kind in ("acc", "pack") else task.time_shape[1]
 
 
 class InSlot:
@@ -72,7 +69,7 @@ class InSlot:
         self.desc = desc
         self.producer = desc.producer   # actor id to return regsts to
         self.producer_op = producer_task.op_name
-        made = pieces_per_call(producer_task)
+        made = pieces_per_call(producer_task, next(k for k, rid in producer_task.produced.items() if rid == desc.id))
         if made == acts_per_call:
             self.mode, self.ratio = "one", 1
         elif acts_per_call % made == 0:
@@ -140,12 +137,12 @@ class Actor:
             if slot.mode == "absorb" and slot.desc.mem != "ctrl":
                 raise ValueError(f"actor {self.actor_id} ({self.op_name}): data regst {slot.desc.lbn} arrives "
                                  f"{slot.ratio}x per act; only control regsts may be absorbed")
-        made = pieces_per_call(task)
         self.out_slots: dict[int, OutSlot] = {}
         for key, rid in task.produced.items():
             desc = self.plan.regsts[rid]
             self.out_slots[rid] = OutSlot(key, desc, runtime.regst_mgr.regsts_of(rid),
-                                          self.acts_per_call // made, list(dict.fromkeys(desc.consumers)))
+                                          self.acts_per_call // pieces_per_call(task, key),
+                                          list(dict.fromkeys(desc.consumers)))
         self.data_out = [self.out_slots[r.id] for r in produced_regsts(self.plan, task)]
         self.pins: collections.Counter = collections.Counter()   # consumed regst -> its aliases in flight
         self.deferred: set = set()      # consumed regsts used up, going back once their pins reach 0
@@ -256,10 +253,11 @@ class Actor:
         self.acts += 1
         self.after_act(n, j, start, end)
 
-    def after_act(self, n: int, j: int, start: float, end: float) -> None:
-        """Send what is complete downstream, give back what was used up; record the act."""
+    def after_act(self, n: int, j: int, start: float, end: float, slots=None, consumed=None) -> None:
+        """Send what is complete downstream, give back what was used up (``slots``: those consumed slots,
+        default all); record the act (``consumed``: more (desc, index, piece) it read)."""
         sends, written = [], []
-        produced, consumed = [], []
+        produced = []
         for slot in self.out_slots.values():
             if j % slot.acts_per_piece != slot.acts_per_piece - 1:
                 continue   # Acc / Pack: this regst is not full yet
@@ -275,7 +273,8 @@ class Actor:
             regst.readers_left = set(slot.consumers)
             sends.extend(regst_msg(self.actor_id, c, regst) for c in slot.consumers)
         returned, read = [], []
-        for slot in self.in_slots.values():
+        consumed = list(consumed or [])
+        for slot in self.in_slots.values() if slots is None else slots:
             regst = slot.regsts[0]
             consumed.append((slot.desc.id, regst.index, regst.piece))
             slot.uses += 1
