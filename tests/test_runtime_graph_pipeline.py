@@ -273,3 +273,21 @@ def test_no_thread_is_left_after_the_graph_is_closed_with_calls_in_flight():
     for y, x in zip(ys, _inputs(4)):
         np.testing.assert_array_equal(y.numpy(), _expected(x))
     assert not [t for t in threading.enumerate() if t not in before and t.name.startswith("pyflow-actor")]
+
+
+def test_the_timeline_read_right_after_a_call_holds_all_of_its_acts():
+    """``g(x)`` returns while a slow side branch still runs; ``g.runtime.timeline()`` waits for the calls in flight,
+    so it holds every act of the call, the sink tick's included (``wait=False``: only the acts so far)."""
+    g = _side_graph(buffer=2, slow=0.2)
+    x = _inputs(1)[0]
+    g(x).numpy()
+    settle(g.runtime)
+    acts = len(g.runtime.timeline())
+    g(x)
+    assert g.runtime.calls_in_flight()
+    partial = g.runtime.timeline(wait=False)
+    assert not [r for r in partial[acts:] if r.op_name == "exp_0"]
+    records = g.runtime.timeline()[acts:]
+    assert not g.runtime.calls_in_flight()
+    assert sorted(r.actor_id for r in records) == sorted(g.runtime.actors)   # each actor once per call
+    assert {"exp_0", "sink_tick"} <= {r.op_name for r in records}

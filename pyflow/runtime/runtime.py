@@ -267,9 +267,23 @@ class Runtime:
 
     # --- timeline ---------------------------------------------------------------------------------
 
-    def timeline(self) -> list[ActRecord]:
-        """Every recorded act (the last ``timeline`` of them), in the order they were recorded."""
+    def timeline(self, wait: bool = True) -> list[ActRecord]:
+        """Every recorded act (the last ``timeline`` of them), in the order they were recorded.
+
+        ``wait``: first let the calls in flight finish (``wait_calls``), since ``nn.Graph`` returns before
+        its call is over; ``wait=False`` (or a call from an actor's own thread): the acts so far.
+        """
+        if wait:
+            self.wait_calls()
         return list(self._timeline)
+
+    def wait_calls(self) -> None:
+        """Threaded mode, from outside the runtime's threads: wait until no call is in flight (a hang raises
+        ``RuntimeHangError``).  A runtime stopped by an error has none in flight: its error was raised to the
+        calls.  Deterministic mode runs a call only when its result is asked for: nothing to wait for."""
+        if self.deterministic or threading.current_thread() in self.threads():
+            return
+        self._wait(lambda: not self.calls_in_flight() or self.error is not None, "the calls in flight to finish")
 
     def set_timeline_limit(self, records: int) -> None:
         """Keep at most ``records`` act records from now on (0: none); the records so far are dropped."""
