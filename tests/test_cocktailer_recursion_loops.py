@@ -3,7 +3,7 @@
 A recursive function uTask may hold ``for_loop`` s and ``while_loop`` s.  A loop
 without a call runs inside one segment of the function's state machine (a Python
 loop in the kernel); a loop whose body calls the function is itself cut into
-segments (``codegen._Segments.loop``): its counter and trip count live in the
+segments (``codegen_recursion._Segments.loop``): its counter and trip count live in the
 frame, so every recursive call resumes inside the right iteration.  The
 properties:
 

@@ -1,7 +1,7 @@
 """A barrier among a GROUP of blocks (seed 001, recursion unroll): what ``grid.sync`` is for the grid.
 
 Cocktailer's recursion unroll runs sibling subtrees of a recursion at the same
-time, each on its own group of blocks (``pyflow/cocktailer/codegen.py``,
+time, each on its own group of blocks (``pyflow/cocktailer/codegen_groups.py``,
 ``CallGroup``).  Inside a group the blocks still need barriers between operators,
 but a grid barrier would wait for blocks of the other group, which are somewhere
 else in a different subtree: the groups would deadlock.  So each group meets at a

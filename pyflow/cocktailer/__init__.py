@@ -12,8 +12,9 @@
 Modules: ``ir`` (uOperator, nested uTasks, uProgram pieces), ``trace`` (front end: tracing,
 memory management), ``control`` (for, while, cond), ``functions`` (function uTasks,
 recursion), ``ops`` (the ops), ``names``/``checks`` (code names, static ints),
-``codegen`` (kernel source, recursion stack, block groups), ``barriers`` (where grid
-barriers go), ``executor``
+``codegen`` (kernel source) with ``codegen_recursion`` (recursion stack),
+``codegen_groups`` (block groups) and ``codegen_common`` (status words, scalars as
+text), ``barriers`` (where grid barriers go), ``executor``
 (host and compiled executors), ``schedule``/``profiler`` (Algorithm 1 and its cost
 model), ``optimize`` (inline, loop unroll, branch reclustering, recursion unroll).
 """

@@ -125,7 +125,7 @@ class BarrierPlan:
         if isinstance(item, UOperator):
             return self._check(id(item), pending, op_accesses(item), f"before {item.name}")
         if isinstance(item, Loop) and self.in_recursion and has_call(item):
-            # a loop holding a call is segments too (codegen ``_Segments.loop``): the trip count is read
+            # a loop holding a call is segments too (``codegen_recursion._Segments.loop``): the trip count is read
             # once where the loop starts, the head (a while loop's test) and the body start new segments
             if item.trip is not None:
                 self._check(("trip", id(item)), pending, scalar_accesses(item.trip), "trip count")

@@ -29,8 +29,8 @@ import unicodedata
 
 __all__ = ["sanitize", "readable_name", "kernel_name", "Names", "GENERATED", "GROUP_LEVELS"]
 
-# Every name the generated kernels use that does not come from the IR (codegen.py's
-# locals and globals, the builtins it calls): no IR name may shadow one of them.
+# Every name the generated kernels use that does not come from the IR (the codegen modules'
+# locals and globals, the builtins they call): no IR name may shadow one of them.
 # Block groups nested ``L`` deep (recursion unroll) name their variables ``gblockL``..., ``L`` <= GROUP_LEVELS.
 GROUP_LEVELS = 8
 GENERATED = frozenset(

@@ -16,7 +16,7 @@ runs the whole walk inside one persistent kernel::
 
     output = rae(root)
 
-How it maps onto the kernel (``codegen.py``): each call pushes a frame ``[label,
+How it maps onto the kernel (``codegen_recursion.py``): each call pushes a frame ``[label,
 return slot, node]`` on a stack in shared memory (one copy per block, identical in
 all blocks); the tensors of a call (its two children's results, side by side so
 ``cat`` is free, and its own scratch) live in a frame of the function's stack
