@@ -496,6 +496,142 @@ def test_run_in_an_mpi_world_of_another_size_is_an_error_on_every_rank():
         assert "world_size=3) in an MPI job of 2 processes" in message and "mpiexec -n 3" in message, message
 
 
+def data_that_fits_but_headers_that_disagree() -> list:
+    """Collectives whose data has exactly the sizes the receiver planned for, with headers that disagree (or
+    pieces that do not fit together): the data lands where it was wanted, but no rank returns it; each raises
+    the error every rank raises.  Then an uneven all-gather (the output guessed while the headers travel is
+    wrong: it is redone) and collectives that work: nothing stayed in flight."""
+    t, rank, g = env.current().transport, flow.env.get_rank(), (0, 1)
+    a = np.arange(4.0) + rank
+    same = CollectiveDesc("one descriptor for all")   # no shape or dtype: it agrees whatever the arrays
+    attempts = [
+        lambda s: t.all_reduce(a, g, s, _desc("all_reduce" if rank == 0 else "all_reduce, another one", a)),
+        lambda s: t.all_gather(a, g, s, _desc("all_gather" if rank == 0 else "all_gather, another one", a)),
+        lambda s: t.all_reduce(a if rank == 0 else a.astype(np.int64), g, s, same),    # 32 bytes each
+        lambda s: t.all_gather(a.reshape(2, 2) if rank == 0 else a.reshape(4, 1), g, s, same),   # 32 bytes each
+    ]
+    out = []
+    for attempt in attempts:
+        try:
+            attempt(t.next_seq(g))
+            out.append(("returned", None))
+        except flow.errors.DistributedError as error:
+            out.append((type(error).__name__, str(error)))
+    rows = np.arange(12.0).reshape(4, 3)[:2 + rank] * (rank + 1)   # 2 rows on rank 0, 3 on rank 1
+    out.append(t.all_gather(rows, g, t.next_seq(g), same))
+    out.append(t.all_reduce(a, g, t.next_seq(g), _desc("all_reduce", a)))
+    out.append(t.all_gather(a, g, t.next_seq(g), _desc("all_gather", a)))
+    return out
+
+
+@needs_mpi
+def test_data_that_fits_is_still_not_returned_when_the_headers_disagree_and_the_ranks_go_on():
+    job = run_job([call("tests.test_mpi:data_that_fits_but_headers_that_disagree")], 2)
+    values = _ok(job, 2)
+    line = data_that_fits_but_headers_that_disagree.__code__.co_firstlineno
+    for rank, got in enumerate(values):
+        (k0, m0), (k1, m1), (k2, m2), (k3, m3) = got[:4]
+        assert k0 == k1 == "CollectiveMismatchError", (got[:2], job.explain())
+        assert f"rank 0: all_reduce float64[4] (at {__file__}:{line + 9}" in m0, m0
+        assert f"rank 1: all_reduce, another one float64[4] (at {__file__}:{line + 9}" in m0, m0
+        assert "rank 1: all_gather, another one float64[4]" in m1, m1
+        assert k2 == "DistributedError" and "the ranks' pieces differ" in m2 and "int64[4]" in m2, m2
+        assert k3 == "DistributedError" and "do not fit together" in m3, m3
+        rows = np.arange(12.0).reshape(4, 3)
+        np.testing.assert_array_equal(got[4], np.concatenate([rows[:2], rows[:3] * 2]))
+        np.testing.assert_array_equal(got[5], 2 * np.arange(4.0) + 1)
+        np.testing.assert_array_equal(got[6], np.concatenate([np.arange(4.0), np.arange(4.0) + 1]))
+    assert job.returncode == 0 and job.survivors() == [], job.explain()
+
+
+def some_pieces_like_mine_others_not() -> list:
+    """Three ranks, two alike and one not: an all-gather whose third piece has another number of rows (the
+    headers place every piece; each rank's own piece is copied in while the others move), whichever rank is
+    late; two ranks at an all-reduce and the third at another collective (every rank raises, naming the odd
+    one); then collectives that work (nothing stayed in flight)."""
+    t, rank, g = env.current().transport, flow.env.get_rank(), (0, 1, 2)
+    base = np.arange(30.0).reshape(10, 3)
+    out = []
+    for odd in (2, 0):   # the rank whose piece has 3 rows instead of 2
+        piece = base[:3 if rank == odd else 2] + 100 * rank
+        if rank != odd:
+            time.sleep(0.05 * (rank == (odd + 1) % 3))   # one of the two like-minded ranks comes late
+        out.append(t.all_gather(piece, g, t.next_seq(g), CollectiveDesc("uneven")))
+    a = np.arange(6.0) * (rank + 1)
+    try:
+        t.all_reduce(a, g, t.next_seq(g), _desc("all_reduce" if rank != 2 else "all_gather", a))
+        out.append(("returned", None))
+    except flow.errors.DistributedError as error:
+        out.append((type(error).__name__, str(error)))
+    out.append(t.all_reduce(a, g, t.next_seq(g), _desc("all_reduce", a)))
+    out.append(t.all_gather(a, g, t.next_seq(g), _desc("all_gather", a)))
+    return out
+
+
+@needs_mpi
+def test_an_odd_piece_or_an_odd_collective_among_three_ranks_is_handled_on_every_rank():
+    job = run_job([call("tests.test_mpi:some_pieces_like_mine_others_not")], 3)
+    base = np.arange(30.0).reshape(10, 3)
+    a = [np.arange(6.0) * (r + 1) for r in range(3)]
+    for rank, got in enumerate(_ok(job, 3)):
+        for i, odd in enumerate((2, 0)):
+            want = np.concatenate([base[:3 if r == odd else 2] + 100 * r for r in range(3)])
+            np.testing.assert_array_equal(got[i], want, err_msg=f"rank {rank}, rank {odd}'s piece differs")
+        kind, message = got[2]
+        assert kind == "CollectiveMismatchError" and "rank 2: all_gather float64[6]" in message, got[2]
+        np.testing.assert_array_equal(got[3], (a[0] + a[1]) + a[2])
+        np.testing.assert_array_equal(got[4], np.concatenate(a))
+    assert job.returncode == 0 and job.survivors() == [], job.explain()
+
+
+def test_the_sum_in_one_pass_into_an_operand_gives_the_in_process_numbers_bit_for_bit():
+    """``_sum_into`` adds the first two pieces in one pass, possibly into one of them (an all-reduce receives
+    a peer's chunk straight into its output): still ((p0 + p1) + p2) + ..., as the in-process transport."""
+    from pyflow.distributed.mpi_transport import _sum_into
+    from pyflow.distributed.transport import _sum
+
+    rng = np.random.default_rng(3)
+    for dtype in (np.float32, np.float16, np.float64, np.int32, np.bool_):
+        for n in (1, 2, 3, 4):
+            pieces = [(rng.standard_normal(257) * 1e3).astype(dtype) for _ in range(n)]
+            want = _sum(pieces)
+            for alias in (None, 0, 1):
+                if alias is not None and alias >= n:
+                    continue
+                given = [p.copy() for p in pieces]
+                out = given[alias] if alias is not None else np.empty_like(pieces[0])
+                got = _sum_into(out, given)
+                assert got is out and got.dtype == want.dtype
+                np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=f"{dtype} {n} {alias}")
+
+
+def test_headers_that_agree_take_one_comparison_and_each_disagreement_names_its_error():
+    """The header check's fast path (one tuple comparison per header) passes only headers that agree in group,
+    sequence number, method and descriptor, without failures; each other case keeps its own error."""
+    from pyflow.distributed.mpi_transport import _Abandoned, _disagreement, _Header
+    from pyflow.errors import CollectiveMismatchError, DistributedError, RankAbortedError
+
+    group, key = (0, 1, 2), ("all_reduce", (4,), "float32", "")
+
+    def heads(**changes):
+        out = {r: _Header(group, 7, "all_reduce", key, f"t.py:{10 + r}", None, ("<f4", (4,)), ()) for r in group}
+        for r, fields in changes.items():
+            out[int(r[1:])] = out[int(r[1:])]._replace(**fields)
+        return out
+
+    assert _disagreement(heads(), group, 7, 0) is None
+    assert _disagreement(heads(r2={"meta": ("<f4", (5,))}), group, 7, 0) is None   # layouts: the method's check
+    error = _disagreement(heads(r1={"key": ("all_gather", (4,), "float32", "")}), group, 7, 0)
+    assert isinstance(error, CollectiveMismatchError) and "rank 1: t.py:11" in str(error), error
+    error = _disagreement(heads(r2={"failure": "its kernel failed"}), group, 7, 0)
+    assert isinstance(error, RankAbortedError) and "rank 2 could not take part" in str(error), error
+    assert isinstance(_disagreement(heads(r0={"failure": "mine failed"}), group, 7, 0), _Abandoned)
+    error = _disagreement(heads(r1={"seq": 8}), group, 7, 0)
+    assert type(error) is DistributedError and "tag collision" in str(error), error
+    error = _disagreement(heads(r1={"kind": "reduce"}), group, 7, 0)
+    assert type(error) is DistributedError and "different transport methods" in str(error), error
+
+
 def test_the_host_pool_lends_a_block_again_only_once_every_view_of_it_is_gone():
     from pyflow.distributed.mpi_transport import HostPool
 
