@@ -291,3 +291,21 @@ def test_the_timeline_read_right_after_a_call_holds_all_of_its_acts():
     assert not g.runtime.calls_in_flight()
     assert sorted(r.actor_id for r in records) == sorted(g.runtime.actors)   # each actor once per call
     assert {"exp_0", "sink_tick"} <= {r.op_name for r in records}
+
+
+def test_flow_sync_and_flow_trace_wait_for_the_graph_calls_in_flight():
+    """``flow.sync()`` right after ``g(x)`` returns only once the call is over (as in OneFlow, where the call's
+    LaunchLazyJob lasts that long), and ``flow.trace()`` records the acts of the calls made inside it, their
+    last acts (the slow side branch, the sink tick) included."""
+    g = _side_graph(buffer=2, slow=0.2)
+    x = _inputs(1)[0]
+    g(x).numpy()
+    settle(g.runtime)
+    g(x)
+    assert g.runtime.calls_in_flight()
+    flow.sync()
+    assert not g.runtime.calls_in_flight()
+    with flow.trace() as tracer:
+        g(x)
+    names = {r.name.split(" (")[0] for r in tracer.records}
+    assert {"act exp_0", "act sink_tick", "launch_lazy_job[Side]"} <= names, names

@@ -48,7 +48,8 @@ many calls run at once; ``numpy()`` of an output waits for just that call").  ``
 So ``g(x)`` returns while the call still runs (its ops in the VM, its other actors, its sink);
 the next ``g(x2)`` starts meanwhile (at most ``config.outputs_buffer_size`` calls in flight: the
 source tick admits no more, and a call's frontier cannot act before it is admitted), and reading
-an output (``y.numpy()``, ``y + 1``) waits for that call's output only.  On a pipeline over
+an output (``y.numpy()``, ``y + 1``) waits for that call's output only; ``flow.sync()`` (and the end
+of a ``flow.trace()`` block) waits for the whole of this rank's calls in flight.  On a pipeline over
 several ranks each rank's ``g(x)`` waits only for its own stage.  Why the frontier holds every
 op the outputs need, rather than only those touching the caller's memory: the VM keeps some
 ops of one stream in order, the caller's and the actors' alike (``y.zero_()``, the stream waits

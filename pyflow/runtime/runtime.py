@@ -61,7 +61,7 @@ from pyflow.runtime.regst import RegstMgr
 from pyflow.runtime.thread import DeterministicThread, ThreadMgr
 from pyflow.runtime.timeline import ActRecord, plot, report_to_tracers, save_chrome_trace
 from pyflow.runtime.watchdog import Watchdog, default_hang_timeout, hang_report
-from pyflow.vm import current_vm
+from pyflow.vm import add_sync_hook, current_vm
 
 __all__ = ["Runtime", "CallHandle"]
 
@@ -455,6 +455,23 @@ class Runtime:
         mode = f"deterministic(seed={self.seed})" if self.deterministic else f"{len(self.thread_mgr.all())} threads"
         state = "failed" if self.error else "closed" if self.closed else "running"
         return f"<Runtime {self.plan.job_name} (rank {self.rank}): {self._task_count} actors, {mode}, {state}>"
+
+
+def _wait_for_graph_calls() -> None:
+    """``flow.sync()`` waits for this rank's graph calls in flight too, as OneFlow's does (there a call's
+    LaunchLazyJob instruction lasts until the call ends; pyflow's ``nn.Graph`` returns before, see
+    ``pyflow/graph/graph.py``).  Not from an actor's own thread (an act may sync), and not for another rank's
+    runtime (in one process, that rank may wait for this thread's next call)."""
+    me, rank = threading.current_thread(), env.get_rank()
+    runtimes = [r for r in list(_live) if not r.closed]
+    if any(me in r.threads() for r in runtimes):
+        return
+    for runtime in runtimes:
+        if runtime.rank == rank:
+            runtime.wait_calls()
+
+
+add_sync_hook(_wait_for_graph_calls)
 
 
 @atexit.register

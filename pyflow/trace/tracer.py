@@ -156,7 +156,8 @@ def trace():
     """Record every VM instruction received inside the block (``flow.trace()``).
 
     On entry, waits for earlier work (``flow.sync()``) so the trace starts clean;
-    on exit, waits for the block's work (``flow.sync()``), then detaches.  The
+    on exit, waits for the block's work (``flow.sync()``; the nn.Graph calls made in
+    the block are part of it, their last acts included), then detaches.  The
     syncs' own barriers are left out of the trace.
 
     >>> import pyflow as flow
@@ -173,7 +174,10 @@ def trace():
     try:
         yield tracer
     finally:
-        tracer.until = time.perf_counter()
+        try:   # nn.Graph calls made in the block issue their last instructions and acts inside it
+            _vm.wait_for_issuers()
+        finally:
+            tracer.until = time.perf_counter()
         try:
             _vm.sync()
         finally:

@@ -34,7 +34,7 @@ from pyflow.vm.failure import Failure
 from pyflow.vm.virtual_machine import VirtualMachine, report_unseen
 
 __all__ = ["VirtualMachine", "InstructionsBuilder", "physical_run", "EagerBlobObject", "TensorStorage",
-           "Failure", "get_vm", "current_vm", "run", "sync", "sync_mode", "shutdown", "no_instructions"]
+           "Failure", "get_vm", "current_vm", "run", "sync", "add_sync_hook", "wait_for_issuers", "sync_mode", "shutdown", "no_instructions"]
 
 _vm_lock = threading.Lock()
 
@@ -62,12 +62,28 @@ def run(build) -> None:
     physical_run(build, get_vm())
 
 
+_sync_hooks: list = []   # callables run first by every sync() (see add_sync_hook)
+
+
+def add_sync_hook(hook) -> None:
+    """``hook()`` runs at the start of every ``sync()`` (``wait_for_issuers``): a layer above the VM waits
+    there for work it still issues to the VM (the actor runtime: the calls of nn.Graph still in flight)."""
+    _sync_hooks.append(hook)
+
+
+def wait_for_issuers() -> None:
+    """Run the sync hooks: once this returns, the layers above the VM have issued all they owe it."""
+    for hook in list(_sync_hooks):
+        hook()
+
+
 def sync() -> None:
-    """Wait for everything issued so far (device work included).
+    """Wait for everything issued so far (device work included), nn.Graph calls in flight included.
 
     Then raise, as one ``OpError``, every failure of an op issued by the *calling
     thread* that no read has reported yet (other threads' failures stay theirs).
     """
+    wait_for_issuers()
     vm = get_vm()
     _drain(vm, "flow.sync()")
     vm.raise_failures()
