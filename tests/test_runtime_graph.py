@@ -219,7 +219,7 @@ def test_500_calls_of_a_two_stage_graph_neither_hang_nor_grow():
     g.runtime.set_timeline_limit(0)
     gc.collect()
     threads = {t.name for t in threading.enumerate()}
-    tensors = sum(isinstance(o, Tensor) for o in gc.get_objects())
+    tensors = sum(issubclass(type(o), Tensor) for o in gc.get_objects())   # (type(): no attribute of a stranger object is read)
     tracemalloc.start()
     try:
         calls(50).numpy()
@@ -237,7 +237,7 @@ def test_500_calls_of_a_two_stage_graph_neither_hang_nor_grow():
     del out
     gc.collect()
     assert {t.name for t in threading.enumerate()} == threads
-    assert sum(isinstance(o, Tensor) for o in gc.get_objects()) == tensors
+    assert sum(issubclass(type(o), Tensor) for o in gc.get_objects()) == tensors
     assert grown < 64 * 1024, f"{grown} bytes more after 350 more calls"
 
 
