@@ -219,7 +219,7 @@ def test_500_calls_of_a_two_stage_graph_neither_hang_nor_grow():
     g.runtime.set_timeline_limit(0)
     gc.collect()
     threads = {t.name for t in threading.enumerate()}
-    tensors = sum(issubclass(type(o), Tensor) for o in gc.get_objects())   # (type(): no attribute of a stranger object is read)
+    tensors = sum(issubclass(type(o), Tensor) for o in gc.get_objects())   # type(): reads nothing of a foreign object
     tracemalloc.start()
     try:
         calls(50).numpy()
