@@ -16,6 +16,12 @@ rank.  Parametrized tests are called with the values of their
 Each rank also leaves ``rank-<r>.pid`` (``PYFLOW_LAUNCH_DIR``), so a test can
 check that no process outlived its job (``Job.survivors``).  ``mpi_missing()``
 says why MPI tests cannot run here (mpi4py or mpiexec missing), or None.
+
+MPICH (the ``dist`` extra) or Open MPI (``mpi_flavor()``, from ``mpiexec
+--version``): with Open MPI, a plain ``mpiexec`` job gets ``--map-by
+:OVERSUBSCRIBE`` (its default refuses more processes than cores; MPICH's
+does not), and, run as root, ``OMPI_ALLOW_RUN_AS_ROOT=1`` and
+``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1`` (it refuses root otherwise).
 """
 
 from __future__ import annotations
@@ -43,6 +49,18 @@ def mpiexec() -> str | None:
     return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
 
 
+_FLAVOR: list = []
+
+
+def mpi_flavor() -> str:
+    """``"openmpi"`` or ``"mpich"``: the MPI of ``mpiexec()`` (``pyflow.distributed.launch.mpi_flavor``)."""
+    if not _FLAVOR:
+        from pyflow.distributed.launch import mpi_flavor as flavor_of
+
+        _FLAVOR.append(flavor_of(mpiexec()) if mpiexec() else "mpich")
+    return _FLAVOR[0]
+
+
 def mpi_missing() -> str | None:
     """Why MPI tests cannot run here, or None (pip install -e '.[dist]' installs both)."""
     if importlib.util.find_spec("mpi4py") is None:
@@ -68,7 +86,8 @@ class Job:
         return calls[call] if call < len(calls) else None
 
     def survivors(self) -> list:
-        """The ranks whose process still exists."""
+        """The ranks whose process still runs.  A zombie has ended: Open MPI's ``mpiexec`` may return before its
+        processes are reaped (then by init)."""
         alive = []
         for rank, pid in self.pids.items():
             try:
@@ -76,6 +95,12 @@ class Job:
             except ProcessLookupError:
                 continue
             except PermissionError:
+                pass
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        continue
+            except (OSError, IndexError):
                 pass
             alive.append(rank)
         return alive
@@ -99,8 +124,10 @@ def run_job(calls: list, nproc: int, launcher: str = "mpiexec", timeout: float =
         with open(os.path.join(folder, "calls.json"), "w") as out:
             json.dump(calls, out)
         script = [sys.executable, os.path.abspath(__file__), folder]
+        openmpi = launcher != "python" and mpi_flavor() == "openmpi"
         if launcher == "mpiexec":
-            command = [mpiexec(), *extra, "-n", str(nproc), *script]
+            command = [mpiexec(), *(["--map-by", ":OVERSUBSCRIBE"] if openmpi else []), *extra, "-n", str(nproc),
+                       *script]
         elif launcher == "launch":
             command = [sys.executable, "-m", "pyflow.distributed.launch", "--nproc_per_node", str(nproc), *extra,
                        *script[1:]]
@@ -108,6 +135,9 @@ def run_job(calls: list, nproc: int, launcher: str = "mpiexec", timeout: float =
             command = script
         environment = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                            PYFLOW_LAUNCH_DIR=folder, **(env or {}))
+        if openmpi and os.geteuid() == 0:
+            environment.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            environment.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         start = time.monotonic()
         proc = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)

@@ -3,18 +3,27 @@
 OneFlow starts a multi-process job with ``python -m oneflow.distributed.launch
 --nproc_per_node N script.py [args]``; each process learns its place from the
 environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``).  pyflow's launcher takes the same flags and runs::
+``MASTER_PORT``).  pyflow's launcher takes the same flags and runs, with MPICH::
 
     mpiexec -disable-auto-cleanup -n N*nnodes [-f HOSTFILE -ppn N] \\
+        python .../pyflow/distributed/launch.py --rank-main script.py [args]
+
+and with Open MPI (``mpiexec --version`` says which; ``mpi_flavor``)::
+
+    mpiexec -n N*nnodes --map-by ppr:N:node:OVERSUBSCRIBE --bind-to none [--hostfile HOSTFILE] \\
         python .../pyflow/distributed/launch.py --rank-main script.py [args]
 
 (``mpiexec`` from the ``dist`` extra: ``pip install -e ".[dist]"``.)  MPI's
 process manager plays OneFlow's master: the ranks meet through it, so
 ``MASTER_ADDR``/``MASTER_PORT`` are only passed on, for scripts that read them.
-Several machines: list them in a hostfile (MPICH's format, ``host:slots`` per
-line) and pass ``--hostfile``; ``mpiexec`` starts every machine's processes from
-here.  ``--mpiexec_args`` passes more options to ``mpiexec``; ``--dry_run``
-prints the command.
+Several machines: list them in a hostfile (MPICH's format: ``host:slots`` per
+line; Open MPI's: ``host slots=N``) and pass ``--hostfile``; ``mpiexec`` starts
+every machine's processes from here.  Like OneFlow's launcher, and MPICH's
+``mpiexec``, Open MPI's then starts N processes per machine whatever its number
+of cores, and leaves them unbound (its own defaults refuse more processes than
+cores and bind each to a core, which pyflow's threads would share).
+``--mpiexec_args`` passes more options to ``mpiexec``; ``--dry_run`` prints the
+command.
 
 Each of mpiexec's processes is a small **supervisor** (this file run as a
 script: it imports nothing from pyflow) that starts the rank itself, ``python
@@ -27,11 +36,20 @@ rank died; a process that ends with an exit status instead is reported to the
 others (``SIGUSR1``, with ``-disable-auto-cleanup``), and each names the dead
 rank and exits.  So the supervisor turns its rank's death by a signal into an
 exit status, and names the rank: ``rank 1 (pid 4242 on node0) was killed by
-signal 9 (SIGKILL)``.  The exit status is ``mpiexec``'s.
+signal 9 (SIGKILL)``.  The exit status is ``mpiexec``'s.  Open MPI's
+``mpiexec`` has no such mode (``--enable-recovery`` lets the others go on but
+tells them nothing): when a process ends with a non-zero status it names it
+(``[prterun-...@1,1]``: job 1, rank 1, and its exit code) and ends every other
+one itself (SIGCONT, SIGTERM, then SIGKILL, to each process group: supervisor
+and rank).  There the supervisor's line is the one that says how the rank
+died, and the other ranks are ended before they can name it.
 
 >>> print(" ".join(command(parse(["--nproc_per_node", "2", "train.py", "--lr", "0.1"]), mpiexec="mpiexec",
-...                        python="python", supervisor="launch.py")))
+...                        python="python", supervisor="launch.py", flavor="mpich")))
 mpiexec -disable-auto-cleanup -n 2 python launch.py --rank-main train.py --lr 0.1
+>>> print(" ".join(command(parse(["--nproc_per_node", "2", "train.py"]), mpiexec="mpiexec",
+...                        python="python", supervisor="launch.py", flavor="openmpi")))
+mpiexec -n 2 --map-by ppr:2:node:OVERSUBSCRIBE --bind-to none python launch.py --rank-main train.py
 """
 
 from __future__ import annotations
@@ -51,7 +69,7 @@ import socket  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 
-__all__ = ["parse", "command", "main"]
+__all__ = ["parse", "command", "main", "mpi_flavor"]
 
 
 def parse(argv: list) -> argparse.Namespace:
@@ -65,7 +83,8 @@ def parse(argv: list) -> argparse.Namespace:
                         help="OneFlow's per-machine launch; with MPI, launch once, from node 0")
     parser.add_argument("--master_addr", default="127.0.0.1", help="passed on as MASTER_ADDR")
     parser.add_argument("--master_port", type=int, default=29500, help="passed on as MASTER_PORT")
-    parser.add_argument("--hostfile", help="MPICH hostfile (host:slots per line) for several machines")
+    parser.add_argument("--hostfile", help="hostfile for several machines (MPICH: host:slots per line; "
+                                           "Open MPI: host slots=N)")
     parser.add_argument("--mpiexec", help="the mpiexec to run (default: the one next to this Python, then PATH)")
     parser.add_argument("--mpiexec_args", default="", help="more options for mpiexec, as one string")
     parser.add_argument("--dry_run", action="store_true", help="print the mpiexec command and exit")
@@ -98,13 +117,27 @@ def find_mpiexec(explicit: str | None = None) -> str:
     return found
 
 
+def mpi_flavor(mpiexec: str) -> str:
+    """Which MPI ``mpiexec`` belongs to, from its ``--version``: ``"openmpi"``, else ``"mpich"`` (MPICH's
+    Hydra, also Intel MPI's)."""
+    try:
+        said = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "mpich"
+    return "openmpi" if "Open MPI" in said else "mpich"
+
+
 def command(args: argparse.Namespace, mpiexec: str | None = None, python: str | None = None,
-            supervisor: str | None = None) -> list:
-    """The mpiexec command line that starts a supervisor per rank."""
-    line = [mpiexec or find_mpiexec(args.mpiexec), "-disable-auto-cleanup",
-            "-n", str(args.nproc_per_node * args.nnodes)]
-    if args.hostfile:
-        line += ["-f", args.hostfile, "-ppn", str(args.nproc_per_node)]
+            supervisor: str | None = None, flavor: str | None = None) -> list:
+    """The mpiexec command line that starts a supervisor per rank (``flavor``: that of ``mpi_flavor``)."""
+    mpiexec = mpiexec or find_mpiexec(args.mpiexec)
+    n, per_node = str(args.nproc_per_node * args.nnodes), str(args.nproc_per_node)
+    if (flavor or mpi_flavor(mpiexec)) == "openmpi":
+        line = [mpiexec, "-n", n, "--map-by", f"ppr:{per_node}:node:OVERSUBSCRIBE", "--bind-to", "none"]
+        line += ["--hostfile", args.hostfile] if args.hostfile else []
+    else:
+        line = [mpiexec, "-disable-auto-cleanup", "-n", n]
+        line += ["-f", args.hostfile, "-ppn", per_node] if args.hostfile else []
     line += shlex.split(args.mpiexec_args)
     return line + [python or sys.executable, supervisor or os.path.abspath(__file__), "--rank-main", args.script,
                    *args.script_args]

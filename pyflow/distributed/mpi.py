@@ -35,6 +35,9 @@ job, that process *is* its MPI rank.
   names the ones that do not answer in 2 s as dead.  ``launch`` runs with
   that flag and puts each rank under a supervisor that turns a death by a
   signal into an exit status (``launch.py``), so the dead rank is always named.
+  Open MPI's ``mpiexec`` has no such mode: when a process dies or exits with
+  a non-zero status it names it (so does ``launch``'s supervisor) and ends the
+  others itself, before they can name it (README, "What differs on Open MPI").
 * **Exit.**  A clean exit says goodbye to every rank (with its counts of
   collectives and sends, so a rank still waiting for more fails at once), waits
   for theirs, and finalizes MPI.  After an abort, MPI cannot be finalized
