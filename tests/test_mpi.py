@@ -432,6 +432,24 @@ def test_a_rank_that_raises_ends_every_process_with_an_error_naming_it():
         assert kind == "RankError" and "rank 1 of 3 failed" in message and "rank 1 gives up" in message, message
 
 
+def mapped_shared_memory():
+    from pyflow.distributed.mpi import shared_memory_files
+
+    return shared_memory_files()
+
+
+@needs_mpi
+def test_an_aborted_job_leaves_no_shared_memory_segment_behind():
+    """An abort skips MPI_Finalize: the ranks unlink MPICH's segment themselves (else 3 MB stay in /dev/shm)."""
+    job = run_job([call("tests.test_mpi:mapped_shared_memory"), call("tests.test_mpi:raise_while_others_wait")], 3)
+    _ended_promptly(job)
+    assert sorted(_errors(job, 3, index=1)) == [0, 1, 2], job.explain()
+    mapped = {path for rank in range(3) for path in job.outcome(rank, 0)[1]}
+    if mpi_flavor() == "mpich":
+        assert mapped, job.explain()   # (the test would prove nothing without one)
+    assert not [path for path in mapped if os.path.exists(path)], job.explain()
+
+
 @needs_mpi
 @pytest.mark.parametrize("launcher, how", [("mpiexec", "kill"), ("launch", "kill"), ("launch", "exit")])
 def test_a_rank_that_dies_in_a_collective_ends_every_process(launcher, how):

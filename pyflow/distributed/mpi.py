@@ -260,8 +260,26 @@ def _exit_after_abort(net) -> None:
     _flush_and_exit(1, net.rank)
 
 
+def shared_memory_files() -> list:
+    """The MPI shared-memory segments this process maps (MPICH's ``/dev/shm/mpich_shm_*``; Linux)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            found = {line.split(None, 5)[5].strip() for line in maps if "/dev/shm/mpich_shm_" in line}
+    except (OSError, IndexError):
+        return []
+    return sorted(path for path in found if not path.endswith("(deleted)"))
+
+
 def _flush_and_exit(status: int, rank: int) -> None:
     _record_for_launch(rank, "exit", f"{status}\n")
+    if status != 0:
+        # No MPI_Finalize after an abort, so MPICH would leave its segment in /dev/shm (about 3 MB per job and
+        # machine, until reboot).  Unlinking it is safe: the ranks still mapping it keep their memory.
+        for path in shared_memory_files():
+            try:
+                os.unlink(path)
+            except OSError:
+                pass   # another rank of this machine unlinked it first
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
