@@ -28,6 +28,7 @@ from pyflow.compiler.task_graph import RegstDesc
 from pyflow.errors import RuntimeHangError
 from pyflow.runtime import Runtime
 from pyflow.runtime.pipeline import linear_pipeline_plan, sleeping_act
+from pyflow.runtime.regst import RegstMgr, memory_fits
 
 OPS = ["relu", "tanh", "neg", "matmul", "add_w", "scale", "abs", "sigmoid"]
 
@@ -216,7 +217,8 @@ def test_no_producer_runs_more_than_regst_num_pieces_ahead(nums, costs):
 
 def test_back_pressure_on_a_compiled_plan_with_more_regsts():
     """The same property on a compiled two-stage plan whose planned regsts get regst num 2 (not inplace: each
-    its own memory), its memory planned again for that (a plan edited without it is refused)."""
+    its own memory): the runtime plans its memory (and guards) again, as ``replan_memory`` does; the RegstMgr
+    alone refuses such a plan."""
     g = _graph(lambda x: ((x * 2.0).relu().to("cuda") + 1.0).tanh())
     g.executor = "sequential"
     x = flow.randn(2, 3)
@@ -224,11 +226,15 @@ def test_back_pressure_on_a_compiled_plan_with_more_regsts():
     regsts = {rid: dataclasses.replace(r, max_regst_num=2, inplace_of=None) if r.mem == "planned" else r
               for rid, r in g.plan.regsts.items()}
     edited = dataclasses.replace(g.plan, regsts=regsts)
+    assert not memory_fits(edited)
     with pytest.raises(flow.errors.GraphError, match=r"regst .* needs \d+ bytes \(regst num 2\) but the memory plan "
                                                      r"has a request of \d+ bytes.*replan_memory"):
-        Runtime(edited, g.job)
+        RegstMgr(edited, list(edited.tasks), 0)
     plan = replan_memory(edited)
-    with Runtime(plan, g.job, max_calls_in_flight=4) as rt:
+    assert memory_fits(plan)
+    with Runtime(edited, g.job, max_calls_in_flight=4) as rt:
+        mine = {k: v for k, v in plan.memory.block_sizes.items() if k.startswith("rank0/")}
+        assert rt.regst_mgr.chunk_bytes() == mine
         handles = [rt.launch([x]) for _ in range(6)]
         for handle in handles:
             np.testing.assert_array_equal(handle.result()[0].numpy(), expected)

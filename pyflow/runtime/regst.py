@@ -30,8 +30,9 @@ is safe although actors do not follow the Plan's order (pipelining, several call
 flight, independent branches in any order) because the compiler added the ``mem_guard``
 ctrl regsts that order the acts touching shared bytes (``pyflow/compiler/plan.py``, "Why
 sharing needs guards"), and pyflow's VM runs every op on one chunk in the order the acts
-issued them.  A planned regst whose request in the memory plan is smaller than ``size x
-regst num`` (a Plan edited by hand without ``replan_memory``) is refused here.
+issued them.  A Plan whose memory plan gives some planned regst less than ``size x regst
+num`` bytes (its regst nums edited by hand) is planned again by the Runtime first
+(``memory_fits``, ``replan_memory``); the RegstMgr itself refuses one.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from __future__ import annotations
 from pyflow.compiler.run_plan import make_chunks, planned_tensor
 from pyflow.errors import GraphError
 
-__all__ = ["Regst", "RegstMgr"]
+__all__ = ["Regst", "RegstMgr", "memory_fits"]
 
 
 class Regst:
@@ -69,6 +70,23 @@ class Regst:
         return f"<Regst {self.desc.lbn}#{self.index} ({state})>"
 
 
+def _room_missing(plan, desc) -> str | None:
+    """Why ``plan.memory`` cannot hold planned regst ``desc`` (``size x regst num`` bytes), or None."""
+    if desc.inplace_of is not None:
+        return None   # it lives in its root's request
+    request = next((r for r in plan.memory.requests if r.regst_id == desc.id), None)
+    need = desc.nbytes * desc.max_regst_num
+    if request is not None and request.size >= need:
+        return None
+    have = "no request" if request is None else f"a request of {request.size} bytes"
+    return f"regst {desc.lbn} needs {need} bytes (regst num {desc.max_regst_num}) but the memory plan has {have}"
+
+
+def memory_fits(plan) -> bool:
+    """Does ``plan.memory`` hold every planned regst, each copy of it (False: regst nums edited since)?"""
+    return not any(_room_missing(plan, d) for d in plan.regsts.values() if d.mem == "planned")
+
+
 def _check_room(plan, desc) -> None:
     """The memory plan must give ``desc`` its ``size x regst num`` bytes (an inplace output: its root's)."""
     if desc.inplace_of is not None:
@@ -76,13 +94,10 @@ def _check_room(plan, desc) -> None:
             raise GraphError(f"plan {plan.job_name}: regst {desc.lbn} is written in place but has regst num "
                              f"{desc.max_regst_num}; only regst num 1 can be inplace")
         return
-    request = next((r for r in plan.memory.requests if r.regst_id == desc.id), None)
-    need = desc.nbytes * desc.max_regst_num
-    if request is None or request.size < need:
-        have = "no request" if request is None else f"a request of {request.size} bytes"
-        raise GraphError(f"plan {plan.job_name}: regst {desc.lbn} needs {need} bytes (regst num "
-                         f"{desc.max_regst_num}) but the memory plan has {have} for it; after editing regst nums, "
-                         "plan the memory again (pyflow.compiler.plan.replan_memory)")
+    missing = _room_missing(plan, desc)
+    if missing is not None:
+        raise GraphError(f"plan {plan.job_name}: {missing} for it; after editing regst nums, plan the memory "
+                         "again (pyflow.compiler.plan.replan_memory)")
 
 
 class RegstMgr:

@@ -5,7 +5,8 @@ from the Plan on its thread, send the start signal to the source actors.  After 
 nothing is central: actors react to messages.  pyflow's Runtime:
 
 1. **Globals**: the ``RegstMgr`` (every regst, memory allocated once, as the Plan's
-   memory plan lays it out), the ``ActorMsgBus``, the ``ThreadMgr`` (one thread per
+   memory plan lays it out; a Plan whose regst nums were edited by hand is planned
+   again first, ``regst.py``), the ``ActorMsgBus``, the ``ThreadMgr`` (one thread per
    stream id of the Plan).
 2. **Construct**: a ``construct`` command per task goes to its thread; the thread
    builds the actor there; the runtime waits until all are built.
@@ -50,6 +51,7 @@ import time
 import weakref
 
 from pyflow import env
+from pyflow.compiler.plan import replan_memory
 from pyflow.compiler.run_plan import CallContext, act
 from pyflow.errors import OpError, RuntimeHangError
 from pyflow.runtime.call import CallHandle, check_inputs, frontier_tasks, new_context
@@ -57,7 +59,7 @@ from pyflow.runtime.comm_net import CommOrder
 from pyflow.runtime.msg import cmd_msg
 from pyflow.runtime.msg_bus import ActorMsgBus
 from pyflow.runtime.rank_plan import rank_plan
-from pyflow.runtime.regst import RegstMgr
+from pyflow.runtime.regst import RegstMgr, memory_fits
 from pyflow.runtime.thread import DeterministicThread, ThreadMgr
 from pyflow.runtime.timeline import ActRecord, plot, report_to_tracers, save_chrome_trace
 from pyflow.runtime.watchdog import Watchdog, default_hang_timeout, hang_report
@@ -90,6 +92,8 @@ class Runtime:
         self.hang_timeout = hang_timeout if hang_timeout is not None else default_hang_timeout()
         self.act_fn = act_fn or act
         self._timeline: collections.deque = collections.deque(maxlen=timeline)
+        if not memory_fits(plan):   # regst nums edited by hand: plan its memory, and the guards, again
+            plan = replan_memory(plan)
         self.plan, mine, self.source_id, self.sink_id = rank_plan(plan, self.rank, max_calls_in_flight)
         self.comm_order = CommOrder(self.plan, [t.task_id for t in mine])
         self.error: BaseException | None = None
