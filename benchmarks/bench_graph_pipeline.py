@@ -29,10 +29,6 @@ The ideal ratio of "one by one" to "in flight" is 4 x calls / (calls + 3) (the b
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
-import sys
 import time
 
 import numpy as np
@@ -40,6 +36,8 @@ import numpy as np
 import pyflow as flow
 from pyflow import nn
 from pyflow.compiler.run_plan import act
+
+from bench_pipeline import write_result   # (the script's folder is on sys.path)
 
 STAGES = 4
 
@@ -137,14 +135,8 @@ def main() -> None:
     lines.append(f"one by one / runtime.launch = {times['one by one'] / times['runtime.launch']:.2f}")
     print("\n".join(lines))
     if args.write:
-        command = " ".join([".venv/bin/python", *sys.argv])
-        header = [f"# benchmarks/bench_graph_pipeline.py; command: {command}",
-                  f"# machine: {os.cpu_count()}-core {platform.machine()}, {platform.python_implementation()} "
-                  f"{platform.python_version()}, no GPU (cpu ranks; the stages sleep); "
-                  f"date: {datetime.date.today().isoformat()}",
-                  "# the machine was shared with other sessions during the run"]
-        with open(args.write, "w", encoding="utf-8") as file:
-            file.write("\n".join(header + lines) + "\n")
+        write_result(args.write, "no GPU (cpu ranks; the stages sleep)", lines,
+                     "the machine was shared with other sessions during the run")
 
 
 if __name__ == "__main__":

@@ -126,14 +126,20 @@ def main() -> None:
         lines.append(f"  {executor:<15}{ms['TwoStage']:>10.2f}{ms['Train']:>13.2f}")
     print("\n".join(lines))
     if args.write:
-        command = " ".join([".venv/bin/python", *sys.argv])
-        header = [f"# benchmarks/bench_pipeline.py; command: {command}",
-                  f"# machine: {os.cpu_count()}-core {platform.machine()}, {platform.python_implementation()} "
-                  f"{platform.python_version()}, no GPU (the stages sleep; graph kernels run in the CUDA simulator); "
-                  f"date: {datetime.date.today().isoformat()}",
-                  "# the machine was shared with other sessions during the run: ratios are indicative to ~1%"]
-        with open(args.write, "w", encoding="utf-8") as file:
-            file.write("\n".join(header + lines) + "\n")
+        write_result(args.write, "no GPU (the stages sleep; graph kernels run in the CUDA simulator)", lines,
+                     "the machine was shared with other sessions during the run: ratios are indicative to ~1%")
+
+
+def write_result(path: str, device: str, lines: list, note: str) -> None:
+    """``lines`` into ``path`` behind a header: the script and its command, the machine, ``device``, the date,
+    and ``note`` (the load during the run)."""
+    command = " ".join([".venv/bin/python", *sys.argv])
+    header = [f"# benchmarks/{os.path.basename(sys.argv[0])}; command: {command}",
+              f"# machine: {os.cpu_count()}-core {platform.machine()}, {platform.python_implementation()} "
+              f"{platform.python_version()}, {device}; date: {datetime.date.today().isoformat()}",
+              f"# {note}"]
+    with open(path, "w", encoding="utf-8") as file:
+        file.write("\n".join(header + lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -545,6 +545,15 @@ def test_run_in_an_mpi_world_of_another_size_is_an_error_on_every_rank():
         assert "world_size=3) in an MPI job of 2 processes" in message and "mpiexec -n 3" in message, message
 
 
+def _attempt(collective) -> tuple:
+    """``("returned", None)``, or the ``DistributedError`` that ``collective()`` raised as ``(its type, message)``."""
+    try:
+        collective()
+        return ("returned", None)
+    except flow.errors.DistributedError as error:
+        return (type(error).__name__, str(error))
+
+
 def data_that_fits_but_headers_that_disagree() -> list:
     """Collectives whose data has exactly the sizes the receiver planned for, with headers that disagree (or
     pieces that do not fit together): the data lands where it was wanted, but no rank returns it; each raises
@@ -559,13 +568,7 @@ def data_that_fits_but_headers_that_disagree() -> list:
         lambda s: t.all_reduce(a if rank == 0 else a.astype(np.int64), g, s, same),    # 32 bytes each
         lambda s: t.all_gather(a.reshape(2, 2) if rank == 0 else a.reshape(4, 1), g, s, same),   # 32 bytes each
     ]
-    out = []
-    for attempt in attempts:
-        try:
-            attempt(t.next_seq(g))
-            out.append(("returned", None))
-        except flow.errors.DistributedError as error:
-            out.append((type(error).__name__, str(error)))
+    out = [_attempt(lambda: attempt(t.next_seq(g))) for attempt in attempts]
     rows = np.arange(12.0).reshape(4, 3)[:2 + rank] * (rank + 1)   # 2 rows on rank 0, 3 on rank 1
     out.append(t.all_gather(rows, g, t.next_seq(g), same))
     out.append(t.all_reduce(a, g, t.next_seq(g), _desc("all_reduce", a)))
@@ -607,11 +610,8 @@ def some_pieces_like_mine_others_not() -> list:
             time.sleep(0.05 * (rank == (odd + 1) % 3))   # one of the two like-minded ranks comes late
         out.append(t.all_gather(piece, g, t.next_seq(g), CollectiveDesc("uneven")))
     a = np.arange(6.0) * (rank + 1)
-    try:
-        t.all_reduce(a, g, t.next_seq(g), _desc("all_reduce" if rank != 2 else "all_gather", a))
-        out.append(("returned", None))
-    except flow.errors.DistributedError as error:
-        out.append((type(error).__name__, str(error)))
+    out.append(_attempt(lambda: t.all_reduce(a, g, t.next_seq(g), _desc("all_reduce" if rank != 2 else "all_gather",
+                                                                         a))))
     out.append(t.all_reduce(a, g, t.next_seq(g), _desc("all_reduce", a)))
     out.append(t.all_gather(a, g, t.next_seq(g), _desc("all_gather", a)))
     return out
