@@ -34,7 +34,8 @@ from pyflow.vm.failure import Failure
 from pyflow.vm.virtual_machine import VirtualMachine, report_unseen
 
 __all__ = ["VirtualMachine", "InstructionsBuilder", "physical_run", "EagerBlobObject", "TensorStorage",
-           "Failure", "get_vm", "current_vm", "run", "sync", "add_sync_hook", "wait_for_issuers", "sync_mode", "shutdown", "no_instructions"]
+           "Failure", "get_vm", "current_vm", "run", "sync", "add_sync_hook", "wait_for_issuers", "sync_mode",
+           "shutdown", "no_instructions"]
 
 _vm_lock = threading.Lock()
 
