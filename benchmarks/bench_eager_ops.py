@@ -5,7 +5,11 @@ float32 tensors, timed per op, for
 * pyflow, threaded VM (the default: scheduler thread + worker thread);
 * pyflow, step-through mode (``flow.vm.sync_mode()``: everything on this thread);
 * PyTorch CPU eager (if installed: ``pip install torch==2.13.0``);
-* numpy.
+* numpy;
+* the floor: ``eager_floor.py``, the leanest Python VM we could write with the seed's stages
+  and none of pyflow's other duties (no threads, failure semantics, streams...).
+  ``floor/torch`` is what Python itself costs against PyTorch's C++ dispatch, ``pyflow/floor``
+  what pyflow's design costs on top.
 Large ops: the same chain on 4M-element tensors, pyflow (cpu) against numpy.
 
     python benchmarks/bench_eager_ops.py [--ops 10000] [--large 4000000] [--large-ops 40] [--stages]
@@ -31,6 +35,16 @@ os.environ.setdefault("PYFLOW_CUDA", "sim")
 import numpy as np  # noqa: E402
 
 import pyflow as flow  # noqa: E402
+
+try:
+    import eager_floor   # noqa: E402  (beside this script)
+except ImportError:   # imported from elsewhere: load it by path
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("eager_floor", os.path.join(os.path.dirname(__file__),
+                                                                               "eager_floor.py"))
+    eager_floor = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(eager_floor)
 
 STEPS = ("add", "relu", "mul", "exp")
 
@@ -126,6 +140,8 @@ def main() -> None:
         stepped = pyflow_chain(args.ops, 16)
     torch_time = torch_chain(args.ops, 16)
     numpy_time = numpy_chain(args.ops, 16)
+    eager_floor.floor_seconds(200, 16)   # warm up its caches too
+    floor_time = eager_floor.floor_seconds(args.ops, 16)
 
     def per_op(t):
         return t / args.ops * 1e6
@@ -136,10 +152,13 @@ def main() -> None:
     if torch_time is not None:
         print(f"  PyTorch CPU eager       {per_op(torch_time):8.1f} us")
     print(f"  numpy                   {per_op(numpy_time):8.1f} us")
+    print(f"  floor (eager_floor.py)  {per_op(floor_time):8.1f} us   the leanest Python VM with the seed's stages")
+    print(f"  pyflow/floor = {threaded / floor_time:.2f} threaded, {stepped / floor_time:.2f} step-through")
     if torch_time is not None:
         verdict = "meets" if threaded / torch_time <= 8 else "MISSES"
         print(f"  pyflow/torch = {threaded / torch_time:.2f} threaded, {stepped / torch_time:.2f} step-through "
               f"({verdict} the <= 8 target)")
+        print(f"  floor/torch = {floor_time / torch_time:.2f} (Python itself, on the seed's stages)")
     else:
         print("  (PyTorch not installed: pip install torch==2.13.0 for the reference)")
     if args.stages:
