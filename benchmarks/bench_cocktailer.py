@@ -5,7 +5,7 @@
 
 Per call, for each model and executor it prints ``launches``, ``host_syncs`` and
 ``barriers`` (what the executors count; the ratio host/compiled is the point of
-seed 001).  The RAE also runs with recursion unroll (``optimize.unroll_recursion``:
+seed 001).  The RAE also runs with recursion unroll (``optimize_recursion.unroll_recursion``:
 the root's two subtrees at once on two block groups), where ``barriers`` is what
 block 0 waited at, the critical path; over a 127-node tree it runs unrolled 0 to 3
 levels deep (nested block groups), beside what ``mode="auto"``'s cost model picks.
@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 import pyflow.cocktailer as ck
-from pyflow.cocktailer.optimize import unroll_recursion
+from pyflow.cocktailer.optimize_recursion import unroll_recursion
 from pyflow.cocktailer.random_programs import build, inputs, random_description
 from pyflow.kernels import backend
 from pyflow.kernels.backend import cuda

@@ -376,7 +376,7 @@ def test_a_runtime_index_out_of_range_is_reported_by_both_executors(mode):
 
 @pytest.mark.parametrize("blocks", [1, 3])
 def test_a_bad_node_id_inside_a_recursion_stops_the_kernel_with_an_index_error(blocks):
-    from pyflow.cocktailer.optimize import unroll_recursion
+    from pyflow.cocktailer.optimize_recursion import unroll_recursion
 
     left, right, is_leaf = random_tree(4, np.random.default_rng(0))
     inner = int(np.flatnonzero(is_leaf == 0)[-1])

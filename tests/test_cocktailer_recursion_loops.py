@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.ir import CallGroup, Loop, walk
-from pyflow.cocktailer.optimize import unroll_loops, unroll_recursion
+from pyflow.cocktailer.optimize import unroll_loops
+from pyflow.cocktailer.optimize_recursion import unroll_recursion
 from pyflow.errors import IterationLimitError, StackOverflowError
 from tests.test_cocktailer import random_tree
 from tests.test_cocktailer_unroll import balanced

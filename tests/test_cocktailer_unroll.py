@@ -1,6 +1,6 @@
 """Recursion unroll (seed 001, Fig. 8): sibling subtrees at once, on disjoint groups of blocks.
 
-``optimize.unroll_recursion`` inlines the body of an outside call once and turns
+``optimize_recursion.unroll_recursion`` inlines the body of an outside call once and turns
 its independent sibling calls into a ``CallGroup``; the code generator runs call
 ``k`` on block group ``k % groups`` with ``group_barrier``s inside each group and
 a grid barrier where the groups join.  The properties:
@@ -35,7 +35,8 @@ import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import Compiled
 from pyflow.cocktailer.executor import Options
 from pyflow.cocktailer.ir import Call, CallGroup, Lane, walk
-from pyflow.cocktailer.optimize import Optimizations, unroll_recursion
+from pyflow.cocktailer.optimize import Optimizations
+from pyflow.cocktailer.optimize_recursion import unroll_recursion
 from pyflow.errors import IndexOutOfRangeError, StackOverflowError
 from pyflow.kernels import sim
 from pyflow.kernels.backend import cuda

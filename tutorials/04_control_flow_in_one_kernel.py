@@ -258,7 +258,7 @@ except StackOverflowError as error:
 # function, with its own stack:
 
 # %%
-from pyflow.cocktailer.optimize import unroll_recursion  # noqa: E402
+from pyflow.cocktailer.optimize_recursion import unroll_recursion  # noqa: E402
 
 unrolled = unroll_recursion(tree).program
 print(unrolled.listing().split("body:")[1])

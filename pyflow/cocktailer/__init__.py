@@ -16,7 +16,8 @@ recursion), ``ops`` (the ops), ``names``/``checks`` (code names, static ints),
 ``codegen_groups`` (block groups) and ``codegen_common`` (status words, scalars as
 text), ``barriers`` (where grid barriers go), ``executor``
 (host and compiled executors), ``schedule``/``profiler`` (Algorithm 1 and its cost
-model), ``optimize`` (inline, loop unroll, branch reclustering, recursion unroll).
+model), ``optimize`` (inline, loop unroll, branch reclustering), ``optimize_recursion``
+(recursion unroll).
 """
 
 from pyflow.cocktailer.api import Compiled, compile

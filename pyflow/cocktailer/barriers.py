@@ -22,8 +22,8 @@ overlapping elements of a buffer.
   its lanes touch is pending (a group cannot wait for another), plans each lane
   on its own, and ends with the barrier that joins its groups.
 
-``optimize.py`` uses the same accesses to find dependences (reclustering) and
-independent sibling calls (recursion unroll).
+``optimize.py`` uses the same accesses to find dependences (reclustering), and
+``optimize_recursion.py`` to find independent sibling calls (recursion unroll).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Recursion unroll in the generated kernel (seed 001): sibling calls at once, on disjoint groups of blocks.
 
-``optimize.unroll_recursion`` turns independent sibling calls into a
+``optimize_recursion.unroll_recursion`` turns independent sibling calls into a
 ``CallGroup`` of lanes; this part of the kernel writer (``CallGroupMixin``, mixed
 into ``codegen.KernelSource``) writes it, differently from the artifact on purpose
 (``codegen.py`` lists the differences).  Two lanes on the grid look like::

@@ -27,7 +27,7 @@ import numpy as np
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.executor import CompiledKernel, Options
 from pyflow.cocktailer.names import kernel_name
-from pyflow.cocktailer.optimize import unroll_recursion
+from pyflow.cocktailer.optimize_recursion import unroll_recursion
 from pyflow.kernels import backend
 
 __all__ = ["examples", "compile_example", "run"]

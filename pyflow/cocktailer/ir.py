@@ -401,7 +401,7 @@ class Lane(NestedUTask):
 class CallGroup(NestedUTask):
     """Independent ``Lane``s (``body.items``) run at the same time, each on its own group of blocks.
 
-    Made by recursion unroll (``optimize.unroll_recursion``) from sibling calls
+    Made by recursion unroll (``optimize_recursion.unroll_recursion``) from sibling calls
     that share nothing they write: each lane calls its own copies of the function,
     with their own stacks.  Lane ``k`` runs on block group ``k % groups`` of the
     blocks running the group (the grid, or the enclosing lane's group) with

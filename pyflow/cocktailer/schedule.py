@@ -23,9 +23,10 @@ cheaper than leaving its control on the host.  The program body is the last node
 ("a program of several operators is first wrapped in a function operator"): if
 it pays, the whole program is one kernel.  (The paper also tries each candidate
 at several unit levels; pyflow's uTasks are all block-level, so there is one.)
-Around that, the optimizations of ``optimize.py`` are tried and kept when they
-pay (recursion unroll at each depth of ``Optimizations.recursion_depths``: the
-cheapest depth wins, none if none beats the program without it).  The
+Around that, the optimizations of ``optimize.py`` and ``optimize_recursion.py``
+are tried and kept when they pay (recursion unroll at each depth of
+``Optimizations.recursion_depths``: the cheapest depth wins, none if none beats
+the program without it).  The
 ``Schedule`` it returns prints every decision with both costs and why:
 
     >>> print(ck.compile(program, mode="auto").schedule)      # doctest: +SKIP
@@ -39,8 +40,8 @@ import enum
 from pyflow.cocktailer.executor import CompiledKernel, Options
 from pyflow.cocktailer.ir import Block, Branch, Call, CallGroup, FunctionCall, Lane, Loop, UOperator, walk
 from pyflow.cocktailer.names import kernel_name
-from pyflow.cocktailer.optimize import (Optimizations, inline_functions, optimize, recluster_branches,
-                                        unroll_recursion)
+from pyflow.cocktailer.optimize import Optimizations, inline_functions, optimize, recluster_branches
+from pyflow.cocktailer.optimize_recursion import unroll_recursion
 from pyflow.cocktailer.profiler import CostModel, Estimate, Profiler, nested_in
 from pyflow.errors import LaunchConfigError
 from pyflow.kernels.backend import cuda, is_gpu
