@@ -234,7 +234,7 @@ def max_rows_into(x, into) -> Tensor:
     The old ``into`` Tensor is stale afterwards, as with ``ops.update``.
     """
     op = "max_rows_into"
-    t = _current()
+    _current()   # (raises outside a trace)
     src, target = _float(_tensor(x, op), op), _tensor(into, op)
     if target.readonly:
         raise TraceError(f"{op}: program inputs are read-only; write into a copy (cocktailer.copy(x))")
