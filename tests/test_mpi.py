@@ -636,7 +636,7 @@ def test_an_odd_piece_or_an_odd_collective_among_three_ranks_is_handled_on_every
 def test_the_sum_in_one_pass_into_an_operand_gives_the_in_process_numbers_bit_for_bit():
     """``_sum_into`` adds the first two pieces in one pass, possibly into one of them (an all-reduce receives
     a peer's chunk straight into its output): still ((p0 + p1) + p2) + ..., as the in-process transport."""
-    from pyflow.distributed.mpi_transport import _sum_into
+    from pyflow.distributed.mpi_protocols import _sum_into
     from pyflow.distributed.transport import _sum
 
     rng = np.random.default_rng(3)
@@ -657,7 +657,7 @@ def test_the_sum_in_one_pass_into_an_operand_gives_the_in_process_numbers_bit_fo
 def test_headers_that_agree_take_one_comparison_and_each_disagreement_names_its_error():
     """The header check's fast path (one tuple comparison per header) passes only headers that agree in group,
     sequence number, method and descriptor, without failures; each other case keeps its own error."""
-    from pyflow.distributed.mpi_transport import _Abandoned, _disagreement, _Header
+    from pyflow.distributed.mpi_protocols import _Abandoned, _disagreement, _Header
     from pyflow.errors import CollectiveMismatchError, DistributedError, RankAbortedError
 
     group, key = (0, 1, 2), ("all_reduce", (4,), "float32", "")
@@ -682,7 +682,7 @@ def test_headers_that_agree_take_one_comparison_and_each_disagreement_names_its_
 
 
 def test_the_host_pool_lends_a_block_again_only_once_every_view_of_it_is_gone():
-    from pyflow.distributed.mpi_transport import HostPool
+    from pyflow.distributed.host_pool import HostPool
 
     pool = HostPool(limit=1 << 22)
     a = pool.empty((512, 512), np.float32)   # 1 MB: pooled

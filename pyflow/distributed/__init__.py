@@ -4,6 +4,8 @@
 * ``transport``      - the ``Transport`` interface and ``CollectiveDesc`` (checked across ranks)
 * ``inprocess``      - ``InProcessWorld`` / ``InProcessTransport``: rounds, mailboxes, the watchdog
 * ``mpi_transport``  - ``MPITransport``: ranks as MPI processes; collectives as rounds of messages
+* ``mpi_protocols``  - those rounds: the generators the comm-net thread drives, the descriptor check in round 1
+* ``host_pool``      - ``HostPool``: the caching pool of host arrays the MPI transport receives into
 * ``mpi_commnet``    - ``CommNet``: the thread that alone calls MPI, the control channel, the watchdog
 * ``mpi``            - how a process becomes its MPI rank (joined at import under ``mpiexec``), faults, exit
 * ``launch``         - ``python -m pyflow.distributed.launch --nproc_per_node N script.py``: runs it under mpiexec

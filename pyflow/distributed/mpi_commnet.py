@@ -9,7 +9,7 @@ lock that the thread releases; ``post``: and go on).  So no VM or actor thread
 ever blocks inside MPI, and the thread that does can still answer the watchdog.
 
 **An operation is a coroutine.**  Each transport call is a generator (written
-in ``mpi_transport.py``) that the thread drives: it posts non-blocking requests
+in ``mpi_protocols.py``) that the thread drives: it posts non-blocking requests
 (``Isend``/``Irecv``), yields them, and is resumed once they all completed
 (``MPI.Request.Testall``), polled in a loop that yields the core between polls
 while messages move and naps when it only waits for a slow peer (a step whose
@@ -219,7 +219,7 @@ class CommNet:
         self._tokens = itertools.count()
         self._gids: dict = {}                # group -> its bits of the message tags
         self.last_seen = "none"
-        # counts the protocols keep (mpi_transport.py): for goodbyes, and to pair up the recvs of one (src, tag)
+        # counts the protocols keep (mpi_protocols.py): for goodbyes, and to pair up the recvs of one (src, tag)
         self.started = collections.Counter()        # group -> collectives this rank started in it
         self.sent = collections.Counter()           # (dst, tag) -> messages sent
         self.received = collections.Counter()       # (src, tag) -> messages received
