@@ -105,17 +105,6 @@ def _raw(a: np.ndarray):
     return [a.reshape(-1).view(np.uint8), mpi().BYTE]
 
 
-def _chunks(total: int, parts: int) -> list:
-    """``parts`` near-equal ``(start, stop)`` chunks of ``range(total)``, the first ones one longer."""
-    q, r = divmod(total, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        stop = start + q + (1 if i < r else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
 def _sum_into(out: np.ndarray, pieces: list) -> np.ndarray:
     """``pieces`` summed in order into ``out``: ``((p0 + p1) + p2) + ...``, the in-process sum bit for bit.
 

@@ -21,10 +21,11 @@ import numpy as np
 
 from pyflow.distributed.host_pool import HostPool
 from pyflow.distributed.mpi_commnet import CommNet
-from pyflow.distributed.mpi_protocols import (_Abandoned, _c, _chunks, _same_layout, _sum_into, data_round,
-                                              recv_protocol, round_one, send_protocol)
+from pyflow.distributed.mpi_protocols import (_Abandoned, _c, _same_layout, _sum_into, data_round, recv_protocol,
+                                              round_one, send_protocol)
 from pyflow.distributed.transport import CollectiveDesc, FailedPiece, Transport
 from pyflow.errors import DistributedError
+from pyflow.framework.sbp import balanced_split
 
 __all__ = ["MPITransport"]
 
@@ -105,7 +106,7 @@ class MPITransport(Transport):
         a = _c(array)
         flat, out = a.reshape(-1), self.pool.empty(a.shape, a.dtype)
         group = tuple(group)
-        bounds = _chunks(flat.size, len(group))
+        bounds = balanced_split(flat.size, len(group))
         me = group.index(self.rank) if self.rank in group else 0
         lo, hi = bounds[me]
         mine = out.reshape(-1)[lo:hi]   # this rank's chunk of the output: it sums into it
