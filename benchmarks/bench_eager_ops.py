@@ -36,15 +36,7 @@ import numpy as np  # noqa: E402
 
 import pyflow as flow  # noqa: E402
 
-try:
-    import eager_floor   # noqa: E402  (beside this script)
-except ImportError:   # imported from elsewhere: load it by path
-    import importlib.util
-
-    _spec = importlib.util.spec_from_file_location("eager_floor", os.path.join(os.path.dirname(__file__),
-                                                                               "eager_floor.py"))
-    eager_floor = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(eager_floor)
+import eager_floor  # noqa: E402  (the script's folder is on sys.path)
 
 STEPS = ("add", "relu", "mul", "exp")
 
