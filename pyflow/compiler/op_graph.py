@@ -38,7 +38,7 @@ import numpy as np
 
 from pyflow import env
 from pyflow.device import Device, DeviceType
-from pyflow.distributed.boxing import Layout
+from pyflow.distributed.boxing_steps import Layout
 from pyflow.distributed.signatures import Signature, choose_signature
 from pyflow.errors import CompileError
 from pyflow.framework.sbp import SbpParallel

@@ -53,7 +53,7 @@ from pyflow.compiler.boxing.graph import region_of, shape_of_region
 from pyflow.compiler.ids import TaskId, encode_task_id, per_rank_id, thread_id
 from pyflow.compiler.op_graph import layout_of_blob, placement_of
 from pyflow.device import Device
-from pyflow.distributed.boxing import Layout
+from pyflow.distributed.boxing_steps import Layout
 from pyflow.framework.op_registry import OP_REGISTRY
 
 __all__ = ["TaskNode", "RegstDesc", "TaskGraph", "STREAM_INDEX", "GUARD_KEY", "pieces_per_call"]

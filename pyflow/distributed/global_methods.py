@@ -24,7 +24,7 @@ import functools
 
 from pyflow import env
 from pyflow.device import Device
-from pyflow.distributed.boxing import Layout
+from pyflow.distributed.boxing_steps import Layout
 from pyflow.distributed.global_tensor import box, layout_of, make_global, to_global, to_local
 from pyflow.framework.args import describe
 from pyflow.framework.placement import placement as Placement

@@ -24,7 +24,7 @@ import weakref
 import numpy as np
 
 from pyflow import env
-from pyflow.distributed.boxing import Layout
+from pyflow.distributed.boxing_steps import Layout
 from pyflow.distributed.global_tensor import box, global_numpy, global_tensor, layout_of, make_global, to_local
 from pyflow.distributed.signatures import choose_signature
 from pyflow.errors import ArgumentTypeError, AxisError, DeviceError, DTypeError, IndexOutOfRangeError, ShapeError

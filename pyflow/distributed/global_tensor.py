@@ -30,7 +30,8 @@ import numpy as np
 
 from pyflow import env
 from pyflow.device import Device
-from pyflow.distributed.boxing import BoxingContext, Layout, choose, run_plan
+from pyflow.distributed.boxing import choose, run_plan
+from pyflow.distributed.boxing_steps import BoxingContext, Layout
 from pyflow.distributed.ccl import collective, describe_call, exchange
 from pyflow.errors import ArgumentTypeError, DTypeError, ShapeError
 from pyflow.framework.placement import placement as Placement

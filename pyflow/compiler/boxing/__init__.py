@@ -70,7 +70,7 @@ where every node runs.
 >>> from pyflow import env
 >>> from pyflow.framework.placement import placement
 >>> from pyflow.framework.sbp import sbp
->>> from pyflow.distributed.boxing import Layout
+>>> from pyflow.distributed.boxing_steps import Layout
 >>> with env.bound(env.RankContext(rank=0, world_size=4)):
 ...     g = build_boxing(Layout(placement("cuda", [0, 1]), (sbp.split(0),)),
 ...                      Layout(placement("cpu", [2]), (sbp.broadcast,)), (3, 2), np.float32)

@@ -32,7 +32,7 @@ from pyflow.compiler.boxing.graph import (BoxingGraph, ChainSubTskGphBuilder, Su
 from pyflow.compiler.boxing.naive import Naive, NaiveB2B, NaiveB2P
 from pyflow.compiler.boxing.one_to_one import B21, OneToOne
 from pyflow.compiler.boxing.slice_boxing import SliceBoxing
-from pyflow.distributed.boxing import Layout
+from pyflow.distributed.boxing_steps import Layout
 from pyflow.framework.placement import placement as Placement
 from pyflow.framework.sbp import piece_slices
 

@@ -9,7 +9,7 @@
   eager pieces agree: the first consumer rank keeps the value.)
 * **naive**: every pair, N-D hierarchies, uneven and zero-size tensors
   included.  The routes are eager boxing's generic exchange
-  (``pyflow.distributed.boxing.Exchange.routes``: written once, used by both):
+  (``pyflow.distributed.boxing_steps.Exchange.routes``: written once, used by both):
   ``(sender, receiver, logical region)``.  Each route becomes a ``slice`` on
   the sender and a move; each consumer piece is then its one route, an ``add``
   of whole pieces, an ``assemble`` of regions (overlapping P parts add up), or
@@ -21,7 +21,7 @@ from __future__ import annotations
 from pyflow.compiler.boxing.graph import (SubTskGphBuilder, device_of, parallel_num, region_of, relative,
                                           shape_of_region)
 from pyflow.compiler.boxing.one_to_one import all_broadcast
-from pyflow.distributed.boxing import Exchange, Layout
+from pyflow.distributed.boxing_steps import Exchange, Layout
 from pyflow.framework.sbp import SbpParallel
 
 __all__ = ["NaiveB2B", "NaiveB2P", "Naive"]
