@@ -9,7 +9,8 @@
 * ``stream``          - vm.Stream (+ StreamPolicy::Run)
 * ``thread_ctx``      - ThreadCtx, its worker loop, Notifier
 * ``engine``          - VirtualMachineEngine: the lists and the schedule() round
-* ``virtual_machine`` - VirtualMachine: scheduler thread, workers, waiting, errors
+* ``virtual_machine`` - VirtualMachine: scheduler thread, workers, errors
+* ``waiting``         - where callers block: back pressure, wait_until (slow vs hung)
 * ``builder``         - InstructionsBuilder, physical_run, SoftSyncStream
 * ``failure``         - who owns an op's error (its outputs, its thread), Failure
 * ``interrupts``      - Ctrl-C never lands in the middle of the VM's bookkeeping
