@@ -226,3 +226,17 @@ def test_the_watchdog_names_a_rank_that_never_arrives():
     assert "for rank(s) [1]" in str(cause) and "script.py:5" in str(cause)
     assert "rank 1: running" in str(cause)
     assert elapsed < 3
+
+
+@settings(max_examples=30, deadline=None)
+@given(op=st.sampled_from(["all_reduce", "all_gather", "to_global S(0)->B"]),
+       shape=st.lists(st.integers(0, 9), max_size=3), lineno=st.integers(0, 40))
+def test_a_descriptor_is_described_once_per_value_and_its_shape_is_a_tuple(op, shape, lineno):
+    """``described()`` (the MPI transport's header text, cached per distinct descriptor) is ``describe()``, for
+    equal descriptors made apart; a shape given as a list is kept as a tuple, so the descriptor is hashable."""
+    first = CollectiveDesc(op, list(shape), "float32", "S(0)", (__file__, lineno))
+    again = CollectiveDesc(op, tuple(shape), "float32", "S(0)", (__file__, lineno))
+    assert first == again and hash(first) == hash(again)
+    assert first.shape == tuple(shape) and first.key() == (op, tuple(shape), "float32", "S(0)")
+    assert first.described() == again.described() == first.describe()
+    assert f"{__file__}:{lineno}" in first.described()

@@ -130,11 +130,11 @@ class Operation:
     with a ``threading.Event`` (a condition variable and a second lock per wait).
     """
 
-    __slots__ = ("what", "protocol", "key", "waited", "requests", "header_recvs", "started", "last_probe", "asked",
+    __slots__ = ("_what", "protocol", "key", "waited", "requests", "header_recvs", "started", "last_probe", "asked",
                  "answer_by", "finished", "result", "error", "_signal")
 
-    def __init__(self, what: str, key=None, waited: bool = True):
-        self.what = what            # "collective #3 of group [0, 1]: all_reduce float32[4] (at t.py:9)"
+    def __init__(self, what, key=None, waited: bool = True):
+        self._what = what           # its text, or a function that makes it (see ``what``)
         self.protocol = None        # a generator: yields lists of MPI requests, returns the result
         self.key = key              # (group, seq) of a collective, ("recv", src, tag) of a recv
         self.waited = waited        # does a caller wait for it (a send: no)
@@ -149,6 +149,15 @@ class Operation:
         self.error: BaseException | None = None
         self._signal = threading.Lock()
         self._signal.acquire()      # released when the operation ends
+
+    @property
+    def what(self) -> str:
+        """What the operation is, for errors and the watchdog: "collective #3 of group [0, 1]: all_reduce
+        float32[4] (at t.py:9)".  A collective passes a function that makes the text, called only when it
+        is needed: most calls never need it, and making it costs a few microseconds on every call."""
+        if not isinstance(self._what, str):
+            self._what = self._what()
+        return self._what
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the operation to end (the caller's side); True once it has."""
@@ -230,15 +239,17 @@ class CommNet:
 
     # --- the caller's side (any thread) -----------------------------------------------------------------------------
 
-    def call(self, what: str, protocol_of, key=None):
-        """Run the generator ``protocol_of(op)`` on the comm-net thread; wait for its result (or its error)."""
+    def call(self, what, protocol_of, key=None):
+        """Run the generator ``protocol_of(op)`` on the comm-net thread; wait for its result (or its error).
+
+        ``what``: the operation's text, or a function that makes it (``Operation.what``)."""
         op = Operation(what, key)
         op.protocol = protocol_of(op)
         self._submit(op)
         while not op.wait(0.25):
             if not self._thread.is_alive():
                 raise DistributedError(f"rank {self.rank}: the comm-net thread stopped "
-                                       f"({self.death!r}) while waiting for {what}")
+                                       f"({self.death!r}) while waiting for {op.what}")
         if op.error is not None:
             raise op.error
         return op.result

@@ -47,15 +47,21 @@ array (so it returns at once, like MPI's buffered send), then posts a header
 all-gather on 2 processes (2-core machine): these same messages, sent from
 plain Python on one thread, take as long as mpi4py's ``Allgather`` (about
 0.16 ms against 0.17-0.18); handing them to a second thread and back adds
-about 0.01 ms; pyflow's call takes about 0.26 ms, so about 0.09 ms is this
-module's and the transport's Python (building and checking the headers,
+about 0.01 ms.  In ``benchmarks/bench_collectives.py``'s table, mpi4py takes
+0.19 ms, pyflow 0.27-0.28 ms, and ``benchmarks/collective_floor.py`` (the
+leanest transport of this design: a comm thread, a header round compared as
+bytes, nothing else on the path) 0.22-0.23 ms.  So of pyflow's 0.08-0.09 ms
+about 0.035 is the design's own and 0.05 this module's and the transport's
+failure semantics and generality (building and checking the headers,
 placing the output, the call around it).  It is kept small where that is
-cheap: a header is a tuple of builtins (pickled in under 1 us, a dataclass
-took 4); the data receives need no probe; the all-reduce's round 1 ends once
-this rank's chunks are in (its own sends are waited for with round 2's
-requests), and it adds the first two chunks in one pass straight into its
-output; the all-gather copies its own piece into its output while the peers
-take theirs.
+cheap: a descriptor's text is made once per distinct descriptor
+(``CollectiveDesc.described``), an operation's text only when an error or
+the watchdog needs it; a header is a tuple of builtins (pickled in under
+1 us, a dataclass took 4); the data receives need no probe; the all-reduce's
+round 1 ends once this rank's chunks are in (its own sends are waited for
+with round 2's requests), and it adds the first two chunks in one pass
+straight into its output; the all-gather copies its own piece into its
+output while the peers take theirs.
 """
 
 from __future__ import annotations
@@ -102,7 +108,7 @@ def _raw(a: np.ndarray):
     """``a``'s memory as an MPI byte buffer (no copy: ``a`` is C-contiguous)."""
     if a.dtype.hasobject:
         raise DistributedError(f"the transport moves numeric arrays, not dtype {a.dtype}")
-    return [a.reshape(-1).view(np.uint8), mpi().BYTE]
+    return [a, mpi().BYTE]
 
 
 def _sum_into(out: np.ndarray, pieces: list) -> np.ndarray:
@@ -193,7 +199,7 @@ def round_one(net: CommNet, op: Operation, group: tuple, seq: int, kind: str, de
     MPI = mpi()
     coll, me = net.coll, net.rank
     peers = [r for r in group if r != me]
-    mine = _Header(group, seq, kind, desc.key(), desc.describe() if where is None else where, failure, meta,
+    mine = _Header(group, seq, kind, desc.key(), desc.described() if where is None else where, failure, meta,
                    tuple((r, a.nbytes) for r, a in sends.items()))
     net.last_seen = mine.where
     net.started[group] += 1

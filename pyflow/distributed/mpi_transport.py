@@ -59,7 +59,7 @@ class MPITransport(Transport):
         group = tuple(group)
         if self.rank not in group:
             raise DistributedError(f"rank {self.rank} called {kind} for group {list(group)}, which it is not in")
-        net, where = self.net, desc.describe()
+        net, where = self.net, desc.described()
 
         def protocol(op):
             try:
@@ -71,7 +71,7 @@ class MPITransport(Transport):
                 yield from round_two(group, got, pending)
             return finish(group, heads, got)
 
-        return net.call(f"collective #{seq} of group {list(group)}: {where}", protocol, key=(group, seq))
+        return net.call(lambda: f"collective #{seq} of group {list(group)}: {where}", protocol, key=(group, seq))
 
     def _peers(self, group) -> list:
         return [r for r in group if r != self.rank]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import itertools
 import threading
 
@@ -46,8 +47,11 @@ class CollectiveDesc:
     detail: str = ""               # SBP and placement, as text
     site: tuple = ("<pyflow>", 0)  # the user's (filename, lineno): reported, not compared
 
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(self.shape))   # hashable, whatever sequence it was given as
+
     def key(self) -> tuple:
-        return (self.op, tuple(self.shape), self.dtype, self.detail)
+        return (self.op, self.shape, self.dtype, self.detail)
 
     def describe(self) -> str:
         from pyflow.vm.failure import describe_site
@@ -55,6 +59,13 @@ class CollectiveDesc:
         what = " ".join(p for p in (self.op, f"{self.dtype}{list(self.shape)}" if self.dtype else "",
                                     self.detail) if p)
         return f"{what} (at {describe_site(self.site)})"
+
+    @functools.lru_cache(maxsize=1024)   # noqa: B019 - descriptors are small frozen values, few distinct
+    def described(self) -> str:
+        """``describe()``, worked out once per distinct descriptor: a training loop issues the same few
+        collectives thousands of times, and this text (it reads the user's source line) costs a process
+        transport more than the rest of a call's header."""
+        return self.describe()
 
 
 @dataclasses.dataclass(frozen=True)
