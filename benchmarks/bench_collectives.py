@@ -10,7 +10,7 @@ time`` (target >= 0.9 for messages of 1 MB and more).  For comparison, the
 in-process transport (ranks as threads of one process) on the same sizes.
 
 In the same processes, interleaved too, it times the *floor* of the design
-(``collective_floor.py``): the leanest transport built as issue 16 asks (one
+(``collective_floor.py``): the leanest transport built on pyflow's design (one
 thread makes every MPI call, round 1 carries the cross-rank header check,
 outputs from the host pool), with nothing else on the path.  ``floor ratio =
 mpi4py time / floor time`` says what the design itself allows on this machine;
