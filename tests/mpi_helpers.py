@@ -85,6 +85,16 @@ class Job:
         calls = self.results.get(rank, [])
         return calls[call] if call < len(calls) else None
 
+    def values(self, nproc: int, call: int = 0) -> list:
+        """Every rank's value of call ``call``; fails with the rank's traceback otherwise."""
+        values = []
+        for rank in range(nproc):
+            outcome = self.outcome(rank, call)
+            assert outcome is not None, f"rank {rank} left no result\n{self.explain()}"
+            assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}: {outcome[2]}\n{outcome[3]}"
+            values.append(outcome[1])
+        return values
+
     def survivors(self) -> list:
         """The ranks whose process still runs.  A zombie has ended: Open MPI's ``mpiexec`` may return before its
         processes are reaped (then by init)."""

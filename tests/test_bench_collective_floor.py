@@ -99,26 +99,16 @@ def floor_checks_headers():
 # --- the tests ------------------------------------------------------------------------------------------------
 
 
-def _values(job, nproc: int) -> list:
-    values = []
-    for rank in range(nproc):
-        outcome = job.outcome(rank, 0)
-        assert outcome is not None, f"rank {rank} left no result\n{job.explain()}"
-        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}: {outcome[2]}\n{outcome[3]}"
-        values.append(outcome[1])
-    return values
-
-
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_the_floor_computes_all_gather_and_all_reduce_exactly(nproc):
     cases = _cases(nproc, 12)
     job = run_job([call("tests.test_bench_collective_floor:floor_computes", cases)], nproc)
-    assert _values(job, nproc) == [len(cases)] * nproc
+    assert job.values(nproc) == [len(cases)] * nproc
 
 
 def test_the_floor_checks_its_headers_on_every_rank_and_leaves_nothing_in_flight():
     job = run_job([call("tests.test_bench_collective_floor:floor_checks_headers")], 3)
-    for rank, errors in enumerate(_values(job, 3)):
+    for rank, errors in enumerate(job.values(3)):
         assert len(errors) == 2, (rank, errors)
         assert all("differ" in e for e in errors)
 

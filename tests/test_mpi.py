@@ -121,17 +121,6 @@ def _job(key, calls, nproc, **kwargs):
     return _done[key]
 
 
-def _ok(job, nproc: int, index: int = 0):
-    """Every rank's value of call ``index``; fails with the rank's traceback otherwise."""
-    values = []
-    for rank in range(nproc):
-        outcome = job.outcome(rank, index)
-        assert outcome is not None, f"rank {rank} left no result\n{job.explain()}"
-        assert outcome[0] == "ok", f"rank {rank}: {outcome[1]}: {outcome[2]}\n{outcome[3]}"
-        values.append(outcome[1])
-    return values
-
-
 def _same(got, want, where="") -> None:
     """Equal, arrays bit for bit."""
     if isinstance(want, np.ndarray) or isinstance(got, np.ndarray):
@@ -157,7 +146,7 @@ def _same(got, want, where="") -> None:
                          ids=[f"{n}procs-{c['id']}" for n, calls in JOBS.items() for c in calls])
 def test_the_global_and_graph_tests_pass_with_every_rank_a_process(nproc, index):
     job = _job(("tests", nproc), JOBS[nproc], nproc, timeout=150)
-    _ok(job, nproc, index)
+    job.values(nproc, index)
     assert job.survivors() == []
 
 
@@ -238,7 +227,7 @@ def test_every_collective_gives_the_in_process_numbers_bit_for_bit():
     rng = np.random.default_rng(5)
     data = [(rng.standard_normal((7, 3)).astype(np.float32), rng.integers(-9, 9, (5,)), rng.random()) for _ in range(4)]
     total = ((data[0][0] + data[1][0]) + data[2][0]) + data[3][0]
-    for process, everyones in enumerate(_ok(job, 4)):   # each process got every rank's results
+    for process, everyones in enumerate(job.values(4)):   # each process got every rank's results
         for rank, got in enumerate(everyones):
             threads = got.pop("threads")
             _same(got, want[rank], f"rank {rank}'s results, as process {process} got them")
@@ -300,7 +289,7 @@ def test_graph_training_gives_the_same_numbers_as_threads_and_as_processes(launc
     job = _job(("training", launcher, executor), TRAINING, 2, launcher=launcher,
                env={"PYFLOW_GRAPH_EXECUTOR": executor})
     for index, expected in enumerate(want):
-        for rank, got in enumerate(_ok(job, 2, index)):
+        for rank, got in enumerate(job.values(2, index)):
             _same(got, expected, f"{TRAINING[index]['target']} {TRAINING[index]['args']} on rank {rank}")
     assert "collective_boxing(all_reduce)" in want[0][0][4] and {"send", "recv"} <= set(want[2][0][3])
     assert job.returncode == 0 and job.survivors() == []
@@ -322,14 +311,14 @@ def test_launch_runs_a_hostfile_of_two_machines_with_oneflows_environment(tmp_pa
         hostfile.write_text(f"{host} slots=2\n")
         job = run_job([call("tests.test_mpi:where_am_i")], 3, launcher="launch",
                       extra=("--hostfile", str(hostfile), "--master_addr", "10.1.2.3"))
-        values = _ok(job, 3)
+        values = job.values(3)
         assert [v[:6] for v in values] == [(r, 3, r, str(r), "3", str(r)) for r in range(3)]
         assert {v[6] for v in values} == {"10.1.2.3"} and {v[7] for v in values} == {8.0}
         pytest.skip(OPENMPI_ONE_NODE)
     hostfile.write_text(f"{host}:2\n{'localhost' if host != 'localhost' else '127.0.0.1'}:2\n")
     job = run_job([call("tests.test_mpi:where_am_i")], 2, launcher="launch",
                   extra=("--nnodes", "2", "--hostfile", str(hostfile), "--master_addr", "10.1.2.3"))
-    values = _ok(job, 4)
+    values = job.values(4)
     assert [v[:3] for v in values] == [(r, 4, r % 2) for r in range(4)]
     assert [v[3:6] for v in values] == [(str(r), "4", str(r % 2)) for r in range(4)]
     assert {v[6] for v in values} == {"10.1.2.3"} and {v[7] for v in values} == {8.0}
@@ -523,7 +512,7 @@ def test_divergent_collectives_raise_on_every_rank_with_each_ranks_op_and_line_a
         assert f"rank 0: all_gather float64[4] (at {__file__}:{line['all_gather']}" in message, message
         assert f"rank 1: all_reduce float64[4] (at {__file__}:{line['all_reduce']}" in message, message
     assert sorted(errors) == [0, 1]
-    for value in _ok(job, 2, 1):
+    for value in job.values(2, 1):
         np.testing.assert_array_equal(value, np.full(3, 2.0))
     assert job.returncode == 0 and job.survivors() == [], job.explain()
 
@@ -531,17 +520,17 @@ def test_divergent_collectives_raise_on_every_rank_with_each_ranks_op_and_line_a
 @needs_mpi
 def test_a_rank_whose_input_failed_makes_its_peer_fail_at_once_naming_it_and_the_ranks_go_on():
     job = _job("clean errors", CLEAN_ERRORS, 2)
-    (mine, _), (theirs, waited) = _ok(job, 2, 3)[1], _ok(job, 2, 3)[0]
+    (mine, _), (theirs, waited) = job.values(2, 3)[1], job.values(2, 3)[0]
     assert "mpi_test_boom" in mine and "rank 1's kernel fails" in mine, mine
     assert "rank 1 could not take part" in theirs and "rank 1's kernel fails" in theirs, theirs
     assert waited < 5, f"rank 0 waited {waited:.1f} s for rank 1"
-    for value in _ok(job, 2, 4):
+    for value in job.values(2, 4):
         np.testing.assert_array_equal(value, np.full(3, 2.0))
 
 
 @needs_mpi
 def test_run_in_an_mpi_world_of_another_size_is_an_error_on_every_rank():
-    for message in _ok(_job("clean errors", CLEAN_ERRORS, 2), 2, 2):
+    for message in _job("clean errors", CLEAN_ERRORS, 2).values(2, 2):
         assert "world_size=3) in an MPI job of 2 processes" in message and "mpiexec -n 3" in message, message
 
 
@@ -579,7 +568,7 @@ def data_that_fits_but_headers_that_disagree() -> list:
 @needs_mpi
 def test_data_that_fits_is_still_not_returned_when_the_headers_disagree_and_the_ranks_go_on():
     job = run_job([call("tests.test_mpi:data_that_fits_but_headers_that_disagree")], 2)
-    values = _ok(job, 2)
+    values = job.values(2)
     line = data_that_fits_but_headers_that_disagree.__code__.co_firstlineno
     for rank, got in enumerate(values):
         (k0, m0), (k1, m1), (k2, m2), (k3, m3) = got[:4]
@@ -622,7 +611,7 @@ def test_an_odd_piece_or_an_odd_collective_among_three_ranks_is_handled_on_every
     job = run_job([call("tests.test_mpi:some_pieces_like_mine_others_not")], 3)
     base = np.arange(30.0).reshape(10, 3)
     a = [np.arange(6.0) * (r + 1) for r in range(3)]
-    for rank, got in enumerate(_ok(job, 3)):
+    for rank, got in enumerate(job.values(3)):
         for i, odd in enumerate((2, 0)):
             want = np.concatenate([base[:3 if r == odd else 2] + 100 * r for r in range(3)])
             np.testing.assert_array_equal(got[i], want, err_msg=f"rank {rank}, rank {odd}'s piece differs")

@@ -76,7 +76,7 @@ if "collective" not in OP_REGISTRY:
 
 def describe_call(op: str, shape, dtype, detail: str = "") -> CollectiveDesc:
     """The descriptor every rank of a collective must agree on, with the user's line."""
-    return CollectiveDesc(op, tuple(shape), str(np.dtype(dtype)) if dtype else "", detail, issue_site())
+    return CollectiveDesc(op, shape, str(np.dtype(dtype)) if dtype else "", detail, issue_site())
 
 
 def collective(call, inputs, shape, dtype, desc: CollectiveDesc, group: tuple, seq: int):
