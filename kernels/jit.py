@@ -68,15 +68,28 @@ class GpuKernel:
             f"kernel {self.__name__!r} needs a launch configuration: {self.__name__}[blocks, threads](...)")
 
     def max_cooperative_grid_blocks(self, blockdim, dynsmemsize: int = 0, signature=None) -> int:
-        """The GPU's co-resident block limit for this kernel (compiled for ``signature``)."""
+        """The GPU's co-resident block limit for this kernel, compiled for ``signature``.
+
+        The limit depends on the compiled code (its registers and shared memory), so
+        the kernel must be compiled for the argument types of the launch first:
+        ``signature`` is a tuple of numba types (``(float64[::1], int64)``; compiled
+        here if it is not yet).  Without one, the kernel's only compiled signature
+        is used; ``LaunchConfigError`` when it has none or several.
+        """
         overloads = self.dispatcher.overloads
         if signature is not None:
             compiled = self.dispatcher.compile(signature)
         elif len(overloads) == 1:
             compiled = next(iter(overloads.values()))
         else:
+            compiled_for = ("it is not compiled yet" if not overloads else
+                            f"it is compiled for {len(overloads)} signatures: "
+                            + "; ".join(str(tuple(sig)) for sig in overloads))
             raise LaunchConfigError(
-                f"kernel {self.__name__!r} has {len(overloads)} compiled signatures: pass signature=...")
+                f"max_cooperative_grid_blocks: kernel {self.__name__!r} has no single compiled signature to "
+                f"measure ({compiled_for}); pass the launch's argument types, signature=tuple(numba.typeof(a) "
+                f"for a in args), or call pyflow.kernels.utask.generated.cooperative_grid_limit(kernel, args, "
+                f"block), which compiles for them first")
         return compiled.max_cooperative_grid_blocks(blockdim, dynsmemsize)
 
     def __getattr__(self, name):

@@ -12,9 +12,12 @@ One compiled kernel therefore serves every layout of a given rank and dtype.
 Shapes travel as tuples; numba compiles one specialization per rank.
 
 The arrays themselves are the device's own kind: numpy arrays on the CPU,
-numba device arrays on a GPU, ``FakeCUDAArray`` in the simulator.  This module
-also does the argument checks the ops share (broadcasting, axes), raising
-pyflow's ``ShapeError`` / ``AxisError`` naming the op.
+numba device arrays on a GPU, ``FakeCUDAArray`` in the simulator.  Views of
+them are made here too, the same way for all three (``permuted_view``,
+``sliced_view``, ``broadcast_view``): numba's ``DeviceNDArray`` transposes only
+in 2-D (and copies), and fails to slice an empty array.  This module also does
+the argument checks the ops share (broadcasting, axes), raising pyflow's
+``ShapeError`` / ``AxisError`` naming the op.
 
 >>> import numpy as np
 >>> x = np.arange(12, dtype=np.float32).reshape(3, 4).T    # a transposed view
@@ -23,9 +26,15 @@ pyflow's ``ShapeError`` / ``AxisError`` naming the op.
 ((1, 4), True)
 >>> broadcast_shapes((3, 1), (4,), op="add")
 (3, 4)
+>>> permuted_view(np.zeros((2, 3, 4)), (2, 0, 1)).shape
+(4, 2, 3)
+>>> sliced_view(np.arange(10), (slice(1, None, 3),))
+array([1, 4, 7])
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -33,7 +42,8 @@ from pyflow.errors import AxisError, ShapeError
 from pyflow.kernels.backend import cuda, is_simulator
 
 __all__ = ["is_device_array", "flat", "kernel_operand", "may_overlap", "broadcast_shapes", "broadcast_view",
-           "normalize_axis", "normalize_axes", "padded_strides", "contiguous_strides", "as_kernel_shape"]
+           "permuted_view", "sliced_view", "normalize_axis", "normalize_axes", "padded_strides",
+           "contiguous_strides", "as_kernel_shape"]
 
 if is_simulator():
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _FakeCUDAArray
@@ -46,6 +56,11 @@ def is_device_array(array) -> bool:
     if _FakeCUDAArray is not None:
         return isinstance(array, _FakeCUDAArray)
     return cuda.is_cuda_array(array)
+
+
+def _is_gpu_array(array) -> bool:
+    """True for numba's ``DeviceNDArray`` on a real GPU (memory the host cannot see)."""
+    return _FakeCUDAArray is None and is_device_array(array)
 
 
 def _host(array) -> np.ndarray:
@@ -66,7 +81,7 @@ def flat(array):
                          f"multiples of its item size {itemsize}")
     strides = tuple(s // itemsize for s in byte_strides)
     span = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if all(shape) else 0
-    if is_device_array(array) and _FakeCUDAArray is None:
+    if _is_gpu_array(array):
         from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
         storage = DeviceNDArray((span,), (itemsize,), array.dtype, gpu_data=array.gpu_data,
@@ -81,7 +96,7 @@ def may_overlap(a, b) -> bool:
     """Could ``a`` and ``b`` share memory?  (Their byte ranges intersect; empty never does.)"""
     if a.size == 0 or b.size == 0:
         return False
-    if not (is_device_array(a) and _FakeCUDAArray is None):
+    if not _is_gpu_array(a):
         return bool(np.may_share_memory(_host(a), _host(b)))
 
     def byte_range(array):
@@ -138,16 +153,76 @@ def broadcast_shapes(*shapes, op: str) -> tuple:
 def broadcast_view(array, shape):
     """``array`` seen with ``shape`` (stride 0 on broadcast dims), without copying."""
     shape = tuple(shape)
-    if is_device_array(array) and _FakeCUDAArray is None:
-        from numba.cuda.cudadrv.devicearray import DeviceNDArray
-
+    if _is_gpu_array(array):
         storage, strides = flat(array)
         element = padded_strides(array.shape, strides, shape)
         itemsize = array.dtype.itemsize
-        return DeviceNDArray(shape, tuple(s * itemsize for s in element), array.dtype,
-                             gpu_data=array.gpu_data, stream=array.stream)
+        return _gpu_view(array, shape, tuple(s * itemsize for s in element))
     view = np.broadcast_to(_host(array), shape)
     return _FakeCUDAArray(view) if is_device_array(array) else view
+
+
+def permuted_view(array, perm):
+    """``array`` with its axes in the order ``perm`` (numpy's ``transpose(perm)``), never a copy.
+
+    For every kind of array: numba's ``DeviceNDArray.transpose`` copies, and only
+    in 2-D (3-D and up raise ``NotImplementedError``); here a GPU array keeps its
+    memory and gets permuted shape and strides.  ``AxisError`` unless ``perm`` is a
+    permutation of the axes.
+    """
+    perm = tuple(int(p) for p in perm)
+    if sorted(perm) != list(range(array.ndim)):
+        raise AxisError(f"permuted_view: {perm} is not a permutation of the axes of an array of shape "
+                        f"{tuple(array.shape)} (expected an order of {tuple(range(array.ndim))})")
+    if not _is_gpu_array(array):
+        return array.transpose(perm)
+    return _gpu_view(array, tuple(array.shape[p] for p in perm), tuple(array.strides[p] for p in perm))
+
+
+def sliced_view(array, index):
+    """``array[index]`` for ``index`` a tuple of slices with positive steps (one per leading dim), never a copy.
+
+    For every kind of array.  numba's ``DeviceNDArray`` slicing is wrong for empty
+    arrays: numpy 2 gives them zero strides, which numba's dummy array reads as
+    broadcast dims of size 1, and it then refuses to view their NULL memory
+    ("non-empty slice into empty slice").  Here a GPU view gets numpy's shape, strides
+    and first element, and an empty view touches no memory.
+    """
+    index = tuple(index) if isinstance(index, tuple) else (index,)
+    if len(index) > array.ndim or not all(isinstance(item, slice) for item in index):
+        raise ShapeError(f"sliced_view: index {index!r} must be at most {array.ndim} slices for an array of "
+                         f"shape {tuple(array.shape)}")
+    if any(item.step is not None and item.step <= 0 for item in index):
+        raise ShapeError(f"sliced_view: index {index!r} has a step <= 0; only positive steps are supported")
+    if not index:
+        return array  # numpy's a[()] of a 0-d array would be a scalar
+    if not _is_gpu_array(array):
+        return array[index]
+    index += (slice(None),) * (array.ndim - len(index))
+    shape, strides, start = [], [], 0
+    for item, n, stride in zip(index, array.shape, array.strides):
+        first, stop, step = item.indices(n)
+        shape.append(len(range(first, stop, step)))
+        strides.append(stride * step)
+        start += first * stride
+    return _gpu_view(array, tuple(shape), tuple(strides), start)
+
+
+def _gpu_view(array, shape, byte_strides, start: int = 0):
+    """A ``DeviceNDArray`` over ``array``'s memory from byte ``start`` on (strides >= 0).
+
+    An empty view gets numba's own NULL pointer for empty arrays: its memory is
+    never sliced (an empty array has none to slice).
+    """
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    if math.prod(shape) == 0:
+        return DeviceNDArray(shape, byte_strides, array.dtype, stream=array.stream)
+    memory = array.gpu_data
+    if start:
+        extent = array.dtype.itemsize + sum((n - 1) * s for n, s in zip(shape, byte_strides))
+        memory = memory.view(start, start + extent)
+    return DeviceNDArray(shape, byte_strides, array.dtype, gpu_data=memory, stream=array.stream)
 
 
 def normalize_axis(axis: int, ndim: int, op: str) -> int:

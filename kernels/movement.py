@@ -17,8 +17,9 @@ keyword (the cpu twins ignore it)::
 How they run:
 * slice, concat, split, permute, transpose are *copies between strided views*:
   the host builds the views (``x[a:b:s]``, the part of ``out`` one input fills, a
-  permuted view) and the elementwise ``copy`` kernel, which reads and writes any
-  layout, moves the data: one launch per view, so k launches for k inputs.
+  permuted view; ``layout.sliced_view`` and ``permuted_view``, on every backend) and
+  the elementwise ``copy`` kernel, which reads and writes any layout, moves the
+  data: one launch per view, so k launches for k inputs.
 * add_n reuses the elementwise ``add`` (``out = x0 + x1``, then ``out = out + xi``);
   ``out`` may be ``inputs[0]`` or ``inputs[1]`` but no later input.
 * gather and index_select are one kernel, ``take_strided``: an index read per
@@ -48,12 +49,12 @@ import numpy as np
 
 from pyflow.errors import AxisError, DTypeError, IndexOutOfRangeError, ShapeError
 from pyflow.kernels import elementwise  # noqa: F401  (registers "copy", "cast", "add")
-from pyflow.kernels.backend import cuda, is_simulator
+from pyflow.kernels.backend import cuda
 from pyflow.kernels.dtypes import INDEX_DTYPES, NUMERIC_DTYPES, SUPPORTED_DTYPES
 from pyflow.kernels.elementwise import binary_result_dtype, position
 from pyflow.kernels.jit import jit
 from pyflow.kernels.launch import elementwise_config, launcher, require_device_arrays
-from pyflow.kernels.layout import as_kernel_shape, flat, is_device_array, normalize_axis
+from pyflow.kernels.layout import as_kernel_shape, flat, normalize_axis, permuted_view, sliced_view
 from pyflow.kernels.registry import get_kernel, register
 
 __all__ = ["INDEX_DTYPES", "check_indices", "permuted_view", "record_bad_index", "take_strided"]
@@ -112,20 +113,9 @@ def check_indices(index, shape, index_strides, axis_size, status, n):
 # --- views and checks (host) ------------------------------------------------------
 
 
-def permuted_view(array, perm):
-    """``array`` with its axes reordered by ``perm``, without copying (any device)."""
-    if is_device_array(array) and not is_simulator():
-        # numba's DeviceNDArray.transpose copies, and only in 2-D: build the view.
-        from numba.cuda.cudadrv.devicearray import DeviceNDArray
-
-        return DeviceNDArray(tuple(array.shape[p] for p in perm), tuple(array.strides[p] for p in perm),
-                             array.dtype, gpu_data=array.gpu_data, stream=array.stream)
-    return array.transpose(perm)
-
-
 def _along(array, axis: int, start: int, size: int):
     """The view ``array[..., start:start + size, ...]`` (``axis`` is the sliced one)."""
-    return array[(slice(None),) * axis + (slice(start, start + size),)]
+    return sliced_view(array, (slice(None),) * axis + (slice(start, start + size),))
 
 
 def _expect_out(op, out, shape, dtype, what="output") -> None:
@@ -171,7 +161,7 @@ def _make_slice(target):
         shape = tuple(len(range(*s.indices(n))) for s, n in zip(index, x.shape))
         _expect_out("slice", out, shape, x.dtype)
         if math.prod(shape):
-            get_kernel("copy", target)(out, x[index] if index else x, stream=stream)
+            get_kernel("copy", target)(out, sliced_view(x, index), stream=stream)
     return slice_
 
 

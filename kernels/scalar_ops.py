@@ -17,7 +17,11 @@ Some ops need one function per kind of dtype (``kernels/ufuncs.py`` picks it):
 * ``floor_divide`` / ``remainder`` of floats follow numpy's algorithm (from
   ``fmod``); of integers, Python's floor rules with 0 for a zero divisor (numpy's
   value, never a crash).  float16 computes in float32 and rounds once, as numpy
-  does (``*_half``): ``numba.float32(x)`` converts on both backends.
+  does (``*_half``): ``numba.float32(x)`` converts on both backends.  A zero
+  result gets its sign from ``copysign`` (numpy's rule), the same everywhere; a
+  NaN made here (``inf // 2``, ``x % 0``) gets the hardware's sign bit, which
+  IEEE 754 leaves open: set on x86 (numpy, the simulator); a GPU may give its
+  canonical NaN, sign clear (float16 did on an H200).
 * ``isnan`` / ``isinf`` of an integer or bool is ``never``; ``bitwise_not`` of a
   bool is ``logical_not`` (``~True`` is -2 in Python and Numba).
 """

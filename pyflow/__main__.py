@@ -15,12 +15,17 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+from numba import types  # numba's types only: numba.cuda is imported by pyflow, in the mode it chose
 
 import pyflow
 from pyflow import nn
 from pyflow.device import CachingAllocator, DeviceType, ep
 from pyflow.kernels import max_cooperative_grid_blocks
 from pyflow.kernels.examples import prefix_sum, two_phase_sum
+
+# What both demo kernels are launched with: three float64 vectors (numba types a
+# C-contiguous 1-D float64 device array as float64[::1]).
+VECTORS = (types.float64[::1],) * 3
 
 
 def show_devices() -> None:
@@ -42,7 +47,9 @@ def run_demo(blocks: int = 4, threads: int = 32) -> bool:
     cuda0 = ep.get_device("cuda:0")
     allocator = CachingAllocator(cuda0, device="cuda:0")
     stream = cuda0.create_stream("demo")
-    limit = max_cooperative_grid_blocks(two_phase_sum, threads)
+    # Both kernels sync the grid, so their blocks must all be co-resident.  On a GPU the
+    # limit is a property of the compiled code: ask for it compiled for the launch's types.
+    limit = min(max_cooperative_grid_blocks(kernel, threads, 0, VECTORS) for kernel in (prefix_sum, two_phase_sum))
     blocks = min(blocks, limit)
     n = blocks * threads - 3  # not a multiple of the block: the tail threads idle
     x_host = np.random.default_rng(0).normal(size=n)

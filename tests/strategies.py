@@ -8,7 +8,9 @@
   layout: contiguous, axes permuted, sliced with a step, or (for inputs) broadcast
   with stride 0.  An ``Operand`` holds a contiguous ``base`` plus the view recipe;
   ``on(target)`` applies the same recipe to a numpy array ("cpu") or to a device
-  array ("cuda"), so both targets see the same layout.
+  array ("cuda"), so both targets see the same layout.  The recipes are
+  ``kernels/layout.py``'s views: numba's own ``DeviceNDArray.transpose`` fails
+  above 2-D and its slicing fails on empty arrays.
 * ``empty_on`` / ``to_host``: allocate on a target, bring a result back.
 * ``assert_close``: tolerances by dtype (float16 rtol 4e-3, float32 1e-5, float64
   1e-12, exact otherwise), NaN where the reference has NaN; prints shapes and the worst diff.
@@ -23,7 +25,7 @@ from hypothesis import strategies as st
 
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.dtypes import NUMERIC_DTYPES, SUPPORTED_DTYPES
-from pyflow.kernels.layout import broadcast_view
+from pyflow.kernels.layout import broadcast_view, permuted_view, sliced_view
 
 TARGETS = ("cpu", "cuda")
 float_dtypes = st.sampled_from([np.dtype(np.float32), np.dtype(np.float64)])
@@ -83,12 +85,12 @@ def operands(draw, shape, dtype, allow_broadcast: bool = True, low=-10, high=10)
         perm = draw(st.permutations(range(len(shape))))
         base = values(tuple(shape[p] for p in perm), dtype, low, high, seed)
         inverse = tuple(int(i) for i in np.argsort(perm))
-        return Operand(base, layout, lambda a: a.transpose(inverse))
+        return Operand(base, layout, lambda a: permuted_view(a, inverse))
     if layout == "sliced":
         starts = draw(st.lists(st.integers(0, 2), min_size=len(shape), max_size=len(shape)))
         base = values(tuple(2 * n + s for n, s in zip(shape, starts)), dtype, low, high, seed)
         index = tuple(slice(s, s + 2 * n, 2) for n, s in zip(shape, starts))
-        return Operand(base, layout, lambda a: a[index])
+        return Operand(base, layout, lambda a: sliced_view(a, index))
     if layout == "broadcast":
         keep = draw(st.lists(st.booleans(), min_size=len(shape), max_size=len(shape)))
         small = tuple(n if k else 1 for n, k in zip(shape, keep))

@@ -20,7 +20,7 @@ import pyflow.kernels.conv  # noqa: F401  (registers conv2d, max_pool2d, avg_poo
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.conv import conv2d_output_shape, pool2d_output_shape
-from pyflow.kernels.layout import broadcast_view
+from pyflow.kernels.layout import broadcast_view, permuted_view
 from pyflow.kernels.registry import get_kernel
 from tests.strategies import TARGETS, assert_close, empty_on, float_dtypes, operands, to_host
 
@@ -321,7 +321,7 @@ def test_conv2d_resnet_like_layers_equal_naive_loops(target, layer):
     expected, magnitude = naive_conv2d(x_nhwc.transpose(0, 3, 1, 2), weight, bias, stride, padding)
     out = empty_on(target, expected.shape, np.float64)
     on = (lambda a: a) if target == "cpu" else cuda.to_device
-    get_kernel("conv2d", target)(out, on(x_nhwc).transpose((0, 3, 1, 2)), on(weight), on(bias),
+    get_kernel("conv2d", target)(out, permuted_view(on(x_nhwc), (0, 3, 1, 2)), on(weight), on(bias),
                                  stride=stride, padding=padding)
     assert_close_to_sum(to_host(out), expected, magnitude, np.float64, terms=math.prod(w_shape[1:]) + 1,
                         what=f"conv2d {layer} on {target}")

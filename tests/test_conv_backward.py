@@ -29,7 +29,7 @@ import pyflow.kernels.conv_backward  # noqa: F401  (registers the backward kerne
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.conv import conv2d_output_shape, pool2d_output_shape
-from pyflow.kernels.layout import broadcast_view
+from pyflow.kernels.layout import broadcast_view, permuted_view, sliced_view
 from pyflow.kernels.registry import get_kernel
 from tests.strategies import TARGETS, Operand, empty_on, operands, to_host
 
@@ -104,12 +104,12 @@ def laid_out(draw, array):
         perm = tuple(draw(st.permutations(range(array.ndim))))
         inverse = tuple(int(i) for i in np.argsort(perm))
         return Operand(np.ascontiguousarray(array.transpose(perm)), f"permuted {perm}",
-                       lambda a: a.transpose(inverse))
+                       lambda a: permuted_view(a, inverse))
     if layout == "sliced":
         base = np.full(tuple(2 * n + 1 for n in array.shape), np.nan, array.dtype)
         index = tuple(slice(1, 1 + 2 * n, 2) for n in array.shape)
         base[index] = array
-        return Operand(base, "sliced", lambda a: a[index])
+        return Operand(base, "sliced", lambda a: sliced_view(a, index))
     return Operand(array.copy(), "contiguous", lambda a: a)
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
 from pyflow.errors import DTypeError, ShapeError
-from pyflow.kernels.backend import cuda
+from pyflow.kernels.backend import cuda, is_gpu
 from pyflow.kernels.dtypes import FLOAT_DTYPES, INTEGER_DTYPES, SUPPORTED_DTYPES
 from pyflow.kernels.elementwise import BINARY, COMPARE, UNARY, binary_result_dtype, unary_result_dtype
 from pyflow.kernels.registry import get_kernel
@@ -225,7 +225,14 @@ def test_special_values_give_numpys_results_exactly(target, op):
             continue
         np.testing.assert_array_equal(actual, expected, err_msg=f"{op} {dtype} on {target}")
         if expected.dtype.kind == "f":
-            assert (np.signbit(actual) == np.signbit(expected)).all(), f"{op} {dtype}: sign of a zero differs"
+            same_sign = np.signbit(actual) == np.signbit(expected)
+            nan = np.isnan(expected)
+            assert same_sign[~nan].all(), f"{op} {dtype} on {target}: sign of a zero or an infinity differs"
+            # A NaN made by an invalid operation (inf // 2, x % 0) has the hardware's sign bit, which IEEE 754
+            # leaves open: x86 sets it (numpy there, and the simulator, which computes on the host); a GPU may
+            # give its canonical NaN, sign clear (float16 did on an H200).  Only host arithmetic must match it.
+            if not (target == "cuda" and is_gpu()):
+                assert same_sign[nan].all(), f"{op} {dtype} on {target}: sign bit of a NaN differs from numpy's"
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -174,7 +174,7 @@ class CudaDevice(base.Device):
         return CudaEvent(self)
 
     def alloc(self, nbytes: int) -> base.RawBuffer:
-        """``cudaMalloc`` through numba's context; ``MemoryError`` when the GPU is full."""
+        """``cudaMalloc`` through numba's context (not zeroed); ``MemoryError`` when the GPU is full."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
             raise AllocationError(f"cannot allocate {nbytes!r} bytes on {self.device}: need an int >= 0")
         try:
@@ -188,11 +188,26 @@ class CudaDevice(base.Device):
         return self.buffers.add(base.RawBuffer(ptr=ptr, nbytes=int(nbytes), handle=memory, device=self.device))
 
     def free(self, raw: base.RawBuffer) -> None:
-        """``cudaFree`` (numba defers the driver call until its pending list flushes)."""
+        """Give ``raw`` back: numba's ``cudaFree`` runs once no ``as_array`` view of it is left.
+
+        numba counts the references to an allocation.  ``memalloc`` hands out one
+        counted pointer (``raw.handle``) and every ``as_array`` view takes another,
+        each with a ``weakref.finalize`` that drops its count and, at zero, frees the
+        allocation (it runs numba's finalizer, which queues ``cuMemFree``).  Forcing
+        that finalizer here with ``memory.free()`` ran it while views were still
+        alive; when the last of them died (at interpreter exit, in weakref's exit
+        hook, after the VM's shutdown had shrunk its caching allocators) numba freed
+        the allocation a second time and printed "RuntimeError: Freeing dead memory".
+        So pyflow only drops its own reference: numba frees the memory when the last
+        view is gone, which is at once when none is left, and a view that outlives
+        the free never points at freed memory.  (Freed memory goes to numba's list
+        of pending frees, which it flushes in batches and before retrying an
+        allocation that ran out of memory.)
+        """
         self.buffers.remove(raw)
         memory, raw.handle = raw.handle, None
         with self.activated():
-            memory.free()
+            del memory  # the last reference may go here: numba then frees with this GPU's context current
 
     def alloc_pinned(self, nbytes: int) -> np.ndarray:
         """``cudaMallocHost`` as a numpy uint8 array (freed when unreferenced)."""
