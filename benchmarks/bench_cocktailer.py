@@ -2,6 +2,14 @@
 
     python benchmarks/bench_cocktailer.py                 # simulator: counts only
     PYFLOW_CUDA=gpu python benchmarks/bench_cocktailer.py --warmup 100 --repeats 100
+    PYFLOW_CUDA=gpu python benchmarks/bench_cocktailer.py --sections lstm,rae,counts
+
+``--sections`` picks what runs, in the order given: ``counts`` (every count below, at the
+simulator's sizes) and the GPU timing rows ``lstm``, ``rae``, ``nasrnn`` (with Attention),
+``seq2seq`` and ``cnn`` (BlockDrop, SkipNet); ``timing`` is all five.  The default is
+``counts`` in the simulator and ``timing,counts`` on a GPU: the timing table is the point of a
+GPU run, and the counts, many small kernels each compiled on first use, took a whole 3-minute
+budget there (first GPU session, 2026-11-28).
 
 Per call, for each model and executor it prints ``launches``, ``host_syncs`` and
 ``barriers`` (what the executors count; the ratio host/compiled is the point of
@@ -314,13 +322,14 @@ def timed(fn, warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def gpu_latency(warmup: int, repeats: int) -> None:
+GPU_OPTIONS = {"threads": 256, "chunk": 256, "tile": 16}
+
+
+def lstm_latency(warmup: int, repeats: int, opts: dict) -> None:
+    """GPU rows for the LSTM (10 layers, hidden 256, seq 64), batch 1 and 64, with cuDNN's as a reference."""
     import torch
 
     dev = torch.device("cuda")
-    print(f"== GPU latency (median of {repeats} after {warmup} warm-up calls), device "
-          f"{torch.cuda.get_device_name(0)} ==")
-    opts = {"threads": 256, "chunk": 256, "tile": 16}
     L, H, S = 10, 256, 64
     for batch in (1, 64):
         lstm = LSTM(H, H, L, **opts)
@@ -362,6 +371,12 @@ def gpu_latency(warmup: int, repeats: int) -> None:
         results["torch nn.LSTM (cuDNN, reference)"] = timed(torch_cudnn, warmup, repeats)
         report(f"LSTM L{L} H{H} seq{S} batch {batch}", results)
 
+
+def rae_latency(warmup: int, repeats: int, opts: dict) -> None:
+    """GPU rows for the RAE (Linear(1024 -> 512) + tanh over a 127-node tree), batch 1, recursion unroll 0-3."""
+    import torch
+
+    dev = torch.device("cuda")
     dim, leaves = 512, 64
     rae = RAE(dim, **opts)
     left, right, is_leaf = balanced_tree(leaves)
@@ -389,9 +404,6 @@ def gpu_latency(warmup: int, repeats: int) -> None:
 
     results["torch eager (recursion)"] = timed(torch_rae, warmup, repeats)
     report(f"RAE dim {dim}, {len(left)} nodes, batch 1", results)
-    nasrnn_attention_latency(warmup, repeats, opts)
-    seq2seq_latency(warmup, repeats, opts)
-    cnn_latency(warmup, repeats, opts)
 
 
 def torch_nasrnn(torch, weight_ih, weight_hh, inputs):
@@ -646,17 +658,59 @@ SIM_SIZES = {"input": 4, "hidden": 4, "layers": 2, "seq": 4, "batch": 2, "dim": 
              "options": {"threads": 4, "chunk": 8, "tile": 4}}
 
 
+# the GPU timing rows, in the order "timing" runs them
+TIMING = {"lstm": lstm_latency, "rae": rae_latency, "nasrnn": nasrnn_attention_latency,
+          "seq2seq": seq2seq_latency, "cnn": cnn_latency}
+SECTIONS = ("counts", "timing", *TIMING)
+
+
+def sections_to_run(text: str | None, gpu: bool) -> list:
+    """The sections ``--sections`` names, in its order, ``timing`` spelled out; its default without it.
+
+    >>> sections_to_run(None, gpu=False), sections_to_run(None, gpu=True)[:2]
+    (['counts'], ['lstm', 'rae'])
+    >>> sections_to_run("rae,counts,timing", gpu=True)
+    ['rae', 'counts', 'lstm', 'nasrnn', 'seq2seq', 'cnn']
+    """
+    names = [n.strip() for n in (text or ("timing,counts" if gpu else "counts")).split(",") if n.strip()]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown or not names:
+        raise ValueError(f"unknown section(s) {','.join(unknown) or '(none given)'}; choose from "
+                         f"{','.join(SECTIONS)}")
+    chosen = []
+    for name in names:
+        for section in TIMING if name == "timing" else (name,):
+            if section not in chosen:
+                chosen.append(section)
+    return chosen
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--sections", help=f"comma-separated, in the order to run: {', '.join(SECTIONS)} "
+                                           "(default: counts in the simulator, timing,counts on a GPU)")
     args = parser.parse_args(argv)
-    print(f"backend: {backend.describe()}")
-    counts(SIM_SIZES)
-    if backend.is_gpu():
-        gpu_latency(args.warmup, args.repeats)
-    else:
-        print("(no GPU: counts only; simulated time is not a latency)")
+    try:
+        sections = sections_to_run(args.sections, backend.is_gpu())
+    except ValueError as error:
+        parser.error(str(error))
+    print(f"backend: {backend.describe()}; sections: {','.join(sections)}")
+    timed_sections = [s for s in sections if s in TIMING]
+    if timed_sections and backend.is_gpu():
+        import torch
+
+        print(f"== GPU latency (median of {args.repeats} after {args.warmup} warm-up calls), device "
+              f"{torch.cuda.get_device_name(0)} ==")
+    for section in sections:
+        if section == "counts":
+            counts(SIM_SIZES)
+        elif backend.is_gpu():
+            TIMING[section](args.warmup, args.repeats, GPU_OPTIONS)
+    if not backend.is_gpu():
+        skipped = f" ({','.join(timed_sections)} skipped)" if timed_sections else ""
+        print(f"(no GPU: counts only{skipped}; simulated time is not a latency)")
     return 0
 
 

@@ -22,7 +22,8 @@ all-reduce's input, the all-gather's piece) over the time of one call.
     python benchmarks/bench_collectives.py [--sizes 65536,1048576,4194304,16777216] [--rounds 5]
         [--write benchmarks/results/collectives_cpu.txt]
 
-runs ``mpiexec -n 2`` and ``mpiexec -n 4`` of itself (``--worker``) and prints a table.
+runs ``mpiexec -n 2`` and ``mpiexec -n 4`` of itself (``--worker``) and prints a table: MPICH's or
+Open MPI's ``mpiexec``, as root too (``pyflow.distributed.launch.local_job``, as the tests' MPI jobs).
 """
 
 from __future__ import annotations
@@ -123,11 +124,6 @@ def in_process(sizes: list, n: int, rounds: int) -> dict:
     return results
 
 
-def _mpiexec() -> str:
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.access(here, os.X_OK) else "mpiexec"
-
-
 def _size(nbytes: int) -> str:
     return f"{nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KB"
 
@@ -145,11 +141,17 @@ def main() -> None:
     if args.worker:
         worker(sizes, args.rounds)
         return
+    from pyflow.distributed.launch import find_mpiexec, local_job, mpi_flavor
+
+    mpiexec = find_mpiexec()
+    flavor = mpi_flavor(mpiexec)
     rows, lines = [], []
     for n in (int(p) for p in args.procs.split(",")):
-        done = subprocess.run([_mpiexec(), "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker",
-                               "--sizes", args.sizes, "--rounds", str(args.rounds)],
-                              capture_output=True, text=True, check=True)
+        command, environment = local_job(n, [sys.executable, os.path.abspath(__file__), "--worker", "--sizes",
+                                             args.sizes, "--rounds", str(args.rounds)], mpiexec, flavor)
+        done = subprocess.run(command, env=environment, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{shlex.join(command)} failed with status {done.returncode}:\n{done.stderr[-3000:]}")
         threads = in_process(sizes, n, args.rounds)
         for line in done.stdout.splitlines():
             if line.startswith("{"):
@@ -177,7 +179,8 @@ def main() -> None:
         command = shlex.join([os.path.relpath(sys.executable)] + sys.argv)
         header = (f"# benchmarks/bench_collectives.py; command: {command}\n"
                   f"# machine: {os.cpu_count()}-core {platform.machine()} VM, CPython {platform.python_version()}, "
-                  f"MPICH (mpich wheel) with mpi4py; date: {datetime.date.today()}\n"
+                  f"{'Open MPI' if flavor == 'openmpi' else 'MPICH'} ({mpiexec}) with mpi4py; "
+                  f"date: {datetime.date.today()}\n"
                   + (f"# {args.note}\n" if args.note else ""))
         with open(args.write, "w") as out:
             out.write(header + text + "\n")

@@ -9,22 +9,33 @@
 #   all    env + pytest (at most 4 min) + bench_kernels.py (at most 130 s) + bench_cocktailer.py (what is left)
 #   tests  env + pytest with up to 9 minutes to itself
 #   bench  env + bench_kernels.py (at most 4 min) + bench_cocktailer.py (what is left, ~4.5 min)
-#   (these are the limits the steps run under; nothing here has been timed on a GPU yet)
 #
 # Through the device tool, from the repository root of a checkout (the working tree travels; files
-# written under $OUT come back; 10 minutes a call, 30 minutes of device time a session):
-#   run  command="bash benchmarks/gpu_session.sh all"    timeout_s=600
-# or, to give each part a whole call:
-#   run  command="bash benchmarks/gpu_session.sh tests"  timeout_s=600
-#   run  command="bash benchmarks/gpu_session.sh bench"  timeout_s=600
+# written under $OUT come back).  10 minutes a call, and 15 minutes of device time a session IN ALL: the
+# machine's start (a few minutes), every call and the idle time between calls.  So one full call, and a
+# short second one right after it, while the machine is still warm (a fresh start needs 4 minutes left):
+#   run  command="bash benchmarks/gpu_session.sh tests"                      timeout_s=600
+#   run  command="SESSION_SECONDS=150 bash benchmarks/gpu_session.sh bench"  timeout_s=180
+# (or `bench` first, in full, when its numbers matter more; `all` fits one call but runs a third of the tests)
+# What the first session (2026-11-28, one H200, 16 cores) learned:
+#   * `tests` needs a call of its own: in `all`, pytest's 240 s ran 1175 of the suite's ~3,300 tests on 14
+#     xdist workers; even 540 s may not run them all (PYTEST_ARGS can name test files, e.g.
+#     PYTEST_ARGS="--maxfail=100 tests/test_elementwise.py tests/test_conv.py").  pytest now runs on every
+#     core by default (pytest-xdist, when the image has it).
+#   * bench_cocktailer.py's counts (simulator sizes: many small kernels, each JIT-compiled) took its whole
+#     3 minutes; it now times first on a GPU (--sections timing,counts; COCKTAILER_ARGS picks others).
+#   * the image's numpy (2.5.2) had no np.row_stack, which numba-cuda 0.30.4 reads when it compiles its
+#     first kernel: every kernel failed.  The script puts the alias back (the sitecustomize shim below).
 # Environment knobs (prefix them in the command, e.g. "PYTEST_WORKERS=8 bash benchmarks/gpu_session.sh tests"):
 #   SESSION_SECONDS   the whole script's budget (default 560); each step is cut to what is left,
 #                     and skipped if that is under MIN_STEP_SECONDS (default 20)
-#   PYTEST_WORKERS    run pytest on N processes with pytest-xdist (default 0: one process, as CI does)
+#   PYTEST_WORKERS    run pytest on N processes with pytest-xdist (default: the machine's cores, `nproc`,
+#                     when xdist is importable; 0: one process, as CI does)
 #   PYTEST_ARGS       replaces "-x" (e.g. "--maxfail=30" to see more than the first failure)
 #   TEST_TIMEOUT      pytest-timeout's limit per test, seconds (default 180; 0: none)
 #   KERNELS_ARGS      extra arguments for bench_kernels.py (e.g. "--sections matmul,barriers")
-#   COCKTAILER_ARGS   arguments for bench_cocktailer.py (default "--warmup 3 --repeats 10")
+#   COCKTAILER_ARGS   arguments for bench_cocktailer.py (default "--warmup 3 --repeats 10"; add e.g.
+#                     "--sections lstm,rae" to pick its sections, in that order)
 #   PY                the Python to use (default: the image's python3/python that imports torch; never .venv)
 # Files back under $OUT (at most 8): env.log, pytest_gpu.log, pytest_gpu.xml, bench_kernels.log,
 # kernels_gpu.txt, bench_cocktailer.log, summary.txt.  The tool's output tail ends with summary.txt.
@@ -39,6 +50,36 @@ case "$MODE" in all|tests|bench) ;; *) echo "usage: $0 [all|tests|bench]" >&2; e
 OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+export NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0   # small simulator-sized grids: a warning per launch filled the logs
+
+# numpy 2.5 removed np.row_stack (deprecated in 2.0), and numba-cuda 0.30.4 still registers an overload of
+# it (numba/cuda/np/arrayobj.py) the first time it compiles a kernel: on the image of 2026-11-28 (numpy
+# 2.5.2) every kernel failed with "module 'numpy' has no attribute 'row_stack'".  pyproject.toml wants
+# numpy < 2.5, but the image's Python is what the GPU runs.  A sitecustomize.py in a temporary folder on
+# PYTHONPATH puts the alias back in every Python started here (pytest's workers included) and does
+# nothing where numpy still has it; then it runs the image's own sitecustomize, if there is one.
+SHIM_DIR=$(mktemp -d)
+trap 'rm -rf -- "$SHIM_DIR"' EXIT
+cat >"$SHIM_DIR/sitecustomize.py" <<'SHIM'
+# written by benchmarks/gpu_session.sh: numpy.row_stack for numba-cuda 0.30.4 on numpy >= 2.5
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+try:
+    import numpy
+    if not hasattr(numpy, "row_stack"):
+        numpy.row_stack = numpy.vstack
+except ImportError:
+    pass
+_here = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.machinery.PathFinder.find_spec(
+    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _here])
+if _spec is not None and _spec.loader is not None:   # the image's own sitecustomize, which this one hides
+    _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
+SHIM
+export PYTHONPATH="$SHIM_DIR${PYTHONPATH:+:$PYTHONPATH}"
 START=$(date +%s)
 DEADLINE=$((START + ${SESSION_SECONDS:-560}))
 SUMMARY="$OUT/summary.txt"
@@ -140,8 +181,9 @@ if [ "$MODE" != bench ]; then
   if [ "${TEST_TIMEOUT:-180}" != 0 ] && "$PY" -c "import pytest_timeout" >/dev/null 2>&1; then
     PYTEST_OPTS+=(--timeout="${TEST_TIMEOUT:-180}")
   fi
-  if [ "${PYTEST_WORKERS:-0}" != 0 ] && "$PY" -c "import xdist" >/dev/null 2>&1; then
-    PYTEST_OPTS+=(-n "$PYTEST_WORKERS")
+  WORKERS="${PYTEST_WORKERS:-$(nproc 2>/dev/null || echo 0)}"
+  if [ "$WORKERS" != 0 ] && [ "$WORKERS" != 1 ] && "$PY" -c "import xdist" >/dev/null 2>&1; then
+    PYTEST_OPTS+=(-n "$WORKERS")
   fi
   if [ "$MODE" = tests ]; then TESTS_SECONDS=540; else TESTS_SECONDS=240; fi
   step "pytest (PYFLOW_CUDA=gpu)" "$TESTS_SECONDS" "$OUT/pytest_gpu.log" \

@@ -5,6 +5,11 @@
   (random examples, more of them).  Pick one with HYPOTHESIS_PROFILE=dev.
 * ``@pytest.mark.gpu`` tests are skipped, with the reason shown, unless the
   backend is a real GPU (``PYFLOW_CUDA=gpu``); ``-m gpu`` selects them.
+* what a test needs of the devices, marked with ``tests/helpers_devices.py``, is
+  decided here, once per test (``pytest_runtest_setup``): ``cuda_devices(n)``
+  skips, saying "needs n CUDA devices; this machine has m", where
+  ``pyflow.device.ep.device_count("cuda")`` is smaller (the simulator has 8);
+  ``emulated_streams`` skips on a GPU, whose streams take no emulated delays.
 * ``PYFLOW_REQUIRE_EXTRAS=1`` (``.ci/run`` sets it after installing every extra):
   a test that skips fails instead, unless it skips for want of a GPU.  So
   nothing that needs an extra (torch, matplotlib, the PTX toolkit) is silently
@@ -21,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from pyflow.kernels.backend import describe, is_gpu
+from tests.helpers_devices import EMULATED_STREAMS_REASON, cuda_devices_reason
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=20,
@@ -42,7 +48,9 @@ def _drop_failures_the_test_left_unseen():
         machine.take_failures()
 
 
-_ALLOWED_SKIPS = ("needs a real GPU", "a GPU is visible", "+SKIP option")
+# skips for want of a GPU, or of more of them, or on a GPU for want of the simulator's emulated streams
+_ALLOWED_SKIPS = ("needs a real GPU", "a GPU is visible", "+SKIP option", "CUDA devices; this machine has",
+                  EMULATED_STREAMS_REASON)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -54,6 +62,25 @@ def pytest_runtest_makereport(item, call):
             report.outcome = "failed"
             report.longrepr = f"skipped with PYFLOW_REQUIRE_EXTRAS=1 (every extra is installed): {reason}"
     return report
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda_devices(n): needs n CUDA devices (ranks with local tensors on "
+                                       "cuda:<rank>); skipped on a machine with fewer (tests/helpers_devices.py)")
+    config.addinivalue_line("markers", "emulated_streams: a check that needs the simulator's emulated, randomly "
+                                       "delayed CUDA streams; skipped on a GPU (tests/helpers_devices.py)")
+
+
+def pytest_runtest_setup(item):
+    needed = max((mark.args[0] for mark in item.iter_markers("cuda_devices")), default=0)
+    if needed:
+        from pyflow.device import ep
+
+        reason = cuda_devices_reason(needed, ep.device_count("cuda"))
+        if reason:
+            pytest.skip(reason)
+    if is_gpu() and item.get_closest_marker("emulated_streams") is not None:
+        pytest.skip(EMULATED_STREAMS_REASON)
 
 
 def pytest_report_header(config):

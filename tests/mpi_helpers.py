@@ -17,11 +17,13 @@ Each rank also leaves ``rank-<r>.pid`` (``PYFLOW_LAUNCH_DIR``), so a test can
 check that no process outlived its job (``Job.survivors``).  ``mpi_missing()``
 says why MPI tests cannot run here (mpi4py or mpiexec missing), or None.
 
-MPICH (the ``dist`` extra) or Open MPI (``mpi_flavor()``, from ``mpiexec
---version``): with Open MPI, a plain ``mpiexec`` job gets ``--map-by
-:OVERSUBSCRIBE`` (its default refuses more processes than cores; MPICH's
-does not), and, run as root, ``OMPI_ALLOW_RUN_AS_ROOT=1`` and
-``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1`` (it refuses root otherwise).
+MPICH (the ``dist`` extra) or Open MPI 4 or 5 (``mpi_flavor()``, from
+``mpiexec --version``): a plain ``mpiexec`` job is ``pyflow.distributed.launch.
+local_job``'s, as the benchmarks' are: with Open MPI, ``--map-by
+ppr:N:node:OVERSUBSCRIBE --bind-to none`` (its default refuses more processes
+than cores; MPICH's does not), and, run as root, ``OMPI_ALLOW_RUN_AS_ROOT=1``
+and ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1`` (it refuses root otherwise), which
+reach ``launch``'s mpiexec too.
 """
 
 from __future__ import annotations
@@ -134,20 +136,21 @@ def run_job(calls: list, nproc: int, launcher: str = "mpiexec", timeout: float =
         with open(os.path.join(folder, "calls.json"), "w") as out:
             json.dump(calls, out)
         script = [sys.executable, os.path.abspath(__file__), folder]
-        openmpi = launcher != "python" and mpi_flavor() == "openmpi"
-        if launcher == "mpiexec":
-            command = [mpiexec(), *(["--map-by", ":OVERSUBSCRIBE"] if openmpi else []), *extra, "-n", str(nproc),
-                       *script]
-        elif launcher == "launch":
-            command = [sys.executable, "-m", "pyflow.distributed.launch", "--nproc_per_node", str(nproc), *extra,
-                       *script[1:]]
-        else:
-            command = script
         environment = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                            PYFLOW_LAUNCH_DIR=folder, **(env or {}))
-        if openmpi and os.geteuid() == 0:
-            environment.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            environment.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        if launcher == "mpiexec":
+            from pyflow.distributed.launch import local_job
+
+            command, environment = local_job(nproc, [*extra, *script], mpiexec=mpiexec(), flavor=mpi_flavor(),
+                                             environ=environment)
+        elif launcher == "launch":   # its mpiexec runs in this environment (Open MPI as root)
+            from pyflow.distributed.launch import job_environment
+
+            command = [sys.executable, "-m", "pyflow.distributed.launch", "--nproc_per_node", str(nproc), *extra,
+                       *script[1:]]
+            environment = job_environment(mpi_flavor(), environment)
+        else:
+            command = script
         start = time.monotonic()
         proc = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)

@@ -10,6 +10,7 @@ import pyflow as flow
 from pyflow.device import ep
 from pyflow.errors import AutogradError, PyflowError, ShapeError
 from pyflow.vm.builder import InstructionsBuilder
+from tests.helpers_devices import EMULATED_STREAMS
 
 
 def leaf(values, **kw):
@@ -273,6 +274,7 @@ def test_backward_across_devices_under_random_stream_delays_is_correct():
         np.testing.assert_allclose(_run_with_delays(seed), expected, rtol=1e-12, err_msg=f"seed {seed}")
 
 
+@EMULATED_STREAMS   # a mutation check: only emulated streams take the delays that expose it
 def test_without_soft_sync_stream_waits_backward_across_devices_goes_wrong():
     """Mutation check for the test above: drop SoftSyncStream's cross-stream waits; backward must notice."""
     expected = _expected_cross_device_gradient()

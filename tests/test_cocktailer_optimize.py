@@ -130,9 +130,13 @@ def test_full_unroll_folds_dynamic_rows_and_the_schedule_keeps_it_for_the_barrie
     assert kept and kept[-1].name.startswith("unroll") and kept[-1].after.barriers < kept[-1].before.barriers
     assert not loops_of(sched.program.body)
     runs = {}
+    host = ck.compile(program, mode="host", threads=THREADS)(*args)
+    # A float32 tanh other than numpy's (CUDA's tanhf is within 2 ulp of the true value, numpy's within 1) may
+    # differ from numpy's by a few ulp: 1 on the H200.  The executors run the same device tanh: bit for bit.
+    np.testing.assert_array_max_ulp(host, np.tanh(args[0]), maxulp=3)
     for name, prog in (("loop", program), ("unrolled", sched.program)):
         compiled = ck.compile(prog, mode="compiled", threads=THREADS)
-        np.testing.assert_array_equal(compiled(*args), np.tanh(args[0]))
+        np.testing.assert_array_equal(compiled(*args), host, err_msg=name)
         runs[name] = compiled.last_stats.barriers
     assert runs["unrolled"] < runs["loop"]
     assert runs["unrolled"] == sched.estimate.barriers   # the model counted what the kernel executes

@@ -22,6 +22,7 @@ from pyflow import env
 from pyflow.distributed import CollectiveDesc
 from pyflow.framework.sbp import balanced_split
 from pyflow.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError, RankError
+from tests.helpers_devices import cuda_devices
 
 run = flow.distributed.run
 
@@ -55,6 +56,7 @@ def threading_name():
     return threading.current_thread().name
 
 
+@cuda_devices(3)   # rank r's tensor is on cuda:r
 def test_ranks_compute_with_their_own_vm_and_no_thread_survives():
     import threading
 

@@ -22,6 +22,7 @@ from pyflow import env
 from pyflow.distributed.boxing import Layout, choose
 from pyflow.errors import AxisError, DeviceError, RankError, ShapeError
 from pyflow.framework.sbp import balanced_split, piece_slices
+from tests.helpers_devices import EMULATED_STREAMS
 
 run = flow.distributed.run
 S, B, P = flow.sbp.split, flow.sbp.broadcast, flow.sbp.partial_sum
@@ -326,6 +327,7 @@ def test_collectives_between_kernels_give_the_right_answer_under_random_stream_d
                 np.testing.assert_allclose(value, expected, rtol=1e-6)
 
 
+@EMULATED_STREAMS   # a mutation check: only emulated streams take the delays that expose it
 def test_without_soft_sync_waits_collectives_read_pieces_before_their_kernels_ran():
     from pyflow.vm.builder import InstructionsBuilder
 

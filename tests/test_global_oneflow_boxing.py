@@ -33,6 +33,10 @@ How they are ported:
 * API differences: ``flow.tensor(..., requires_grad=False)`` loses the argument (pyflow has no
   autograd); ``flow.Tensor(*shape, placement=, sbp=)`` (an uninitialized global tensor) becomes
   ``flow.zeros(shape, placement=, sbp=)``; ``y.global_id() == z.global_id()`` becomes ``z is y``.
+* Devices: a test whose ranks make *local* tensors on cuda puts rank r's on ``cuda:r``, so it needs as
+  many CUDA devices as ranks, as OneFlow's does; on a machine with fewer it is skipped, saying so
+  (``cuda_devices`` and ``cuda_devices_if`` of ``tests/helpers_devices.py``).  Placements on cuda
+  share the machine's GPUs (``placement.device``): those tests, and the cases on cpu, run on one GPU.
 
 """
 
@@ -45,6 +49,7 @@ import numpy as np
 import pytest
 
 import pyflow as flow
+from tests.helpers_devices import cuda_devices, cuda_devices_if
 
 S0, S1, B, P = flow.sbp.split(0), flow.sbp.split(1), flow.sbp.broadcast, flow.sbp.partial_sum
 DEVICES = ("cpu", "cuda")
@@ -61,10 +66,13 @@ def run2(body, *args):
     return flow.distributed.run(body, world_size=2, args=args)
 
 
-def grid(params, default, ids=None):
-    """pytest params for OneFlow's whole grid; those that ``default(params)`` rejects are ``slow``."""
+def grid(params, default, ids=None, local_device=None):
+    """pytest params for OneFlow's whole grid; those that ``default(params)`` rejects are ``slow``; those whose
+    ranks make local tensors on ``local_device(params)`` == "cuda" need 4 CUDA devices."""
     ids = ids or [None] * len(params)
-    return [pytest.param(*p, id=i, marks=() if default(*p) else pytest.mark.slow) for p, i in zip(params, ids)]
+    return [pytest.param(*p, id=i, marks=[*(() if default(*p) else [pytest.mark.slow]),
+                                          *(cuda_devices_if(4, local_device(*p)) if local_device else [])])
+            for p, i in zip(params, ids)]
 
 
 def this_ranks(arrays):
@@ -347,8 +355,9 @@ def _boxing_case_body(case: Case, in_device: str, out_device: str):
         np.testing.assert_array_equal(y.to_local().numpy(), np.array(case.expected[rank], dtype=np.float32))
 
 
-def _boxing_case_params():
-    return [pytest.param(case, in_device, out_device, id=f"{case.name}-{in_device}->{out_device}")
+def _boxing_case_params():   # each rank's input is a local tensor on in_device
+    return [pytest.param(case, in_device, out_device, id=f"{case.name}-{in_device}->{out_device}",
+                         marks=cuda_devices_if(4, in_device))
             for case in CASES
             for in_device, out_device in ([(d, d) for d in DEVICES] if case.dst_ranks is SAME else DEVICE_PAIRS)]
 
@@ -436,6 +445,7 @@ _B_TO_S = _product(shape=[(12, 12), (18, 24)], device_type=DEVICES, in_device_li
                    out_device_list=[[2, 3], [0, 1, 3]], out_split_axis=[0, 1])
 
 
+@cuda_devices(4)   # the prologue's local tensors are on cuda, whatever device_type
 @pytest.mark.parametrize("shape, device_type, in_device_list, out_device_list, out_split_axis",
                          grid(_B_TO_S, _first_shape_or_cpu, _ids(_B_TO_S)))
 def test_eager_boxing_b_to_s(shape, device_type, in_device_list, out_device_list, out_split_axis):
@@ -443,6 +453,7 @@ def test_eager_boxing_b_to_s(shape, device_type, in_device_list, out_device_list
     run4(_b_to_s_body, shape, device_type, in_device_list, out_device_list, out_split_axis)
 
 
+@cuda_devices(4)   # the prologue's local tensors are on cuda, whatever device_type
 @pytest.mark.parametrize("shape, device_type, in_device_list, out_device_list, out_split_axis",
                          grid(_B_TO_S, _first_shape_or_cpu, _ids(_B_TO_S)))
 def test_eager_boxing_p_to_s(shape, device_type, in_device_list, out_device_list, out_split_axis):
@@ -454,6 +465,7 @@ _S_TO_B = _product(shape=[(12, 12), (12, 18, 24)], device_type=DEVICES, in_devic
                    out_device_list=[[2, 3], [0, 1, 3]], in_split_axis=[0, 1])
 
 
+@cuda_devices(4)   # the prologue's local tensors are on cuda, whatever device_type
 @pytest.mark.parametrize("shape, device_type, in_device_list, out_device_list, in_split_axis",
                          grid(_S_TO_B, _first_shape_or_cpu, _ids(_S_TO_B)))
 def test_eager_boxing_s_to_b(shape, device_type, in_device_list, out_device_list, in_split_axis):
@@ -465,6 +477,7 @@ _P_TO_B = _product(shape=[(12, 12), (12, 18, 24)], device_type=DEVICES, in_devic
                    out_device_list=[[2, 3], [0, 1, 3]])
 
 
+@cuda_devices(4)   # the prologue's local tensors are on cuda, whatever device_type
 @pytest.mark.parametrize("shape, device_type, in_device_list, out_device_list",
                          grid(_P_TO_B, _first_shape_or_cpu, _ids(_P_TO_B)))
 def test_eager_boxing_p_to_b(shape, device_type, in_device_list, out_device_list):
@@ -490,7 +503,8 @@ _NAIVE_S_TO_S = _product(device_type=DEVICES, shape=[(12, 12), (18, 24)], in_dev
 
 
 @pytest.mark.parametrize("device_type, shape, in_device_list, out_device_list, in_split_axis, out_split_axis",
-                         grid(_NAIVE_S_TO_S, lambda d, s, *rest: _first_shape_or_cpu(s, d), _ids(_NAIVE_S_TO_S)))
+                         grid(_NAIVE_S_TO_S, lambda d, s, *rest: _first_shape_or_cpu(s, d), _ids(_NAIVE_S_TO_S),
+                              local_device=lambda d, *rest: d))
 def test_eager_naive_boxing_s_to_s(device_type, shape, in_device_list, out_device_list, in_split_axis,
                                    out_split_axis):
     """OneFlow's ``TestEagerNaiveBoxingSToS.test_eager_naive_boxing_s_to_s``.
@@ -574,7 +588,8 @@ def _1d_uneven_split_body(device_type, shape):
     np.testing.assert_allclose(w.to_local().numpy(), whole)
 
 
-@pytest.mark.parametrize("device_type, shape", _product(device_type=DEVICES, shape=[(25, 33), (13, 17)]))
+@pytest.mark.parametrize("device_type, shape", [pytest.param(d, s, marks=cuda_devices_if(4, d))
+                                                for d, s in _product(device_type=DEVICES, shape=[(25, 33), (13, 17)])])
 def test_eager_global_cast_1d_uneven_split(device_type, shape):
     """OneFlow's ``TestEagerGlobalCastOneDUnevenSplit``: B -> S(0) -> S(1) -> B with uneven pieces."""
     run4(_1d_uneven_split_body, device_type, shape)
@@ -707,7 +722,7 @@ def _asymmetric_params():
             for in_device, out_device in DEVICE_PAIRS:
                 ident = f"{shape}-{in_device}->{out_device}-{in_list}->{out_list}".replace(" ", "")
                 params.append(pytest.param(shape, in_device, out_device, in_list, out_list, sbp_pairs, id=ident,
-                                           marks=[pytest.mark.slow]))
+                                           marks=[pytest.mark.slow, *cuda_devices_if(4, in_device)]))
             if shape != _ASYM_SHAPES[0]:
                 continue
             stride = max(1, len(sbp_pairs) // 16)
@@ -717,7 +732,7 @@ def _asymmetric_params():
                 ident = f"default-{shape}-{in_device}->{out_device}-{in_list}->{out_list}".replace(" ", "")
                 params.append(pytest.param(shape, in_device, out_device, in_list, out_list,
                                            sbp_pairs[k % stride::stride], id=ident,
-                                           marks=[]))
+                                           marks=cuda_devices_if(4, in_device)))
     return params
 
 

@@ -19,6 +19,11 @@ How they are ported:
   numpy generators seeded per rank: OneFlow's come from numpy's global generator, different on every
   process, and that the ranks differ is what the tests rely on.
 
+Devices: rank r's local tensors on cuda are on ``cuda:r`` (OneFlow's too), so a test whose ranks make
+them needs that many CUDA devices (``cuda_devices``, ``tests/helpers_devices.py``); on a machine with
+fewer it is skipped, saying so.  Placements on cuda share the machine's GPUs: the tests that only place
+tensors there, and the cases on cpu, run on one GPU.
+
 Not ported: ``TestToGlobalAndLocal.test_to_global_local`` (it needs ``nn.Graph``, ``nn.Linear`` /
 ``nn.Sequential`` modules with ``Module.to_global`` and ``flow.utils.global_view``, which pyflow
 does not have).
@@ -31,6 +36,7 @@ import numpy as np
 import pytest
 
 import pyflow as flow
+from tests.helpers_devices import cuda_devices, cuda_devices_if
 
 S0, B, P = flow.sbp.split(0), flow.sbp.broadcast, flow.sbp.partial_sum
 
@@ -117,11 +123,13 @@ def _local_to_global_2d_sbp_body(then_to_bb):
         np.testing.assert_array_equal(y.to_local().numpy(), np.ones((8, 4), dtype=np.int32) * 2)
 
 
+@cuda_devices(4)
 def test_local_to_global_2d_sbp():
     """OneFlow's ``test_local_to_global_2d_sbp``: local -> (S(0), P) on a 2-D placement."""
     run(4, _local_to_global_2d_sbp_body, False)
 
 
+@cuda_devices(4)
 def test_local_to_global_sp_2_bb():
     """OneFlow's ``test_local_to_global_sp_2_bb``: local -> (S(0), P) -> (B, B)."""
     run(4, _local_to_global_2d_sbp_body, True)
@@ -138,11 +146,13 @@ def _local_to_global_x_2_s0s0_body(sbp, scale_low, scale_high):
     np.testing.assert_array_equal(y.to_local().numpy(), np.ones((2, 4), dtype=np.int32) * scale)
 
 
+@cuda_devices(4)
 def test_local_to_global_ps0_2_s0s0():
     """OneFlow's ``test_local_to_global_ps0_2_s0s0``: rank r holds r; (P, S(0)) -> (S(0), S(0))."""
     run(4, _local_to_global_x_2_s0s0_body, (flow.sbp.partial_sum, flow.sbp.split(0)), 2, 4)
 
 
+@cuda_devices(4)
 def test_local_to_global_s0p_2_s0s0():
     """OneFlow's ``test_local_to_global_s0p_2_s0s0``: rank r holds r; (S(0), P) -> (S(0), S(0))."""
     run(4, _local_to_global_x_2_s0s0_body, (flow.sbp.split(0), flow.sbp.partial_sum), 1, 5)
@@ -163,6 +173,7 @@ def _loop_broadcast_shape_dtype_body(iterations):
     check(y, sbp, placement, (8, 4), flow.int32)
 
 
+@cuda_devices(2)   # ranks 0 and 1 hold a local tensor on cuda
 @pytest.mark.parametrize("iterations", [50, pytest.param(1000, marks=pytest.mark.slow)])
 def test_to_global_loop_broadcast_shape_dtype(iterations):
     """OneFlow's ``test_to_global_loop_broadcast_shape_dtype`` (1000 iterations; 50 in the default run)."""
@@ -234,7 +245,8 @@ _TWO_RANK_IDS = [  # (OneFlow test, device, cast)
 ]
 
 
-@pytest.mark.parametrize("device, cast", [(d, c) for _, d, c in _TWO_RANK_IDS], ids=[n for n, _, _ in _TWO_RANK_IDS])
+@pytest.mark.parametrize("device, cast", [pytest.param(d, c, id=n, marks=cuda_devices_if(2, d))
+                                          for n, d, c in _TWO_RANK_IDS])
 def test_cuda_global_to_global(device, cast):
     """OneFlow's ``test_cuda_global_to_global_{cpu_,}{s2b,s2p,b2p,b2s,p2s,p2b}`` (1n2d): each id is one."""
     src, dst, shape, piece0, piece1 = _TWO_RANK_CASTS[cast]
@@ -306,6 +318,7 @@ def _cpu_local_tensor_to_gpu_placement_body():
     np.testing.assert_array_equal(global_tensor.to_local().numpy(), np.array([4, 6, 7, 8], dtype=np.float32))
 
 
+@cuda_devices(4)
 def test_cpu_local_tensor_to_gpu_placement():
     """OneFlow's ``test_cpu_local_tensor_to_gpu_placement``: a cpu local tensor -> B on a cuda placement."""
     run(4, _cpu_local_tensor_to_gpu_placement_body)
@@ -322,6 +335,7 @@ def _local_to_global_with_wrong_device_body():
     assert global_tensor.placement == placement
 
 
+@cuda_devices(4)
 def test_local_to_global_with_wrong_device():
     """OneFlow's ``test_local_to_global_with_wrong_device``: a piece on another rank's GPU is moved to this
     rank's."""
@@ -361,18 +375,21 @@ def _random_parameter_body(device_list, src_sbp, dst_sbp, first_dim_times_12):
 
 
 _DEVICE_LISTS = [[0, 1], [1, 2, 3], [0, 1, 2, 3]]
+@cuda_devices(4)   # every rank moves its tensor to cuda, whatever the placement
 @pytest.mark.parametrize("device_list", _DEVICE_LISTS)
 def test_cpu_p2b_with_random_parameter(device_list):
     """OneFlow's ``test_cpu_p2b_with_random_parameter``."""
     run(4, _random_parameter_body, device_list, P, B, False)
 
 
+@cuda_devices(4)   # every rank moves its tensor to cuda, whatever the placement
 @pytest.mark.parametrize("device_list", _DEVICE_LISTS)
 def test_cpu_s2b_with_random_parameter(device_list):
     """OneFlow's ``test_cpu_s2b_with_random_parameter``."""
     run(4, _random_parameter_body, device_list, S0, B, False)
 
 
+@cuda_devices(4)   # every rank moves its tensor to cuda, whatever the placement
 @pytest.mark.parametrize("device_list", _DEVICE_LISTS)
 def test_cpu_p2s_with_random_parameter(device_list):
     """OneFlow's ``test_cpu_p2s_with_random_parameter`` (the first dim a multiple of 12)."""
@@ -402,11 +419,13 @@ def _s2s_body(back_to_s0):
         np.testing.assert_array_equal(y.to_local().numpy(), np.array(expected[flow.env.get_rank()], np.float32))
 
 
+@cuda_devices(4)
 def test_global_to_global_s0_to_s1():
     """OneFlow's ``TestGlobalCast_S2S.test_global_to_global_s0_to_s1``."""
     run(4, _s2s_body, False)
 
 
+@cuda_devices(4)
 def test_global_to_global_s1_to_s0():
     """OneFlow's ``TestGlobalCast_S2S.test_global_to_global_s1_to_s0``: S(0) -> S(1) -> S(0)."""
     run(4, _s2s_body, True)
@@ -426,11 +445,13 @@ def _s2s_cuda_vs_cpu_body(ranks, back_to_s0):
         np.testing.assert_array_equal(results[0].to_local().numpy(), results[1].to_local().numpy())
 
 
+@cuda_devices(4)
 def test_global_to_global_s0_to_s1_cpu():
     """OneFlow's ``test_global_to_global_s0_to_s1_cpu``: on [1, 3], cuda and cpu give the same pieces."""
     run(4, _s2s_cuda_vs_cpu_body, [1, 3], False)
 
 
+@cuda_devices(4)
 def test_global_to_global_s1_to_s0_cpu():
     """OneFlow's ``test_global_to_global_s1_to_s0_cpu``: on [0, 1], cuda and cpu give the same pieces."""
     run(4, _s2s_cuda_vs_cpu_body, [0, 1], True)
@@ -449,16 +470,19 @@ def _x_to_b_body(src_ranks, src_sbp, dst_ranks, expected, check_ranks):
         np.testing.assert_array_equal(broadcast_tensor.to_local().numpy(), np.array(expected, dtype=np.float32))
 
 
+@cuda_devices(4)
 def test_global_to_global_btb_gpu_to_gpu():
     """OneFlow's ``test_global_to_global_btb_gpu_to_gpu``: B on [0, 1] -> B on [0, 1, 2]."""
     run(4, _x_to_b_body, [0, 1], B, [0, 1, 2], FOUR[0], [0, 1, 2])
 
 
+@cuda_devices(4)
 def test_global_to_global_stb_gpu_to_gpu():
     """OneFlow's ``test_global_to_global_stb_gpu_to_gpu``: S(0) on [0, 1, 2] -> B on [0, 1, 2, 3]."""
     run(4, _x_to_b_body, [0, 1, 2], S0, [0, 1, 2, 3], np.concatenate(FOUR[:3]), [0, 1, 2, 3])
 
 
+@cuda_devices(4)
 def test_global_to_global_ptb_gpu_to_gpu():
     """OneFlow's ``test_global_to_global_ptb_gpu_to_gpu``: P on [0, 1, 2] -> B on [0, 1, 2, 3]."""
     expected = [[15, 22, 20, 35], [13, 26, 26, 5], [9, 18, 18, 18], [18, 24, 25, 4]]
@@ -477,31 +501,37 @@ def _cast_and_check_body(src_device, src_ranks, src_sbp, dst_device, dst_ranks, 
         np.testing.assert_array_equal(y.to_local().numpy(), np.array(expected[flow.env.get_rank()], np.float32))
 
 
+@cuda_devices(4)
 def test_global_to_global_1tob():
     """OneFlow's ``test_global_to_global_1tob``: S(0) on [0] -> B on [0, 1]."""
     run(4, _cast_and_check_body, "cuda", [0], S0, "cuda", [0, 1], B, {0: A, 1: A})
 
 
+@cuda_devices(4)
 def test_global_to_global_1top():
     """OneFlow's ``test_global_to_global_1top``: S(0) on [0] -> P on [0, 1] (rank 0 keeps it, rank 1 zeros)."""
     run(4, _cast_and_check_body, "cuda", [0], S0, "cuda", [0, 1], P, {0: A, 1: np.zeros((4, 4))})
 
 
+@cuda_devices(4)
 def test_global_to_global_1tos():
     """OneFlow's ``test_global_to_global_1tos``: S(0) on [0] -> S(0) on [0, 1, 2, 3], one row each."""
     run(4, _cast_and_check_body, "cuda", [0], S0, "cuda", [0, 1, 2, 3], S0, {r: A[r:r + 1] for r in range(4)})
 
 
+@cuda_devices(4)
 def test_global_to_global_bt1():
     """OneFlow's ``test_global_to_global_bt1``: B on [0, 1] -> B on [0]."""
     run(4, _cast_and_check_body, "cuda", [0, 1], B, "cuda", [0], B, {0: A})
 
 
+@cuda_devices(4)
 def test_global_to_global_st1():
     """OneFlow's ``test_global_to_global_st1``: S(0) on [0, 1] -> B on [0]."""
     run(4, _cast_and_check_body, "cuda", [0, 1], S0, "cuda", [0], B, {0: np.concatenate((A, B_ARR))})
 
 
+@cuda_devices(4)
 def test_global_to_global_pt1():
     """OneFlow's ``test_global_to_global_pt1``: P on [0, 1] -> B on [0]."""
     expected = [[6, 16, 15, 27], [9, 11, 15, 12], [7, 13, 11, 13], [12, 16, 15, 8]]
@@ -516,7 +546,8 @@ _ONE_TO_ONE = [  # OneFlow test, (src device, src rank), (dst device, dst rank);
 ]
 
 
-@pytest.mark.parametrize("src, dst", [(s, d) for _, s, d in _ONE_TO_ONE], ids=[n for n, _, _ in _ONE_TO_ONE])
+@pytest.mark.parametrize("src, dst", [pytest.param(s, d, id=n, marks=cuda_devices_if(4, s[0]))
+                                      for n, s, d in _ONE_TO_ONE])
 def test_global_to_global_1to1(src, dst):
     """OneFlow's ``TestGlobalCast_1To1``: S(0) on one rank -> B on another (each id is one OneFlow test)."""
     (src_device, src_rank), (dst_device, dst_rank) = src, dst

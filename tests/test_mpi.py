@@ -47,7 +47,8 @@ import pytest
 import pyflow as flow
 from pyflow import env
 from pyflow.distributed import CollectiveDesc
-from pyflow.distributed.launch import command, parse
+from pyflow.distributed.launch import command, job_environment, local_job, parse
+from pyflow.distributed.launch import mpi_flavor as mpi_flavor_of
 from pyflow.framework.sbp import balanced_split
 
 from tests.mpi_helpers import call, mpi_flavor, mpi_missing, run_job
@@ -336,6 +337,38 @@ def test_launch_takes_oneflows_flags_and_builds_the_mpiexec_command():
     for bad in (["--nnodes", "2", "t.py"], ["--node_rank", "1", "t.py"], ["--nproc_per_node", "0", "t.py"]):
         with pytest.raises(SystemExit):
             parse(bad)
+
+
+# What each mpiexec's --version prints (Open MPI 4's calls itself OpenRTE when run as mpiexec: the GPU image's)
+VERSION_TEXTS = {
+    "openmpi 5": ("mpiexec (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n", "openmpi"),
+    "openmpi 4": ("mpiexec (OpenRTE) 4.1.6\n\nReport bugs to http://www.open-mpi.org/community/help/\n", "openmpi"),
+    "mpich": ("HYDRA build details:\n    Version:                                 5.0.0\n", "mpich"),
+    "nothing": ("", "mpich"),
+}
+
+
+@pytest.mark.parametrize("name", list(VERSION_TEXTS))
+def test_mpi_flavor_knows_open_mpi_4_and_5_and_mpich_by_their_version_text(name, tmp_path):
+    text, flavor = VERSION_TEXTS[name]
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!/bin/sh\nprintf '%s' '{text}'\n")
+    fake.chmod(0o755)
+    assert mpi_flavor_of(str(fake)) == flavor
+    assert mpi_flavor_of(str(tmp_path / "missing")) == "mpich"
+
+
+@pytest.mark.parametrize("root", [True, False])
+def test_a_local_job_on_open_mpi_oversubscribes_and_allows_root_only_as_root(root, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0 if root else 1000)
+    line, environment = local_job(3, ["python", "job.py"], mpiexec="mpiexec", flavor="openmpi", environ={"A": "1"})
+    assert line == ["mpiexec", "-n", "3", "--map-by", "ppr:3:node:OVERSUBSCRIBE", "--bind-to", "none", "python",
+                    "job.py"]
+    allowed = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if root else {}
+    assert environment == {"A": "1", **allowed}
+    line, environment = local_job(3, ["python", "job.py"], mpiexec="mpiexec", flavor="mpich", environ={"A": "1"})
+    assert line == ["mpiexec", "-n", "3", "python", "job.py"] and environment == {"A": "1"}
+    assert job_environment("openmpi", {"OMPI_ALLOW_RUN_AS_ROOT": "0"})["OMPI_ALLOW_RUN_AS_ROOT"] == "0"  # kept
 
 
 # --- faults: every process ends within a bound, naming the failed rank --------------------------------------------

@@ -8,7 +8,7 @@ environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
     mpiexec -disable-auto-cleanup -n N*nnodes [-f HOSTFILE -ppn N] \\
         python .../pyflow/distributed/launch.py --rank-main script.py [args]
 
-and with Open MPI (``mpiexec --version`` says which; ``mpi_flavor``)::
+and with Open MPI 4 or 5 (``mpiexec --version`` says which; ``mpi_flavor``)::
 
     mpiexec -n N*nnodes --map-by ppr:N:node:OVERSUBSCRIBE --bind-to none [--hostfile HOSTFILE] \\
         python .../pyflow/distributed/launch.py --rank-main script.py [args]
@@ -44,6 +44,10 @@ one itself (SIGCONT, SIGTERM, then SIGKILL, to each process group: supervisor
 and rank).  There the supervisor's line is the one that says how the rank
 died, and the other ranks are ended before they can name it.
 
+``local_job`` is a plain ``mpiexec -n N`` on this machine, with Open MPI's flags
+and, as root, its two variables that allow root: the tests' and the benchmarks'
+MPI jobs (``tests/mpi_helpers.py``, ``benchmarks/bench_collectives.py``).
+
 >>> print(" ".join(command(parse(["--nproc_per_node", "2", "train.py", "--lr", "0.1"]), mpiexec="mpiexec",
 ...                        python="python", supervisor="launch.py", flavor="mpich")))
 mpiexec -disable-auto-cleanup -n 2 python launch.py --rank-main train.py --lr 0.1
@@ -69,7 +73,7 @@ import socket  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 
-__all__ = ["parse", "command", "main", "mpi_flavor"]
+__all__ = ["parse", "command", "main", "mpi_flavor", "local_job", "job_environment", "openmpi_flags"]
 
 
 def parse(argv: list) -> argparse.Namespace:
@@ -117,27 +121,69 @@ def find_mpiexec(explicit: str | None = None) -> str:
     return found
 
 
+# What ``mpiexec --version`` prints: Open MPI 5 "mpiexec (Open MPI) 5.0.x", Open MPI 4 "mpiexec (OpenRTE)
+# 4.1.x" (its project name is "Open MPI" only when called as mpirun), both with a "Report bugs to
+# ...open-mpi.org..." line; MPICH's Hydra "HYDRA build details: ...".
+_OPENMPI_SAYS = ("Open MPI", "OpenRTE", "open-mpi.org")
+
+
 def mpi_flavor(mpiexec: str) -> str:
-    """Which MPI ``mpiexec`` belongs to, from its ``--version``: ``"openmpi"``, else ``"mpich"`` (MPICH's
-    Hydra, also Intel MPI's)."""
+    """Which MPI ``mpiexec`` belongs to, from its ``--version``: ``"openmpi"`` (4 or 5), else ``"mpich"``
+    (MPICH's Hydra, also Intel MPI's)."""
     try:
-        said = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+        done = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return "mpich"
-    return "openmpi" if "Open MPI" in said else "mpich"
+    said = done.stdout + done.stderr
+    return "openmpi" if any(mark in said for mark in _OPENMPI_SAYS) else "mpich"
+
+
+def openmpi_flags(per_node: int) -> list:
+    """What Open MPI's ``mpiexec`` needs to do what MPICH's does by default: ``per_node`` processes on each
+    machine whatever its number of cores, none bound to a core (flags of Open MPI 4 and 5)."""
+    return ["--map-by", f"ppr:{per_node}:node:OVERSUBSCRIBE", "--bind-to", "none"]
+
+
+def job_environment(flavor: str, environ: dict | None = None) -> dict:
+    """The environment to run ``mpiexec`` in: ``environ`` (default ``os.environ``), and for Open MPI run as
+    root (a container) ``OMPI_ALLOW_RUN_AS_ROOT=1`` and ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1``: it refuses root
+    otherwise (values already set are kept).  For the tests' and the benchmarks' jobs; a user of ``launch``
+    allows root themself."""
+    environment = dict(os.environ if environ is None else environ)
+    if flavor == "openmpi" and os.geteuid() == 0:
+        environment.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        environment.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return environment
+
+
+def local_job(nproc: int, argv: list, mpiexec: str | None = None, flavor: str | None = None,
+              environ: dict | None = None) -> tuple:
+    """``(command, environment)`` that run ``argv`` as ``nproc`` MPI processes on this machine with either
+    MPI (the tests' and the benchmarks' jobs): ``mpiexec -n nproc argv``, for Open MPI with
+    ``openmpi_flags``, in ``job_environment``.  ``flavor``: ``mpi_flavor``'s (asked if None).
+
+    >>> local_job(2, ["python", "job.py"], mpiexec="mpiexec", flavor="mpich", environ={})
+    (['mpiexec', '-n', '2', 'python', 'job.py'], {})
+    >>> " ".join(local_job(2, ["python", "job.py"], mpiexec="mpiexec", flavor="openmpi", environ={})[0])
+    'mpiexec -n 2 --map-by ppr:2:node:OVERSUBSCRIBE --bind-to none python job.py'
+    """
+    mpiexec = mpiexec or find_mpiexec()
+    flavor = flavor or mpi_flavor(mpiexec)
+    line = [mpiexec, "-n", str(nproc), *(openmpi_flags(nproc) if flavor == "openmpi" else [])]
+    return line + list(argv), job_environment(flavor, environ)
 
 
 def command(args: argparse.Namespace, mpiexec: str | None = None, python: str | None = None,
             supervisor: str | None = None, flavor: str | None = None) -> list:
     """The mpiexec command line that starts a supervisor per rank (``flavor``: that of ``mpi_flavor``)."""
     mpiexec = mpiexec or find_mpiexec(args.mpiexec)
-    n, per_node = str(args.nproc_per_node * args.nnodes), str(args.nproc_per_node)
+    n, per_node = str(args.nproc_per_node * args.nnodes), args.nproc_per_node
     if (flavor or mpi_flavor(mpiexec)) == "openmpi":
-        line = [mpiexec, "-n", n, "--map-by", f"ppr:{per_node}:node:OVERSUBSCRIBE", "--bind-to", "none"]
+        line = [mpiexec, "-n", n, *openmpi_flags(per_node)]
         line += ["--hostfile", args.hostfile] if args.hostfile else []
     else:
         line = [mpiexec, "-disable-auto-cleanup", "-n", n]
-        line += ["-f", args.hostfile, "-ppn", per_node] if args.hostfile else []
+        line += ["-f", args.hostfile, "-ppn", str(per_node)] if args.hostfile else []
     line += shlex.split(args.mpiexec_args)
     return line + [python or sys.executable, supervisor or os.path.abspath(__file__), "--rank-main", args.script,
                    *args.script_args]
