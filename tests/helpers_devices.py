@@ -12,20 +12,34 @@ whether this machine has it (``pytest_runtest_setup``), and skips the test sayin
   random, to see a wrong answer when a wait is missing.  Only the simulator's CUDA streams are emulated
   (``ep/emulated.py``); on a GPU they are real streams (``ep/cuda.py``), which take no delays, so a
   mutation check ("drop the waits and the answer goes wrong") has nothing to see there.  Its property,
-  that the waits are needed, is proven in the simulator.
+  that the waits are needed, is proven in the simulator.  (Even without the random delays an emulated
+  stream lags far behind the host: a worker thread running simulated kernels.  A GPU runs tiny kernels
+  in microseconds, before the VM issues the next instruction: a missing order shows by chance, if at all.)
+* ``SIMULATED_BLOCK_ORDER``: the test needs the simulator's control of when each block of a grid starts
+  (``kernels/sim/settings.py``, ``start_order``: forward, reverse, seeded shuffles) to see a wrong answer
+  when a barrier between blocks is missing.  A GPU schedules blocks itself: the same race may or may not
+  show, run after run, so a mutation check ("drop the barriers and the answer goes wrong") proves nothing
+  there.  Its property, that the barriers are needed, is proven in the simulator.
 """
 
 from __future__ import annotations
 
 import pytest
 
-__all__ = ["EMULATED_STREAMS", "EMULATED_STREAMS_REASON", "cuda_devices", "cuda_devices_if", "cuda_devices_reason"]
+__all__ = ["EMULATED_STREAMS", "EMULATED_STREAMS_REASON", "SIMULATED_BLOCK_ORDER", "SIMULATED_BLOCK_ORDER_REASON",
+           "cuda_devices", "cuda_devices_if", "cuda_devices_reason"]
 
 EMULATED_STREAMS_REASON = (
-    "needs emulated CUDA streams (the simulator's): on a GPU the streams are real (pyflow/device/ep/cuda.py) "
-    "and ep.emulation's random delays do not reach them, so a missing wait shows no wrong answer; "
-    "the simulator run proves the waits")
+    "needs emulated CUDA streams (the simulator's): on a GPU the streams are real (pyflow/device/ep/cuda.py), "
+    "ep.emulation's random delays do not reach them and tiny kernels finish before the host issues the next, "
+    "so a missing wait shows no wrong answer; the simulator run proves the waits")
 EMULATED_STREAMS = pytest.mark.emulated_streams
+
+SIMULATED_BLOCK_ORDER_REASON = (
+    "needs the simulator's block start order (kernels/sim/settings.py start_order): on a GPU the hardware "
+    "schedules the blocks, so a missing barrier's race shows by chance, if at all; the simulator run proves "
+    "the barriers")
+SIMULATED_BLOCK_ORDER = pytest.mark.simulated_block_order
 
 
 def cuda_devices(n: int) -> pytest.MarkDecorator:

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import pyflow as flow
 from pyflow import env
 from pyflow.compiler.boxing import CHAIN, NODE_KINDS, build_boxing, evaluate
+from pyflow.device import ep
 from pyflow.distributed.boxing import Layout
 from pyflow.errors import CompileError
 from pyflow.framework.placement import placement
@@ -250,7 +251,11 @@ def test_a_piece_crosses_to_a_rank_once_and_cuda_pieces_cross_through_the_hosts(
     comm = [n for n in g.nodes if n.kind == "comm_net"]
     assert len(comm) == 4 and all(n.device == "cpu:0" for n in comm)
     assert sorted(n.attrs["direction"] for n in g.nodes if n.kind == "copy") == ["d2h"] * 2 + ["h2d"] * 4
-    assert [(n.rank, n.device) for n in g.nodes if n.kind == "concat"] == [(2, "cuda:2"), (3, "cuda:3")]
+    # each rank's pieces of a cuda placement live on its cuda:<local rank % GPUs> (placement.device): cuda:2
+    # and cuda:3 on a machine with 4 GPUs or more, both on cuda:0 on a one-GPU machine
+    gpus = ep.device_count("cuda")
+    assert [(n.rank, n.device) for n in g.nodes if n.kind == "concat"] == [(2, f"cuda:{2 % gpus}"),
+                                                                             (3, f"cuda:{3 % gpus}")]
 
 
 # --- where nodes run -----------------------------------------------------------------------------------------------

@@ -274,3 +274,65 @@ def test_float64_vectors_are_numbas_type_of_the_demos_device_arrays():
         print([typeof(a) == types.float64[::1] for a in arrays])
     ''')
     assert result.stdout.splitlines()[0] == "[True, True]", result.stdout
+
+
+# --- the benchmark's strided case: one launch per call, no host work ----------------------------------
+
+
+def test_the_strided_benchmark_call_launches_one_kernel_on_a_view_and_nothing_else():
+    """bench_kernels.py's ``relu(x.T)``: each timed call is one launch of the strided kernel, for one signature,
+    reading ``x``'s own memory; no new kernel defined (a new one compiles at its first launch), no memory
+    allocated.  numba's ``x.T`` did both at every call (``numba.cuda.kernels.transpose`` defines its
+    ``@cuda.jit`` kernel inside the function), then ran the *contiguous* relu on the copy: the first GPU
+    table's ~100 ms of host time per call.  The second half shows that these counters see it."""
+    result = run_with_numba_cuda('''
+        import importlib.util
+        import sys
+        import warnings
+        from numba import typeof
+        from numba.core.errors import NumbaPerformanceWarning
+        from numba.cuda import dispatcher
+
+        warnings.simplefilter("ignore", NumbaPerformanceWarning)   # numba's own transpose launches 9 blocks
+        defined, launched = [], []
+        define = dispatcher.CUDADispatcher.__init__
+
+        def counting_define(self, py_func, *args, **kwargs):   # a new kernel: compiled at its first launch
+            defined.append(py_func.__name__)
+            define(self, py_func, *args, **kwargs)
+
+        def recorded_launch(self, args, launch_config):        # no driver: what would run, and on what
+            launched.append((self.py_func.__name__, tuple(typeof(a) for a in args),
+                             [address(a) for a in args if isinstance(a, DeviceNDArray)]))
+
+        class Device:
+            MAX_THREADS_PER_BLOCK = 1024
+
+        dispatcher.CUDADispatcher.__init__ = counting_define
+        dispatcher.CUDADispatcher.call = recorded_launch
+        driver.driver.get_device = lambda devnum=0: Device()   # what numba's transpose asks of the driver
+
+        spec = importlib.util.spec_from_file_location("bench_kernels", "benchmarks/bench_kernels.py")
+        bench = sys.modules["bench_kernels"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        square, dense = DeviceNDArray((64, 64), (256, 4), np.float32), DeviceNDArray((64, 64), (256, 4), np.float32)
+
+        def per_call(fn, calls=5):
+            fn()                                                # warm: the first call may define and compile
+            del defined[:], launched[:]
+            allocated = context.allocated
+            for _ in range(calls):
+                fn()
+            return (len(defined) / calls, (context.allocated - allocated) / calls, len(launched) / calls,
+                    sorted({name for name, _, _ in launched}), len({types for _, types, _ in launched}))
+
+        timed = bench.transposed_relu(square, dense, 0)
+        print("benchmark:", per_call(timed))
+        assert {tuple(pointers) for _, _, pointers in launched} == {(address(dense), address(square))}, launched
+        relu = bench.get_kernel("relu", "cuda")
+        print("numba .T:", per_call(lambda: relu(dense, square.T, stream=0)))
+    ''')
+    lines = result.stdout.splitlines()
+    # kernels defined, allocations, launches per call; the kernels launched; their signatures
+    assert "benchmark: (0.0, 0.0, 1.0, ['map_strided'], 1)" in lines, result.stdout
+    assert "numba .T: (1.0, 1.0, 2.0, ['kernel', 'map_contiguous'], 2)" in lines, result.stdout

@@ -21,7 +21,7 @@ from hypothesis.extra.numpy import mutually_broadcastable_shapes
 import pyflow.kernels.matmul as matmul_module  # registers "matmul"
 from pyflow.errors import DTypeError, LaunchConfigError, ShapeError
 from pyflow.kernels.backend import cuda, is_simulator
-from pyflow.kernels.layout import broadcast_view
+from pyflow.kernels.layout import broadcast_view, permuted_view, sliced_view
 from pyflow.kernels.matmul import matmul_cuda, matmul_result_dtype
 from pyflow.kernels.registry import get_kernel
 from tests.strategies import TARGETS, dtypes, empty_on, float_dtypes, operands, to_host, values
@@ -118,14 +118,18 @@ def test_vector_operands_follow_numpy(target, case, data, batch, m, n, k, dtype)
 @pytest.mark.parametrize("target", TARGETS)
 @given(m=sides, n=sides, k=sides, dtype=float_dtypes, seed=st.integers(0, 2**16))
 def test_transposed_and_sliced_views_are_read_through_strides(target, m, n, k, dtype, seed):
-    """``a.T``, ``x.transpose(0, 2, 1)`` and step slices, exactly as a user writes them."""
+    """``a.T``, ``x.transpose(0, 2, 1)`` and step slices, as views of the caller's memory.
+
+    The views are ``kernels/layout.py``'s, as the framework makes them: numba's ``DeviceNDArray``
+    copies on ``.T`` (2-D only) and cannot slice an empty array.
+    """
     at = values((k, m), dtype, seed=seed)                 # a = at.T
     bt = values((2, n, k), dtype, seed=seed + 1)          # b = bt.transpose(0, 2, 1)
     wide = values((m, 2 * k + 1), dtype, seed=seed + 2)   # c = wide[:, 1::2]
     on = (lambda x: x) if target == "cpu" else cuda.to_device
-    a = on(at).T
-    b = on(bt).transpose((0, 2, 1))
-    c = on(wide)[:, 1::2]
+    a = permuted_view(on(at), (1, 0))
+    b = permuted_view(on(bt), (0, 2, 1))
+    c = sliced_view(on(wide), (slice(None), slice(1, None, 2)))
     assert_matmul_close(run_matmul(target, a, b), at.T, bt.transpose(0, 2, 1), what="a.T @ b^T(0,2,1)")
     assert_matmul_close(run_matmul(target, c, b), wide[:, 1::2], bt.transpose(0, 2, 1), what="sliced @ b")
 
@@ -145,7 +149,7 @@ def test_every_tile_size_gives_the_numpy_result(data, tile, m, n, k, dtype):
 def test_several_blocks_in_every_grid_direction(tile, dtype):
     """(2, 7, 7) @ (7, 6): 2-4 blocks along x and y, 2 batches along z, 2-4 K-steps."""
     a, b = values((2, 7, 7), dtype, seed=tile), values((7, 6), dtype, seed=10 + tile)
-    result = run_matmul("cuda", cuda.to_device(a).transpose((0, 2, 1)), cuda.to_device(b), tile=tile)
+    result = run_matmul("cuda", permuted_view(cuda.to_device(a), (0, 2, 1)), cuda.to_device(b), tile=tile)
     assert_matmul_close(result, a.transpose(0, 2, 1), b, what=f"tile {tile}")
 
 
@@ -212,10 +216,11 @@ def test_batches_beyond_the_grid_z_limit_are_looped_over(monkeypatch):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_output_may_be_a_transposed_view(target):
+    """The product lands in ``base`` itself, written through the transposed view's strides."""
     a, b = values((3, 4), np.float64, seed=5), values((4, 5), np.float64, seed=6)
     base = empty_on(target, (5, 3), np.float64)
     on = (lambda x: x) if target == "cpu" else cuda.to_device
-    get_kernel("matmul", target)(base.T, on(a), on(b))
+    get_kernel("matmul", target)(permuted_view(base, (1, 0)), on(a), on(b))
     assert_matmul_close(to_host(base).T, a, b, what="into out.T")
 
 

@@ -55,6 +55,7 @@ from pyflow.errors import DeviceError, PyflowError
 from pyflow.vm.builder import InstructionsBuilder
 from pyflow.vm.dependence import LocalDepObject
 from pyflow.vm.policies import OpCall
+from tests.helpers_devices import EMULATED_STREAMS
 from tests.strategies import values
 
 SLOTS = tuple(f"t{i}" for i in range(5))
@@ -815,6 +816,7 @@ def test_transfer_heavy_programs_match_numpy_under_random_delays(fresh_vm):
     assert not failures, "\n\n".join(failures)
 
 
+@EMULATED_STREAMS   # a mutation check: only emulated streams lag enough behind the host to expose it
 def test_without_soft_sync_stream_waits_transfer_heavy_programs_fail(fresh_vm):
     """Mutation check: drop every cross-stream wait SoftSyncStream would add; some program must notice."""
     kept_errors = []
@@ -865,6 +867,7 @@ def test_read_then_write_programs_match_numpy_under_random_delays(fresh_vm):
     assert not failures, "\n\n".join(failures)
 
 
+@EMULATED_STREAMS   # a mutation check: only emulated streams lag enough behind the host to expose it
 def test_without_write_after_read_edges_read_then_write_programs_fail(fresh_vm):
     """Mutation check: an op's write no longer waits for the readers before it; some program must notice.
 

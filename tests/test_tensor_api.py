@@ -36,6 +36,7 @@ from pyflow.errors import (
     ShapeError,
 )
 from pyflow.framework.op_registry import OP_REGISTRY, OpDef, TensorMeta, register_op
+from tests.helpers_devices import cuda_devices
 from tests.strategies import TARGETS, assert_close, to_host
 
 
@@ -237,6 +238,7 @@ def test_to_moves_values_between_cpu_and_cuda_both_ways(device):
     np.testing.assert_array_equal(t.T.to(other).numpy(), array.T)  # a non-contiguous source
 
 
+@cuda_devices(2)
 def test_to_between_two_cuda_devices_goes_through_the_host():
     array = arange((3, 2), np.float32)
     t = flow.tensor(array, device="cuda:0")

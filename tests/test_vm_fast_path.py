@@ -29,6 +29,7 @@ from pyflow.framework import interpreter
 from pyflow.framework.dtypes import result_type
 from pyflow.framework.op_registry import OP_REGISTRY
 from pyflow.vm.policies import ReleaseTensor
+from tests.helpers_devices import EMULATED_STREAMS
 from tests.test_vm_runtime import in_use
 
 
@@ -176,6 +177,7 @@ def test_a_batch_release_never_frees_memory_an_instruction_still_reads(seed, n, 
         np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
+@EMULATED_STREAMS   # a mutation check: only emulated streams lag enough behind the host to expose it
 def test_the_batch_property_fails_when_releases_ignore_their_readers(monkeypatch) -> None:
     """Mutation check: a ReleaseTensor that waits for nobody frees memory still being read."""
     monkeypatch.setattr(ReleaseTensor, "output_dependences", lambda self: [])

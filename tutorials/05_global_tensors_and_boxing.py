@@ -41,6 +41,7 @@ import threading
 import numpy as np
 
 import pyflow as flow
+from pyflow.device.ep import device_count
 from pyflow.distributed.boxing import CHAIN, Layout, choose
 from pyflow.framework.interpreter import global_interpreter
 from pyflow.framework.sbp import balanced_split
@@ -409,8 +410,11 @@ np.testing.assert_allclose(results[0][4], X @ W, rtol=1e-6)
 # %% [markdown]
 # ## 6. On a "cuda" placement
 #
-# On `flow.placement("cuda", [0, 1])` rank r's piece lives on `cuda:r` (its
-# local rank).  The ops run as kernels on each rank's device.  The transport
+# On `flow.placement("cuda", [0, 1])` rank r's piece lives on
+# `cuda:<local rank % GPUs>`: its own GPU `cuda:r` when the machine has a GPU
+# per rank, a shared one when it has fewer (on a one-GPU machine both pieces
+# live on `cuda:0`; the simulator offers 8 GPUs, `PYFLOW_SIM_DEVICES`).  The
+# ops run as kernels on each rank's device.  The transport
 # moves host arrays, so a collective copies to the host and back, as OneFlow's
 # CPU collectives do.  `numpy()` boxes to B on every rank's cpu, which is a
 # different device type *and* SBP: the chain's **copy around** all-gathers on
@@ -424,12 +428,16 @@ def on_gpus():
     signature = last_op()
     src, dst = Layout(gpus, (S(0),)), Layout(flow.placement("cpu", [0, 1]), (B,))
     plan = choose(src, dst, (4, 4)).plan(src, dst, (4, 4))
-    return str(y.to_local().device), signature, choose(src, dst, (4, 4)).name, plan, y.numpy()
+    return (str(y.to_local().device), flow.env.get_local_rank(), signature, choose(src, dst, (4, 4)).name, plan,
+            y.numpy())
 
 
-for rank, (device, signature, name, plan, value) in enumerate(flow.distributed.run(on_gpus, world_size=2)):
-    print(f"rank {rank}: piece on {device}, {signature}")
-    assert device == f"cuda:{rank}" and signature == "relu: (S(0)) -> S(0)"
+gpus = device_count("cuda")
+print(f"cuda devices on this machine: {gpus}")
+for rank, (device, local_rank, signature, name, plan, value) in enumerate(
+        flow.distributed.run(on_gpus, world_size=2)):
+    print(f"rank {rank}: piece on {device} (local rank {local_rank} % {gpus} cuda device(s)), {signature}")
+    assert device == f"cuda:{local_rank % gpus}" and signature == "relu: (S(0)) -> S(0)"
     np.testing.assert_allclose(value, np.maximum(LOGICAL - 6, 0))
 print(f"numpy(): builder {name!r}, plan {[short_step(step) for step in plan]}")
 
