@@ -88,6 +88,12 @@ if "numba.cuda" in sys.modules:
         )
 else:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1" if MODE == "sim" else "0"
+    if "numba.core.config" in sys.modules:
+        # ``import numba`` came first: numba read its environment then, and numba.cuda reads
+        # numba's config (not the environment) when it is imported.  Without this reload a
+        # program that imports numba before pyflow gets the real CUDA target under a pyflow
+        # that believes it is simulating.
+        sys.modules["numba.core.config"].reload_config()
 
 from numba import cuda  # noqa: E402  (must follow the environment set-up above)
 

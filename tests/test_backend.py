@@ -69,3 +69,13 @@ def test_numba_cuda_imported_first_in_the_same_mode_is_fine():
                     NUMBA_ENABLE_CUDASIM="1", PYFLOW_CUDA="sim")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True"
+
+
+def test_numba_imported_before_pyflow_still_gets_the_simulator_pyflow_chose():
+    """``import numba`` reads the environment once; pyflow's choice must still reach numba.cuda."""
+    result = python("import numba; import pyflow; from numba.cuda.core import config; "
+                    "x = pyflow.tensor([1.0, 2.0], device='cuda'); "
+                    "print(pyflow.is_simulator(), config.ENABLE_CUDASIM, (x + 1).numpy().tolist())",
+                    PYFLOW_CUDA="sim")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().split(maxsplit=2) == ["True", "1", "[2.0, 3.0]"]
