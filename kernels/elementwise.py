@@ -54,12 +54,16 @@ __all__ = ["UNARY", "BINARY", "COMPARE", "make_map", "make_zip", "position",
 
 @jit(device=True)
 def position(i, shape, strides):
-    """Storage position of the ``i``-th element (row-major order) of a strided array."""
+    """Storage position of the ``i``-th element (row-major order) of a strided array.
+
+    ``0 <= i < prod(shape)``, so what is left of ``i`` at the first dim is its index
+    there: no division for it (a 1-D operand costs none at all).
+    """
     p = 0
-    for d in range(len(shape) - 1, -1, -1):
+    for d in range(len(shape) - 1, 0, -1):
         p += (i % shape[d]) * strides[d]
         i //= shape[d]
-    return p
+    return p + i * strides[0]
 
 
 @functools.cache

@@ -6,7 +6,10 @@
   simulator every CUDA thread is a Python thread, so a small grid (at most
   ``SIM_MAX_BLOCKS`` x ``SIM_MAX_THREADS``) runs the same loop much faster.
 * ``rows_config(rows, width)`` - one block per row (reductions, softmax), the block
-  a power of two no wider than the row needs.
+  a power of two no wider than the row needs.  A simulated launch that will run on
+  the compiled tier (``compiled_launch``) gets a GPU's number of blocks: there a
+  block costs no Python thread, and each block-level step of the kernel costs one
+  step of the tier's control machine whatever the number of blocks it serves.
 * ``launcher(kernel, grid, block, stream)`` - ``kernel[grid, block, stream]`` built
   once and cached, as numba-cuda recommends for launch overhead.
 * ``require_device_arrays(op, *arrays)`` - CUDA launchers take device arrays
@@ -22,7 +25,7 @@ from pyflow.errors import DTypeError
 from pyflow.kernels.backend import is_simulator
 from pyflow.kernels.layout import is_device_array
 
-__all__ = ["elementwise_config", "rows_config", "launcher", "require_device_arrays",
+__all__ = ["elementwise_config", "rows_config", "launcher", "require_device_arrays", "compiled_launch",
            "GPU_THREADS", "GPU_MAX_BLOCKS", "SIM_MAX_THREADS", "SIM_MAX_BLOCKS"]
 
 GPU_THREADS = 256
@@ -39,13 +42,27 @@ def elementwise_config(n: int) -> tuple[int, int]:
     return min(GPU_MAX_BLOCKS, math.ceil(n / GPU_THREADS)), GPU_THREADS
 
 
+def compiled_launch(work: int) -> bool:
+    """Will a simulated launch of ``work`` (its largest array's elements) run on the compiled tier?
+
+    What ``kernels/sim/tiers.py`` decides for a launch of that size (always False on a GPU).
+    """
+    if not is_simulator():
+        return False
+    from pyflow.kernels.sim import settings, tiers
+
+    tier = settings().tier
+    return tier == "compiled" or (tier == "auto" and work >= tiers.BIG_WORK)
+
+
 def rows_config(rows: int, width: int, max_threads: int | None = None) -> tuple[int, int]:
     """(blocks, threads): a block per row (grid-stride over rows), threads a power of two."""
     cap = max_threads or (SIM_MAX_THREADS if is_simulator() else GPU_THREADS)
     threads = 1
     while threads < min(width, cap):
         threads *= 2
-    blocks = min(rows, SIM_MAX_BLOCKS if is_simulator() else GPU_MAX_BLOCKS)
+    few = is_simulator() and not compiled_launch(rows * width)
+    blocks = min(rows, SIM_MAX_BLOCKS if few else GPU_MAX_BLOCKS)
     return max(blocks, 1), threads
 
 

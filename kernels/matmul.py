@@ -41,7 +41,7 @@ from pyflow.kernels.backend import cuda, is_simulator
 from pyflow.kernels.dtypes import SUPPORTED_DTYPES
 from pyflow.kernels.elementwise import position
 from pyflow.kernels.jit import jit
-from pyflow.kernels.launch import launcher, require_device_arrays
+from pyflow.kernels.launch import compiled_launch, launcher, require_device_arrays
 from pyflow.kernels.layout import as_kernel_shape, flat, may_overlap, padded_strides
 from pyflow.kernels.registry import register
 
@@ -55,9 +55,13 @@ SIM_TILE = 4       # 16 simulated threads per block: every thread is a Python th
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z; further batches loop inside the kernel
 
 
-def default_tile() -> int:
-    """The tile side the registered ``matmul`` uses: 16 on a GPU, 4 in the simulator."""
-    return SIM_TILE if is_simulator() else GPU_TILE
+def default_tile(work: int = 0) -> int:
+    """The tile side the registered ``matmul`` uses: 16 on a GPU, 4 in the simulator's threaded tier.
+
+    ``work`` (the largest operand's elements) says whether a simulated launch will be compiled
+    (``launch.compiled_launch``); there a thread costs no Python thread, so a GPU's tile serves.
+    """
+    return SIM_TILE if is_simulator() and not compiled_launch(work) else GPU_TILE
 
 
 # --- device code ----------------------------------------------------------------
@@ -223,7 +227,7 @@ def _check_tile(tile) -> int:
 
 def matmul_cuda(out, a, b, *, tile: int | None = None, stream=0) -> None:
     """``out[...] = a @ b`` on the device, with ``tile`` x ``tile`` blocks (default: ``default_tile()``)."""
-    tile = _check_tile(default_tile() if tile is None else tile)
+    tile = _check_tile(default_tile(max(a.size, b.size, out.size)) if tile is None else tile)
     require_device_arrays("matmul", out, a, b)
     shape = _check(out, a, b)
     if math.prod(shape) == 0:

@@ -9,7 +9,14 @@
   decided here, once per test (``pytest_runtest_setup``): ``cuda_devices(n)``
   skips, saying "needs n CUDA devices; this machine has m", where
   ``pyflow.device.ep.device_count("cuda")`` is smaller (the simulator has 8);
-  ``emulated_streams`` skips on a GPU, whose streams take no emulated delays.
+  ``emulated_streams`` skips on a GPU, whose streams take no emulated delays;
+  ``simulated_block_order`` skips on a GPU, which starts a grid's blocks in its own order.
+* ``@pytest.mark.sim_tier("threads")`` runs the test's simulated launches on that one tier
+  of the simulator (``kernels/sim/tiers.py``) unless ``PYFLOW_SIM_TIER`` chooses one for
+  the run: tests that compare the results of *different* kernels bit for bit (Cocktailer's
+  host and compiled executors) need one tier, because ``auto`` may run one kernel threaded
+  and the other compiled, and the tiers can round floats differently in the last bit
+  (numpy's scalar rules against numba's).
 * ``PYFLOW_REQUIRE_EXTRAS=1`` (``.ci/run`` sets it after installing every extra):
   a test that skips fails instead, unless it skips for want of a GPU.  So
   nothing that needs an extra (torch, matplotlib, the PTX toolkit) is silently
@@ -26,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from pyflow.kernels.backend import describe, is_gpu
-from tests.helpers_devices import EMULATED_STREAMS_REASON, cuda_devices_reason
+from tests.helpers_devices import EMULATED_STREAMS_REASON, SIMULATED_BLOCK_ORDER_REASON, cuda_devices_reason
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=20,
@@ -48,9 +55,10 @@ def _drop_failures_the_test_left_unseen():
         machine.take_failures()
 
 
-# skips for want of a GPU, or of more of them, or on a GPU for want of the simulator's emulated streams
+# skips for want of a GPU, or of more of them, or on a GPU for want of the simulator's emulated streams or
+# block order
 _ALLOWED_SKIPS = ("needs a real GPU", "a GPU is visible", "+SKIP option", "CUDA devices; this machine has",
-                  EMULATED_STREAMS_REASON)
+                  EMULATED_STREAMS_REASON, SIMULATED_BLOCK_ORDER_REASON)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -67,8 +75,24 @@ def pytest_runtest_makereport(item, call):
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda_devices(n): needs n CUDA devices (ranks with local tensors on "
                                        "cuda:<rank>); skipped on a machine with fewer (tests/helpers_devices.py)")
+    config.addinivalue_line("markers", "sim_tier(name): run the test's simulated launches on one tier of the "
+                                       "simulator unless PYFLOW_SIM_TIER chooses (tests/conftest.py)")
     config.addinivalue_line("markers", "emulated_streams: a check that needs the simulator's emulated, randomly "
                                        "delayed CUDA streams; skipped on a GPU (tests/helpers_devices.py)")
+    config.addinivalue_line("markers", "simulated_block_order: a check that needs the simulator's order of "
+                                       "starting blocks; skipped on a GPU (tests/helpers_devices.py)")
+
+
+@pytest.fixture(autouse=True)
+def _one_simulator_tier(request):
+    mark = request.node.get_closest_marker("sim_tier")
+    if mark is None or is_gpu() or os.environ.get("PYFLOW_SIM_TIER"):
+        yield
+        return
+    from pyflow.kernels.sim import configure
+
+    with configure(tier=mark.args[0]):
+        yield
 
 
 def pytest_runtest_setup(item):
@@ -81,6 +105,8 @@ def pytest_runtest_setup(item):
             pytest.skip(reason)
     if is_gpu() and item.get_closest_marker("emulated_streams") is not None:
         pytest.skip(EMULATED_STREAMS_REASON)
+    if is_gpu() and item.get_closest_marker("simulated_block_order") is not None:
+        pytest.skip(SIMULATED_BLOCK_ORDER_REASON)
 
 
 def pytest_report_header(config):

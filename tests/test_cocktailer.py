@@ -31,6 +31,9 @@ from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IndexOutO
 from pyflow.kernels import sim
 from tests.strategies import cocktailer_programs
 
+# host and compiled executors are compared bit for bit: both on one simulator tier (tests/conftest.py)
+pytestmark = pytest.mark.sim_tier("threads")
+
 # ---- random program descriptions --------------------------------------------------
 # a statement is a tuple: ("op", kind) | ("for", trip, device, body) | ("while", limit, device, body)
 #                         | ("cond", pred_kind, flag_index, then, else)

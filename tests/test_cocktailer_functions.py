@@ -25,12 +25,16 @@ import ast
 import inspect
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.executor import CompiledKernel, Options
 from pyflow.cocktailer.names import kernel_name
+
+# host and compiled executors are compared bit for bit: both on one simulator tier (tests/conftest.py)
+pytestmark = pytest.mark.sim_tier("threads")
 
 THREADS = 4
 

@@ -36,6 +36,9 @@ from pyflow.errors import IterationLimitError, StackOverflowError
 from tests.test_cocktailer import random_tree
 from tests.test_cocktailer_unroll import balanced
 
+# host and compiled executors are compared bit for bit: both on one simulator tier (tests/conftest.py)
+pytestmark = pytest.mark.sim_tier("threads")
+
 ARITY = 3   # kids[node * ARITY + i] is child i of node (i < nkids[node])
 
 

@@ -43,7 +43,11 @@ from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
 from pyflow.kernels.utask.groups import group_barrier
 from pyflow.models import RAE
+from tests.helpers_devices import SIMULATED_BLOCK_ORDER
 from tests.test_cocktailer import chain, random_tree, tree_program, tree_reference
+
+# host and compiled executors are compared bit for bit: both on one simulator tier (tests/conftest.py)
+pytestmark = pytest.mark.sim_tier("threads")
 
 # ---- the group barrier itself ----------------------------------------------------------------
 
@@ -198,6 +202,7 @@ def test_the_critical_path_shrinks_on_a_balanced_tree():
     assert grid.max_utasks == 2 * grid.max_utasks // 2 >= 4   # blocks=None: room for both groups' uTasks
 
 
+@SIMULATED_BLOCK_ORDER   # a mutation check: only the simulator starts blocks in the orders that expose it
 def test_removing_a_group_barrier_breaks_the_result():
     rng = np.random.default_rng(2)
     args = tree_args(*balanced(4), 4, rng)
@@ -340,6 +345,7 @@ def test_the_critical_path_halves_per_level_while_there_are_blocks_to_split():
     assert 0.6 * barriers[1] < two.last_stats.barriers < barriers[1]
 
 
+@SIMULATED_BLOCK_ORDER   # a mutation check: only the simulator starts blocks in the orders that expose it
 def test_removing_the_group_barriers_of_a_nested_lane_breaks_the_result():
     rng = np.random.default_rng(2)
     args = tree_args(*balanced(8), 4, rng)

@@ -20,6 +20,9 @@ from pyflow.errors import IndexOutOfRangeError, ShapeError, StackOverflowError
 from pyflow.models import LSTM, RAE, StateDictError
 from pyflow.models.rae import TreeError
 
+# host and compiled executors are compared bit for bit: both on one simulator tier (tests/conftest.py)
+pytestmark = pytest.mark.sim_tier("threads")
+
 TINY = {"threads": 4, "chunk": 4, "tile": 4}
 
 

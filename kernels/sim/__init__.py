@@ -7,13 +7,22 @@ every thread of every block at once, with per-block shared memory, real block
 and grid barriers, deadlock and divergent-barrier detection, and errors that
 name the failing thread.
 
+A launch runs on one of two tiers (``tiers.py``): threads, where every CUDA
+thread is a Python thread (the debugger's tier), or compiled, where the kernel's
+own source becomes loops over blocks and threads split at barriers and runs as
+``numba.njit`` code (the fast tier).
+
 Modules: ``settings`` (the simulated GPU's size, knobs), ``fake_cuda`` (what
-``cuda`` means inside a kernel), ``grid`` (one launch: threads and barriers),
-``kernel`` (``jit``, ``SimKernel``, ``SimDeviceFunction``).
+``cuda`` means inside a kernel), ``grid`` (one threaded launch: threads and
+barriers), ``kernel`` (``jit``, ``SimKernel``, ``SimDeviceFunction``), ``tiers``
+(which tier, ``explain``), and the compiled tier: ``translate`` (the source with
+``cuda`` made plain), ``fission`` (regions between barriers, the generated module),
+``cpu_runtime`` (what generated code imports), ``compiled`` (compile and launch).
 """
 
 from .kernel import SimDeviceFunction, SimKernel, SimLaunch, jit
 from .settings import SimSettings, configure, max_coresident_blocks, settings
+from .tiers import explain
 
 __all__ = ["jit", "SimKernel", "SimDeviceFunction", "SimLaunch",
-           "SimSettings", "settings", "configure", "max_coresident_blocks"]
+           "SimSettings", "settings", "configure", "max_coresident_blocks", "explain"]

@@ -138,7 +138,7 @@ class GridRun:
 
     def __init__(self, name: str, kernel, args, grid_dim, block_dim, make_shared,
                  coresident: int, cooperative: bool, settings: SimSettings, real_cuda, fake_cuda,
-                 debug: bool = False):
+                 debug: bool = False, only_blocks=None):
         self.name, self.args = name, args
         self.real_cuda, self.fake_cuda = real_cuda, fake_cuda
         # Like a GPU, float errors give inf/nan silently; jit(debug=True) makes them raise.
@@ -149,6 +149,8 @@ class GridRun:
         self.threads_per_block = block_dim[0] * block_dim[1] * block_dim[2]
         self.block_indices = [(x, y, z) for z in range(grid_dim[2])
                               for y in range(grid_dim[1]) for x in range(grid_dim[0])]
+        if only_blocks is not None:   # the compiled tier re-runs a failing block here to name its line
+            self.block_indices = [b for b in self.block_indices if b in only_blocks]
         self.total_threads = len(self.block_indices) * self.threads_per_block
         self.make_shared = make_shared
         self.coresident = len(self.block_indices) if cooperative else min(coresident, len(self.block_indices))

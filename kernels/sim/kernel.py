@@ -10,7 +10,9 @@ A launch:
 2. if the kernel uses grid sync (found by reading its bytecode and that of the
    device functions it calls), checks that the grid fits the co-resident limit;
 3. unwraps device arrays to the numpy arrays behind them (no copies);
-4. runs a ``grid.GridRun``; only one simulated launch runs at a time.
+4. runs it on the tier ``tiers.compiled_for`` picks: compiled (njit loops over
+   blocks and threads, ``compiled.py``), or threaded (a ``grid.GridRun``; only one
+   threaded launch runs at a time).
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import threading
 from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray, FakeWithinKernelCUDAArray
 from numba.cuda.simulator.kernel import FakeCUDAKernel
 
-from pyflow.errors import CooperativeLaunchTooLargeError, LaunchConfigError
+from pyflow.errors import CooperativeLaunchTooLargeError, KernelError, LaunchConfigError
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.launch_config import split_config, validate_launch
 
 from . import settings as _settings
 from .fake_cuda import SharedMemory, SimCudaModule
 from .grid import GridRun, SimThread
+from .tiers import compiled_for
 
 __all__ = ["jit", "SimKernel", "SimDeviceFunction", "SimLaunch"]
 
@@ -161,10 +164,27 @@ class SimLaunch:
                 f"kernel {name!r} uses grid sync, so all {blocks} blocks must be co-resident, but the "
                 f"simulated GPU fits {limit} blocks of {threads} threads ({s.multiprocessor_count} SMs); "
                 "launch at most kernel.max_cooperative_grid_blocks(blockdim, dynsmem) blocks")
+        args = [_kernel_argument(a) for a in args]
+        chosen = compiled_for(self.kernel, threads * blocks, args, s)
+        if chosen is not None:   # the compiled tier (tiers.py): no simulated threads, no launch lock
+            compiled, prepared = chosen
+            self.kernel.last_tier = "compiled"
+            try:
+                compiled.launch(prepared, self.grid, self.block, self.dynshared, args, s.hang_timeout)
+            except KernelError as error:
+                if cooperative or error.block_idx is None:
+                    raise
+                self._rerun_threaded(args, error, limit, s)
+                raise
+            return
+        self.kernel.last_tier = "threads"
+        self._run_threaded(args, limit, cooperative, s)
+
+    def _run_threaded(self, args, limit, cooperative, s, only_blocks=None) -> None:
         fake = SimCudaModule(self.grid, self.block)
-        run = GridRun(name, self.kernel.py_func, [_kernel_argument(a) for a in args],
+        run = GridRun(self.kernel.__name__, self.kernel.py_func, args,
                       self.grid, self.block, lambda: SharedMemory(self.dynshared),
-                      limit, cooperative, s, cuda, fake, debug=self.kernel.debug)
+                      limit, cooperative, s, cuda, fake, debug=self.kernel.debug, only_blocks=only_blocks)
         with _launch_lock:
             previous_interval = sys.getswitchinterval()
             _stock_kernel_module._kernel_context = fake
@@ -175,6 +195,19 @@ class SimLaunch:
             finally:
                 sys.setswitchinterval(previous_interval)
                 _stock_kernel_module._kernel_context = None
+
+    def _rerun_threaded(self, args, error, limit, s) -> None:
+        """A compiled launch failed in a block: run that block threaded, which names the failing line.
+
+        Its blocks are independent (no grid barrier), so the block alone fails the same way, unless
+        what it read was written by another block of the failed launch; then the compiled error stands.
+        """
+        try:
+            self._run_threaded(args, limit, False, s, only_blocks={tuple(error.block_idx)})
+        except KernelError as located:
+            raise KernelError(f"{located} (the compiled tier failed in this block; re-run threaded to name the "
+                              "line)", kernel=located.kernel, thread_idx=located.thread_idx,
+                              block_idx=located.block_idx) from error
 
 
 def _kernel_argument(arg):

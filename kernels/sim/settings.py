@@ -19,6 +19,7 @@ Knobs (environment variable -> default):
     PYFLOW_SIM_TIMEOUT  hang_timeout seconds without progress (30; 0 disables)
     PYFLOW_SIM_ORDER    start_order: forward | reverse | shuffle (shuffle)
     PYFLOW_SIM_SEED     seed of the shuffle (0)
+    PYFLOW_SIM_TIER     tier: auto | threads | compiled (auto; see ``tiers.py``)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pyflow.errors import LaunchConfigError
 __all__ = ["SimSettings", "settings", "configure", "max_coresident_blocks"]
 
 _ORDERS = ("forward", "reverse", "shuffle")
+_TIERS = ("auto", "threads", "compiled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +55,9 @@ class SimSettings:
     # If set, sys.setswitchinterval during launches: small values (1e-6) make
     # Python switch threads often and expose races that the default 5 ms hides.
     switch_interval: float | None = None
+    # Which tier runs a launch (tiers.py): auto, threads (every CUDA thread a Python
+    # thread) or compiled (the kernel as njit loops over blocks and threads).
+    tier: str = "auto"
 
     def __post_init__(self):
         for name in ("multiprocessor_count", "max_threads_per_multiprocessor",
@@ -61,6 +66,8 @@ class SimSettings:
                 raise LaunchConfigError(f"simulator setting {name} must be a positive int, got {getattr(self, name)!r}")
         if self.start_order not in _ORDERS:
             raise LaunchConfigError(f"simulator start_order must be one of {_ORDERS}, got {self.start_order!r}")
+        if self.tier not in _TIERS:
+            raise LaunchConfigError(f"simulator tier must be one of {_TIERS}, got {self.tier!r} (PYFLOW_SIM_TIER)")
         if self.hang_timeout is not None and self.hang_timeout <= 0:
             raise LaunchConfigError("simulator hang_timeout must be positive or None")
 
@@ -72,6 +79,7 @@ def _from_environment() -> SimSettings:
         hang_timeout=timeout if timeout > 0 else None,
         start_order=os.environ.get("PYFLOW_SIM_ORDER", "shuffle"),
         seed=int(os.environ.get("PYFLOW_SIM_SEED", "0")),
+        tier=os.environ.get("PYFLOW_SIM_TIER", "auto").strip().lower() or "auto",
     )
 
 

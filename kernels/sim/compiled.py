@@ -1,0 +1,444 @@
+"""The simulator's compiled tier: a kernel's own source, as loops over blocks and threads, run by numba.njit.
+
+Pipeline (one ``CompiledKernel`` per ``SimKernel``):
+
+1. ``translate.translate``: the source, with ``cuda`` made plain (once per kernel);
+2. ``fission.split``: regions between barriers and the control flow around them;
+3. for kernels with barriers, the types of the variables that live across regions:
+   the body is compiled once as a plain function (barriers removed, the "shadow")
+   and numba's type inference is asked (once per argument types; ``var_types``);
+4. ``fission.write_module``: a Python module of ``njit`` functions, written to the
+   cache directory under a name made from its text (``PYFLOW_SIM_CACHE``, default
+   ``~/.cache/pyflow/sim``), so numba's ``cache=True`` keeps the machine code
+   between runs, and a student can open the file;
+5. a launch runs ``launch(...)`` on a worker thread while the caller watches: an
+   exception names the block and thread (``where``), Ctrl-C and a kernel making no
+   progress for ``hang_timeout`` seconds stop it (``cancel``), and the result code
+   becomes the threaded tier's error (``DivergentBarrierError``, ``GridSyncExitError``...).
+
+``Unsupported`` from steps 1-4 means "run this launch threaded"; it is raised before
+anything runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import concurrent.futures
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import numba
+import numpy as np
+from numba.core import types as nbtypes
+
+from pyflow.errors import DeadlockError, DivergentBarrierError, GridSyncExitError, KernelError, KernelHangError
+
+from . import cpu_runtime, scopes
+from .fission import Region, split, variables, write_module
+from .translate import BARRIERS, CONTEXT, Unsupported, numba_type_source, translate
+
+__all__ = ["CompiledKernel", "cache_dir", "Unsupported"]
+
+_IMPORTS = """import math
+import numba
+import numpy as np
+from numba.typed import Dict
+from pyflow.kernels.sim import cpu_runtime as cu_rt
+from pyflow.kernels.sim.scopes import (
+    RUN, TEST, IF_SPLIT, IF_ELSE, IF_JOIN, LOOP_ENTER, WHILE_COND, LOOP_BACK, FOR_BOUNDS, FOR_GROUP, FOR_CHECK, ASSIGN,
+    FOR_BACK, LOOP_EXIT, GRID, GROUP, END)
+"""
+# a change to the runtime helpers must not reuse machine code compiled against the old ones
+_RUNTIME_STAMP = hashlib.sha1((inspect.getsource(cpu_runtime) + inspect.getsource(scopes)).encode()).hexdigest()[:12]
+_POLL_SECONDS = 0.02
+_STOP_SECONDS = 10.0   # how long a cancelled launch may take to notice
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def cache_dir() -> str:
+    """Where generated modules (and numba's machine code beside them) are kept."""
+    wanted = os.environ.get("PYFLOW_SIM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "pyflow", "sim")
+    try:
+        os.makedirs(wanted, exist_ok=True)
+        probe = os.path.join(wanted, f".probe-{os.getpid()}")
+        open(probe, "w").close()
+        os.remove(probe)
+        return wanted
+    except OSError:
+        fallback = os.path.join(tempfile.gettempdir(), f"pyflow-sim-{os.getuid() if hasattr(os, 'getuid') else 0}")
+        os.makedirs(fallback, exist_ok=True)
+        return fallback
+
+
+def _load(source: str, stem: str):
+    """Import ``source`` as a module kept in the cache directory (named by a hash of its text)."""
+    name = f"pyflow_sim_{stem}_{hashlib.sha1(source.encode()).hexdigest()[:16]}"
+    found = sys.modules.get(name)
+    if found is not None:
+        return found
+    path = os.path.join(cache_dir(), name + ".py")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)   # atomic: another process may be writing the same text
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _stop(future, cancel) -> bool:
+    """Ask a launch to stop and wait a little; False (and a fresh pool for later launches) if it goes on."""
+    global _pool
+    cancel[0] = 1
+    concurrent.futures.wait([future], timeout=_STOP_SECONDS)
+    if future.done():
+        return True
+    with _pool_lock:   # the stuck worker keeps its thread; later launches get threads of their own
+        _pool = None
+    return False
+
+
+def _pool_submit(fn):
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2),
+                                                          thread_name_prefix="pyflow-sim-compiled")
+        return _pool.submit(fn)
+
+
+def _storage_type(ty) -> str:
+    """How a variable of numba type ``ty`` is kept per thread: a numpy dtype, or a numba type for a dict."""
+    if isinstance(ty, nbtypes.Boolean):
+        return "np.bool_"
+    if isinstance(ty, (nbtypes.Integer, nbtypes.Float, nbtypes.Complex)):
+        return f"np.{numba.np.numpy_support.as_dtype(ty).name}"
+    return numba_type_source(ty)
+
+
+class _Prepared:
+    """One argument-types' compiled module and what its errors need to be told."""
+
+    def __init__(self, module, nodes, source_path):
+        self.module, self.nodes, self.source_path = module, nodes, source_path
+
+
+class CompiledKernel:
+    """The compiled tier of one ``SimKernel``: translated once, a module per argument types."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.name = kernel.__name__
+        self.lock = threading.Lock()
+        self._translated = None     # (Translation, Split) or Unsupported
+        self._prepared: dict = {}   # argument types -> _Prepared or Unsupported
+        self.compile_seconds = 0.0
+
+    # ---- translation and compilation ---------------------------------------------
+
+    def translated(self):
+        if self._translated is None:
+            try:
+                tr = translate(self.kernel.py_func)
+                self._translated = (tr, split(tr.body, tr.units))
+            except Unsupported as error:
+                self._translated = error
+            except SyntaxError as error:   # unparse/parse round trips of odd sources
+                self._translated = Unsupported(f"the translated source did not parse ({error})")
+        if isinstance(self._translated, Unsupported):
+            raise self._translated
+        return self._translated
+
+    @property
+    def cooperative(self) -> bool:
+        tr, _ = self.translated()
+        return bool(tr.barriers & {"grid", "group"})
+
+    def prepare(self, args) -> _Prepared:
+        """The compiled launch for these arguments' types; ``Unsupported`` if numba cannot take them."""
+        types = tuple(numba.typeof(a) for a in args)
+        with self.lock:
+            found = self._prepared.get(types)
+            if found is None:
+                started = time.perf_counter()
+                try:
+                    found = self._build(types)
+                except Unsupported as error:
+                    found = error
+                except Exception as error:   # numba's typing and lowering errors
+                    found = Unsupported(f"numba could not compile it for {', '.join(map(str, types))}: "
+                                        f"{type(error).__name__}: {_first_line(error)}")
+                self.compile_seconds += time.perf_counter() - started
+                self._prepared[types] = found
+        if isinstance(found, Unsupported):
+            raise found
+        return found
+
+    def _build(self, types) -> _Prepared:
+        """Translate, split, type, write and compile: the module that runs this kernel for these types."""
+        tr, sp = self.translated()
+        if len(types) != len(tr.params):
+            raise Unsupported(f"{len(types)} arguments for {len(tr.params)} parameters")
+        param_types = dict(zip(tr.params, types))
+        var = variables(sp, tr.params, param_types)
+        storage_types = self.var_types(tr, var, types) if var.stored else {}
+        header = (f"Kernel {tr.name!r} ({tr.where}) for the simulator's compiled tier, written by\n"
+                  f"pyflow.kernels.sim.fission; runtime {_RUNTIME_STAMP}; argument types:\n"
+                  + "".join(f"  {p}: {t}\n" for p, t in param_types.items()))
+        source = write_module(tr, sp, var, storage_types, self.cooperative, header, _IMPORTS)
+        module = _load(source, tr.name)
+        storage = module.cu_allocate(1, 1, 0)
+        sig = ((nbtypes.int64,) * 4 + (nbtypes.int64[::1], nbtypes.int64, nbtypes.boolean[::1])
+               + (nbtypes.int64[::1],) * 3 + (nbtypes.int64,) * 6 + tuple(types)
+               + tuple(numba.typeof(x) for x in storage))
+        module.cu_run.compile(sig)
+        return _Prepared(module, sp.all_nodes, module.__file__)
+
+    def var_types(self, tr, var, types) -> dict:
+        """numba's types of the variables kept per thread, from a compile of the body without barriers.
+
+        The "shadow" module has a function per unit (``shadow_fK``) and one for the kernel; a call
+        marker becomes a call of the unit's shadow, so numba types each unit once per argument types.
+        """
+        storage = []
+        for s in tr.storage:
+            dtype = numba.from_dtype(np.dtype("uint8") if s.kind == "dynamic" else s.dtype)
+            storage.append((s.name, nbtypes.Array(dtype, 2 if s.kind == "dynamic" else len(s.shape) + 1, "C")))
+        context = list(CONTEXT)
+        tail = context + [n for n, _ in storage]
+        units = {u.id: u for u in tr.units}
+        lines = ["import math", "import numba", "import numpy as np", "from numba import njit",
+                 "from pyflow.kernels.sim import cpu_runtime as cu_rt",
+                 "JIT = njit(error_model='numpy')", ""]
+        for helper in tr.helpers:
+            lines += ["@JIT"] + ast.unparse(helper.tree).splitlines() + [""]
+        for unit in tr.units:   # callees first
+            body = _shadow_body(unit.body, units, tail)
+            lines += ["@JIT", f"def shadow_f{unit.id}({', '.join(unit.params + tail)}):"]
+            lines += ["    " + line for line in body] + ([f"    return f{unit.id}_ret"] if unit.returns else []) + [""]
+        lines += ["@JIT", f"def shadow({', '.join(tr.params + tail)}):"]
+        lines += ["    " + line for line in _shadow_body(tr.body, units, tail)]
+        text = "\n".join(lines) + "\n"
+        key = hashlib.sha1((text + repr(types) + repr(var.stored)).encode()).hexdigest()[:16]
+        remembered = os.path.join(cache_dir(), f"pyflow_sim_{tr.name}_types_{key}.txt")
+        if os.path.exists(remembered):   # typed before, on this machine: no need to compile the shadow
+            with open(remembered) as f:
+                found = dict(line.rstrip("\n").split("\t", 1) for line in f if "\t" in line)
+            if set(found) == set(var.stored):
+                return found
+        module = _load(text, f"{tr.name}_types")
+        sig = tuple(types) + (nbtypes.int64,) * len(context) + tuple(t for _, t in storage)
+        module.shadow.compile(sig)
+        typemaps = [module.shadow.overloads[sig].type_annotation.typemap]
+        for unit in tr.units:
+            typemaps += [o.type_annotation.typemap for o in getattr(module, f"shadow_f{unit.id}").overloads.values()]
+        ctx = module.shadow.typingctx
+        found = {}
+        for v in var.stored:
+            seen = [nbtypes.unliteral(t) for typemap in typemaps for k, t in typemap.items()
+                    if k == v or (k.startswith(v + ".") and k[len(v) + 1:].isdigit()) or k == "arg." + v]
+            if not seen:
+                seen = [nbtypes.float64]   # numba dropped it (dead code): any type will do
+            unified = seen[0]
+            for t in seen[1:]:
+                unified = ctx.unify_pairs(unified, t)
+                if unified is None:
+                    raise Unsupported(f"variable {v!r} has types {seen} that do not unify")
+            found[v] = _storage_type(unified)
+        tmp = f"{remembered}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write("".join(f"{v}\t{t}\n" for v, t in found.items()))
+        os.replace(tmp, remembered)
+        return found
+
+    # ---- a launch ---------------------------------------------------------------
+
+    def launch(self, prepared: _Prepared, grid, block, dynshared: int, args, hang_timeout) -> None:
+        report = np.zeros(8, np.int64)
+        where = np.full(4, -1, np.int64)
+        cancel = np.zeros(1, np.int64)
+        worker: list = []
+
+        def work():
+            worker.append(threading.get_ident())
+            return _drive(prepared.module, grid, block, dynshared, args, report, where, cancel)
+
+        future = _pool_submit(work)
+        try:
+            code = self._watch(future, where, cancel, hang_timeout, worker)
+        except KernelHangError:
+            raise
+        except KeyboardInterrupt:
+            _stop(future, cancel)
+            raise
+        except Exception as error:
+            raise self._located(error, prepared, grid, block, where) from error
+        if code != cpu_runtime.OK:
+            raise self._failure(code, prepared, grid, block, report)
+
+    def _watch(self, future, where, cancel, hang_timeout, worker):
+        last, since = -2, time.monotonic()
+        while True:
+            try:
+                return future.result(timeout=_POLL_SECONDS)
+            except concurrent.futures.TimeoutError:
+                pass
+            now = time.monotonic()
+            if where[0] != last:
+                last, since = where[0], now
+            elif hang_timeout is not None and now - since > hang_timeout:
+                doing = _doing(worker)
+                stopped = _stop(future, cancel)
+                raise KernelHangError(
+                    f"kernel {self.name!r} made no progress for {hang_timeout:g} s (compiled tier; "
+                    f"last in block number {where[1]}, thread number {where[2]}); "
+                    "PYFLOW_SIM_TIMEOUT / configure(hang_timeout=...) sets the limit"
+                    + ("" if stopped else "; its worker thread did not stop (a loop the tier cannot "
+                       "interrupt, in a device function) and keeps running") + doing)
+
+    def _located(self, error, prepared, grid, block, where) -> KernelError:
+        """An exception in compiled code, with the block, thread and region it happened in."""
+        node = prepared.nodes[where[3]] if 0 <= where[3] < len(prepared.nodes) else None
+        at = f" in {'region' if isinstance(node, Region) else 'the test at'} {node.where}" if node else ""
+        block_idx, thread_idx = _coords(where[1], grid), _coords(where[2], block)
+        failure = KernelError(
+            f"kernel {self.name!r} failed in threadIdx={thread_idx} blockIdx={block_idx}{at} "
+            f"(compiled tier): {type(error).__name__}: {error}",
+            kernel=self.name, thread_idx=thread_idx, block_idx=block_idx)
+        return failure
+
+    def _failure(self, code, prepared, grid, block, report):
+        node = prepared.nodes[report[3]] if 0 <= report[3] < len(prepared.nodes) else None
+        at = node.where if node is not None else "?"
+        block_idx, thread_idx = _coords(report[1], grid), _coords(report[2], block)
+        if code == cpu_runtime.DIVERGENT:
+            what = "barrier" if isinstance(node, Region) else f"{getattr(node, 'kind', '')} around barriers"
+            return DivergentBarrierError(
+                f"kernel {self.name!r}: divergent {what} in block {block_idx}: thread {thread_idx} does not take "
+                f"the way the block's other threads take at {at}; every thread of a block must reach the same "
+                "barriers (compiled tier)")
+        if code == cpu_runtime.GRID_EXIT:
+            return GridSyncExitError(
+                f"kernel {self.name!r}: a thread exited, and others reached the grid barrier at {at}; on a GPU "
+                "this grid barrier would hang (every thread must reach every grid sync: no early return)")
+        if code == cpu_runtime.GRID_PARTIAL:
+            return DivergentBarrierError(
+                f"kernel {self.name!r}: the grid barrier at {at} is reached by {report[4]} of the grid's blocks "
+                "only (it sits in code that some blocks skip); the compiled tier needs every block there; "
+                "PYFLOW_SIM_TIER=threads runs it as written")
+        if code == cpu_runtime.GROUP_MISMATCH:
+            return DeadlockError(
+                f"kernel {self.name!r}: group_barrier at {at} expects {report[4]} blocks, but {report[5]} reach it "
+                f"together (block {block_idx}); on a GPU it would wait forever or open early")
+        if code == cpu_runtime.CANCELLED:
+            return KeyboardInterrupt()
+        return KernelError(f"kernel {self.name!r}: compiled launch ended with code {code}", kernel=self.name)
+
+
+_RUN_KIND = {scopes.RUN: 0, scopes.ASSIGN: 0, scopes.TEST: 1, scopes.GROUP: 1, scopes.FOR_BOUNDS: 2}
+
+
+def _drive(module, grid, block, dynshared, args, report, where, cancel) -> int:
+    """One launch: batches of blocks, each driven by a ``scopes.Machine`` that calls ``module.cu_run``."""
+    threads, blocks = block[0] * block[1] * block[2], grid[0] * grid[1] * grid[2]
+    slots = blocks if module.COOPERATIVE else max(1, min(blocks, cpu_runtime.BATCH_THREADS // threads))
+    storage = module.cu_allocate(slots, threads, dynshared)
+    alive = np.ones(slots * threads, np.bool_)
+    dims = (grid[0], grid[1], grid[2], block[0], block[1], block[2])
+    for base in range(0, blocks, slots):
+        alive[:] = True
+        module.cu_start_batch(storage, args)
+        machine = scopes.Machine(module.CODE, np.arange(base, min(blocks, base + slots)))
+        while True:
+            op, node, _, flag = machine.next()
+            if op == scopes.END:
+                break
+            if cancel[0]:
+                return cpu_runtime.CANCELLED
+            here = machine.scope
+            if op == scopes.GRID:   # every block of the grid is here, and no thread has gone
+                live = alive.reshape(slots, threads).any(axis=1)
+                if here.size and not alive.all():
+                    report[0], report[3] = cpu_runtime.GRID_EXIT, node
+                    return cpu_runtime.GRID_EXIT
+                if here.size and here.size != live.sum():
+                    report[0], report[3], report[4] = cpu_runtime.GRID_PARTIAL, node, here.size
+                    return cpu_runtime.GRID_PARTIAL
+                machine.take(here)
+                continue
+            it = machine.counter if op == scopes.ASSIGN else 0
+            code, results, bounds, live = module.cu_run(_RUN_KIND[op], node, flag, it, here, base, alive, where, report,
+                                                     cancel, *dims, *args, *storage)
+            if code != cpu_runtime.OK:
+                return code
+            if op == scopes.GROUP:   # each group's blocks got here together, as many as its members
+                slots, members = results // cpu_runtime.GROUP_KEY, results % cpu_runtime.GROUP_KEY
+                for slot in np.unique(slots[results != -1]):
+                    group = (slots == slot) & (results != -1)
+                    wrong = group & (members != group.sum())
+                    if wrong.any():
+                        k = int(np.argmax(wrong))
+                        report[0], report[1], report[3] = cpu_runtime.GROUP_MISMATCH, here[k], node
+                        report[4], report[5] = members[k], group.sum()
+                        return cpu_runtime.GROUP_MISMATCH
+            machine.take(results, bounds, live)
+    return cpu_runtime.OK
+
+
+def _doing(worker: list) -> str:
+    """Where a launch's worker thread is: the last Python lines it runs ('' if it has not started)."""
+    frame = sys._current_frames().get(worker[0]) if worker else None
+    if frame is None:
+        return "; the launch had not started (every worker thread of the compiled tier was busy)"
+    lines = []
+    while frame is not None and len(lines) < 4:
+        lines.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} {frame.f_code.co_name}")
+        frame = frame.f_back
+    return "; its worker was at " + " <- ".join(lines)
+
+
+def _coords(linear, dims) -> tuple:
+    linear = int(linear)
+    if dims is None or linear < 0:
+        return (linear,)
+    x, y = dims[0], dims[1]
+    return (linear % x, linear // x % y, linear // (x * y))
+
+
+def _first_line(error) -> str:
+    text = str(error).strip().splitlines()
+    return next((line for line in text if line.strip() and not line.startswith("\x1b")), type(error).__name__)
+
+
+def _shadow_body(body: list, units: dict, tail: list) -> list:
+    """Source lines of ``body`` for typing: barriers made ``pass``, a unit's call marker a call of its shadow."""
+
+    class Strip(ast.NodeTransformer):
+        def visit_Expr(self, node):
+            call = node.value
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
+                if call.func.id == "cu_call":
+                    unit = units[call.args[0].value]
+                    text = f"shadow_f{unit.id}({', '.join(unit.params + tail)})"
+                    return ast.parse(f"f{unit.id}_ret = {text}" if unit.returns else text).body[0]
+                if call.func.id in BARRIERS:
+                    return ast.Pass()
+            return node
+
+    module = ast.Module(body=[ast.parse(ast.unparse(s)).body[0] for s in body], type_ignores=[])
+    return ast.unparse(Strip().visit(module)).splitlines() or ["pass"]

@@ -1,0 +1,185 @@
+"""What the compiled tier's generated code imports: the ``njit`` options, atomics, result codes.
+
+The compiled tier (``compiled.py``) writes a kernel as a Python module of
+``numba.njit`` functions (``fission.py`` writes it).  Everything that module needs
+besides numpy, math and numba is here, so a student reading a generated module
+finds every name in one short file.
+
+Atomics: the compiled tier runs one simulated thread at a time, so an atomic
+read-modify-write is a plain read and write.  Each helper returns the old value
+and computes the new one exactly as numba's simulator does (``max`` keeps the
+old value unless the new one is greater, so a NaN argument is ignored; ``inc``
+and ``dec`` wrap at ``val``).  Blocks of one launch never run at the same time in
+this tier, so nothing here needs a lock.
+
+Launch results (``launch`` returns one; ``report`` holds the details):
+``OK``, ``DIVERGENT`` (threads of a block took different ways around a barrier),
+``GRID_EXIT`` (a thread exited, another reached a grid barrier: a GPU hangs),
+``GRID_PARTIAL`` (a grid barrier inside block-divergent control flow),
+``GROUP_MISMATCH`` (a group barrier reached by another number of blocks than its
+``members``), ``CANCELLED`` (the caller asked the launch to stop: Ctrl-C or a hang).
+
+>>> import numpy as np
+>>> a = np.zeros(3, np.int64)
+>>> atomic_add(a, 1, 5), atomic_add(a, 1, 2), a.tolist()
+(0, 5, [0, 7, 0])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+__all__ = ["JIT", "JIT_OPTIONS", "INNER", "STEP", "DRIVER", "cancelled", "OK", "DIVERGENT", "GRID_EXIT", "GRID_PARTIAL", "GROUP_MISMATCH", "CANCELLED",
+           "BATCH_THREADS", "GROUP_KEY", "FELL_THROUGH", "EXITED", "BROKE", "CONTINUED", "STOPPED", "UNINITIALIZED_BYTE",
+           "atomic_add", "atomic_sub", "atomic_and_", "atomic_or_", "atomic_xor", "atomic_inc", "atomic_dec",
+           "atomic_exch", "atomic_max", "atomic_min", "atomic_nanmax", "atomic_nanmin", "atomic_cas",
+           "atomic_compare_and_swap", "garbage"]
+
+# boundscheck: an index out of range raises IndexError, as the threaded tier's numpy does;
+# error_model="numpy": integer division by zero gives 0 and float division inf/nan, as on a GPU;
+# nogil: two streams' launches really run at once; cache: compiled once per machine.
+JIT_OPTIONS = {"boundscheck": True, "error_model": "numpy", "nogil": True, "cache": True}
+JIT = njit(**JIT_OPTIONS)
+# helpers (device functions without barriers) are only called from compiled code: no Python wrapper
+INNER = njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, **JIT_OPTIONS)
+# a kernel's step is inlined into its run (numba's IR inliner): a call per thread and node would
+# cost more than most nodes' work (every array argument's reference count goes up and down)
+STEP = njit(inline="always", **JIT_OPTIONS)
+DRIVER = JIT
+
+# what launch() returns
+OK, DIVERGENT, GRID_EXIT, GRID_PARTIAL, GROUP_MISMATCH, CANCELLED = 0, 1, 2, 3, 4, 9
+# what a region returns for one thread: it ran to the end, returned (the thread exits), left or
+# went on with the enclosing block-level loop, or was stopped (the launch is cancelled)
+FELL_THROUGH, EXITED, BROKE, CONTINUED, STOPPED = 0, 1, 2, 3, 9
+UNINITIALIZED_BYTE = 0xCD  # shared and local memory start as this byte, as in the threaded tier
+BATCH_THREADS = 1 << 16    # a kernel without grid barriers keeps the state of this many threads at once
+GROUP_KEY = 1 << 31        # a group barrier's node gives slot * GROUP_KEY + members
+
+
+@intrinsic
+def _load_acquire(typingctx, flags):
+    """``flags[0]`` read with an atomic (acquire) load, which LLVM never hoists out of a loop."""
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.load_atomic(array.data, "acquire", 8)
+    return types.int64(flags), codegen
+
+
+@njit(cache=True, nogil=True)
+def cancelled(flags) -> bool:
+    """Has the launch been asked to stop?  Generated ``while`` loops ask it on every turn.
+
+    A plain ``flags[0] != 0`` would be read once: LLVM sees no store in a spin loop and
+    moves the load out of it, and the loop would never notice.
+    """
+    return _load_acquire(flags) != 0
+
+
+def garbage(shape, dtype) -> np.ndarray:
+    """A fresh array whose bytes are all 0xCD, like shared or local memory in the threaded tier."""
+    a = np.empty(shape, dtype)
+    a.view(np.uint8).fill(UNINITIALIZED_BYTE) if a.size else None
+    return a
+
+
+@JIT
+def atomic_add(array, index, val):
+    old = array[index]
+    array[index] = old + val
+    return old
+
+
+@JIT
+def atomic_sub(array, index, val):
+    old = array[index]
+    array[index] = old - val
+    return old
+
+
+@JIT
+def atomic_and_(array, index, val):
+    old = array[index]
+    array[index] = old & val
+    return old
+
+
+@JIT
+def atomic_or_(array, index, val):
+    old = array[index]
+    array[index] = old | val
+    return old
+
+
+@JIT
+def atomic_xor(array, index, val):
+    old = array[index]
+    array[index] = old ^ val
+    return old
+
+
+@JIT
+def atomic_inc(array, index, val):
+    old = array[index]
+    array[index] = 0 if old >= val else old + 1
+    return old
+
+
+@JIT
+def atomic_dec(array, index, val):
+    old = array[index]
+    array[index] = val if (old == 0 or old > val) else old - 1
+    return old
+
+
+@JIT
+def atomic_exch(array, index, val):
+    old = array[index]
+    array[index] = val
+    return old
+
+
+@JIT
+def atomic_max(array, index, val):
+    old = array[index]
+    array[index] = val if val > old else old   # Python's max(old, val)
+    return old
+
+
+@JIT
+def atomic_min(array, index, val):
+    old = array[index]
+    array[index] = val if val < old else old   # Python's min(old, val)
+    return old
+
+
+@JIT
+def atomic_nanmax(array, index, val):
+    old = array[index]
+    array[index] = val if (val > old or old != old) and val == val else old
+    return old
+
+
+@JIT
+def atomic_nanmin(array, index, val):
+    old = array[index]
+    array[index] = val if (val < old or old != old) and val == val else old
+    return old
+
+
+@JIT
+def atomic_cas(array, index, old, val):
+    loaded = array[index]
+    if loaded == old:
+        array[index] = val
+    return loaded
+
+
+@JIT
+def atomic_compare_and_swap(array, old, val):
+    loaded = array.flat[0]
+    if loaded == old:
+        array.flat[0] = val
+    return loaded

@@ -1,0 +1,259 @@
+"""The simulator's two tiers: threads (every CUDA thread a Python thread) and compiled (njit loops).
+
+Properties: the compiled tier gives the threaded tier's values (the library's kernels, Cocktailer's
+programs); a barrier it splits the code at is a real one (drop it and the answer goes wrong); it
+raises the threaded tier's errors (divergent barrier, grid barrier after an exit, an index out of
+range naming block, thread and line, a hang); it stops on Ctrl-C; and the tier is chosen as
+``tiers.py`` says (``auto``, ``threads``, ``compiled``, ``breakpoint()`` and ``debug`` run threaded).
+"""
+
+from __future__ import annotations
+
+import _thread
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyflow.errors import DeadlockError, DivergentBarrierError, GridSyncExitError, KernelError, KernelHangError
+from pyflow.kernels.backend import cuda, is_simulator
+from pyflow.kernels.jit import jit
+
+pytestmark = pytest.mark.skipif(not is_simulator(), reason="the simulator's tiers exist only without a GPU")
+
+if is_simulator():
+    import importlib
+
+    from pyflow.kernels import sim
+    from pyflow.kernels.sim import tiers
+
+    sim_settings = importlib.import_module("pyflow.kernels.sim.settings")   # the package exports settings()
+
+TIERS = ("threads", "compiled")
+
+
+@jit
+def rotate_through_shared(x, out):
+    """out[t] = 2 * x[t + 1]: each thread reads what its neighbour wrote, after the barrier."""
+    s = cuda.shared.array(64, np.float64)
+    t = cuda.threadIdx.x
+    s[t] = x[t] * 2
+    cuda.syncthreads()
+    out[t] = s[(t + 1) % cuda.blockDim.x]
+
+
+@jit
+def rotate_without_barrier(x, out):
+    s = cuda.shared.array(64, np.float64)
+    t = cuda.threadIdx.x
+    s[t] = x[t] * 2
+    out[t] = s[(t + 1) % cuda.blockDim.x]
+
+
+@jit
+def tree_sum_in_a_loop(x, out, rounds):
+    """Per round, a shared-memory tree sum whose loop holds barriers; the block's total per round."""
+    s = cuda.shared.array(64, np.float64)
+    t = cuda.threadIdx.x
+    for r in range(rounds):
+        s[t] = x[r * cuda.blockDim.x + t] if t < cuda.blockDim.x else 0.0
+        cuda.syncthreads()
+        half = cuda.blockDim.x // 2
+        while half > 0:
+            if t < half:
+                s[t] += s[t + half]
+            cuda.syncthreads()
+            half //= 2
+        if t == 0:
+            out[cuda.blockIdx.x * rounds + r] = s[0]
+        cuda.syncthreads()
+
+
+@jit
+def barriers_in_both_branches(x):
+    t = cuda.threadIdx.x
+    if t < 2:
+        cuda.syncthreads()
+    else:
+        cuda.syncthreads()
+    x[t] = t
+
+
+@jit
+def some_threads_leave_before_the_barrier(x, out):
+    s = cuda.shared.array(64, np.float64)
+    t = cuda.threadIdx.x
+    if t >= x.shape[0]:
+        return
+    s[t] = x[t]
+    cuda.syncthreads()
+    out[t] = s[x.shape[0] - 1 - t]
+
+
+@jit
+def sync_after_return(x):
+    if cuda.blockIdx.x == 1 and cuda.threadIdx.x == 0:
+        return
+    cuda.cg.this_grid().sync()
+    x[cuda.threadIdx.x] = 1
+
+
+@jit
+def store_past_the_end(x, n):
+    i = cuda.grid(1)
+    if i < n + 3:
+        x[i] = 1.0
+
+
+@jit
+def spin_until_set(flag):
+    count = 0
+    while flag[0] == 0:
+        count += 1
+
+
+@jit
+def maybe_stop(x):
+    if x[0] < 0:
+        breakpoint()
+    x[cuda.grid(1)] += 1
+
+
+@jit(debug=True)
+def debug_add_one(x):
+    x[cuda.grid(1)] += 1
+
+
+@jit
+def add_one(x):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        x[i] += 1
+
+
+def run(tier: str, kernel, config, *args, **setting):
+    with sim.configure(tier=tier, **setting):
+        kernel[config](*args)
+    return kernel.last_tier
+
+
+# ---- barriers are real ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_threads_exchange_through_shared_memory_after_the_barrier(tier):
+    x, out = np.arange(32.0), np.zeros(32)
+    assert run(tier, rotate_through_shared, (1, 32), x, out) == tier
+    np.testing.assert_array_equal(out, np.roll(x * 2, -1))
+
+
+def test_without_the_barrier_the_compiled_tier_reads_before_the_neighbour_wrote():
+    x, out = np.arange(32.0), np.zeros(32)
+    run("compiled", rotate_without_barrier, (1, 32), x, out)
+    assert not np.array_equal(out, np.roll(x * 2, -1))
+
+
+@settings(max_examples=15, deadline=None)
+@given(blocks=st.integers(1, 3), log_threads=st.integers(0, 5), rounds=st.integers(0, 3), seed=st.integers(0, 99))
+def test_barriers_inside_loops_give_the_threaded_tiers_values(blocks, log_threads, rounds, seed):
+    threads = 1 << log_threads
+    x = np.random.default_rng(seed).normal(size=max(1, rounds * threads))
+    results = {}
+    for tier in TIERS:
+        out = np.zeros(blocks * rounds)
+        run(tier, tree_sum_in_a_loop, (blocks, threads), x, out, rounds)
+        results[tier] = out
+    np.testing.assert_array_equal(results["compiled"], results["threads"])
+    want = [x[r * threads:(r + 1) * threads].sum() for r in range(rounds)] * blocks
+    np.testing.assert_allclose(results["compiled"], want, rtol=1e-12, atol=1e-12)
+
+
+# ---- the same errors as the threaded tier ---------------------------------------------------
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_threads_of_a_block_at_different_barriers_raise_divergent_barrier_error(tier):
+    with pytest.raises(DivergentBarrierError):
+        run(tier, barriers_in_both_branches, (1, 4), np.zeros(4), hang_timeout=5)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_threads_that_returned_do_not_hold_up_a_barrier(tier):
+    x, out = np.arange(5.0), np.zeros(5)
+    run(tier, some_threads_leave_before_the_barrier, (1, 8), x, out, hang_timeout=5)
+    np.testing.assert_array_equal(out, x[::-1])
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_a_grid_barrier_after_an_early_return_raises_grid_sync_exit_error(tier):
+    with pytest.raises(GridSyncExitError):
+        run(tier, sync_after_return, (2, 4), np.zeros(4), hang_timeout=5)
+
+
+def test_an_index_out_of_range_names_block_thread_and_line():
+    with pytest.raises(KernelError) as caught:
+        run("compiled", store_past_the_end, (3, 4), np.zeros(8), 8)
+    message = str(caught.value)
+    assert caught.value.block_idx == (2, 0, 0)
+    assert "IndexError" in message and "test_sim_tiers.py:" in message
+    assert "compiled tier" in message or "compiled tier" in str(caught.value.__cause__)
+
+
+def test_a_kernel_that_never_finishes_is_reported_as_hung():
+    with pytest.raises(KernelHangError, match="spin_until_set"):
+        run("compiled", spin_until_set, (1, 2), np.zeros(1), hang_timeout=1)
+
+
+def test_ctrl_c_stops_a_compiled_launch():
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run("compiled", spin_until_set, (1, 2), np.zeros(1), hang_timeout=None)
+    finally:
+        timer.cancel()
+
+
+# ---- which tier runs ------------------------------------------------------------------------
+
+
+def test_breakpoint_and_debug_kernels_run_threaded_even_when_compiled_is_asked_for():
+    x = np.zeros(4)
+    assert run("compiled", maybe_stop, (1, 4), x) == "threads"
+    assert run("compiled", debug_add_one, (1, 4), x) == "threads"
+    np.testing.assert_array_equal(x, 2.0)
+    assert "breakpoint()" in sim.explain(maybe_stop)
+    assert "debug" in sim.explain(debug_add_one)
+
+
+def test_auto_compiles_a_big_launch_at_once_and_a_small_kernel_once_its_work_adds_up(monkeypatch):
+    big = np.zeros(tiers.BIG_WORK)
+    assert run("auto", add_one, (4, 32), big) == "compiled"
+
+    @jit
+    def add_two(x):
+        i = cuda.grid(1)
+        if i < x.shape[0]:
+            x[i] += 2
+
+    small = np.zeros(64)
+    monkeypatch.setattr(tiers, "HOT_WORK", 4 * small.size)   # four launches' work
+    ran = [run("auto", add_two, (2, 32), small) for _ in range(5)]
+    assert ran == ["threads"] * 3 + ["compiled"] * 2
+    np.testing.assert_array_equal(small, 2.0 * 5)
+
+
+def test_the_threads_setting_keeps_every_launch_threaded(monkeypatch):
+    assert run("threads", add_one, (4, 32), np.zeros(tiers.BIG_WORK)) == "threads"
+    monkeypatch.setenv("PYFLOW_SIM_TIER", "threads")
+    assert sim_settings._from_environment().tier == "threads"
+    monkeypatch.setenv("PYFLOW_SIM_TIER", "fast")
+    with pytest.raises(Exception, match="PYFLOW_SIM_TIER"):
+        sim_settings._from_environment()
+
+
+def test_explain_names_what_keeps_a_kernel_threaded():
+    text = sim.explain(rotate_through_shared)
+    assert "compiled tier: yes" in text and "block barrier" in text
