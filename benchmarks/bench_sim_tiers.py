@@ -234,7 +234,7 @@ def lstm_reference(lstm, x):
 
 def rae_reference(rae, left, right, is_leaf, inp):
     state = rae.state_dict()
-    w, b = (state[k].astype(np.float64) for k in ("weight", "bias"))
+    w, b = (state[k].astype(np.float64) for k in ("encoder.weight", "encoder.bias"))
 
     def walk(node):
         if is_leaf[node]:

@@ -41,11 +41,11 @@ import numpy as np
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels import scalar_ops
 from pyflow.kernels.arg_reduce import argmax_better, make_arg_reduce
-from pyflow.kernels.backend import cuda
+from pyflow.kernels.backend import cuda, is_simulator
 from pyflow.kernels.dtypes import SUPPORTED_DTYPES, check_dtype, kernel_constant
 from pyflow.kernels.elementwise import position
 from pyflow.kernels.jit import jit
-from pyflow.kernels.launch import elementwise_config, launcher, require_device_arrays, rows_config
+from pyflow.kernels.launch import SIM_MAX_BLOCKS, compiled_launch, elementwise_config, launcher, require_device_arrays, rows_config
 from pyflow.kernels.layout import flat, normalize_axes, normalize_axis
 from pyflow.kernels.registry import register
 
@@ -60,6 +60,7 @@ ARG_REDUCTIONS = ("argmax", "argmin")   # take one axis (or None) and give int64
 REDUCE_DTYPES = SUPPORTED_DTYPES
 TWO_PASS_WIDTH = 1 << 14   # a single row longer than this is reduced in two passes
 MAX_PARTIALS = 1024        # at most this many blocks (partial results) in pass 1
+SIM_PARTIALS = 64          # ... in the simulator's compiled tier (a grid of 2048 threads: its loop stays in cache)
 
 COMBINE = {"sum": scalar_ops.add, "mean": scalar_ops.add,
            "max": scalar_ops.maximum, "min": scalar_ops.minimum}
@@ -256,6 +257,8 @@ def _reduce_two_pass(op, plan, out_storage, x_storage, col_shape, x_cols, stream
     """One long row: pass 1 writes a partial result per block, pass 2 reduces them."""
     _, threads = rows_config(1, plan.width)
     blocks = min(elementwise_config(plan.width)[0], MAX_PARTIALS)
+    if is_simulator():   # fewer blocks: there each block's barrier steps cost more than its share of the loop
+        blocks = min(blocks, SIM_PARTIALS if compiled_launch(plan.width) else SIM_MAX_BLOCKS)
     _, threads2 = rows_config(1, blocks)
     if op in ARG_REDUCTIONS:
         part_v = cuda.device_array(blocks, x_storage.dtype, stream=stream)

@@ -4,14 +4,19 @@
 
 Rows are described as in ``kernels/reduce.py``: the other axes number the rows
 (one block each; blocks grid-stride over the rows), the summed axis is the row.
-A block walks its row in **chunks** of ``block`` elements:
+Each thread of a block owns a **segment** of ``ceil(width / block)`` consecutive
+elements of its row:
 
-    chunk 0: x0 x1 x2 x3 | chunk 1: x4 x5 x6 x7 | ...      (block = 4)
-             scan in shared memory, then add the carry: the total of every earlier chunk
+    thread 0: x0 x1 x2 | thread 1: x3 x4 x5 | thread 2: x6 x7        (width 8, block 4)
+    1. each thread adds up its segment:        3 sums
+    2. the block scans the sums in shared memory: what comes before each segment
+    3. each thread walks its segment again, from that start: out = start + x0, + x1, ...
 
-Kernel rules: each element is read once and written once; the scan of a chunk
-lives in shared memory (Hillis-Steele: log2(block) steps, in step d every thread
-adds the value d places to its left); every thread reaches every barrier.
+Kernel rules: each element is read twice and written once, whatever the row's
+length; the scan of the segment sums lives in shared memory (Hillis-Steele:
+log2(block) steps, in step d every thread adds the value d places to its left);
+every thread reaches every barrier, a fixed number of them per row (a barrier per
+``block`` elements, as a chunk-by-chunk scan has, costs a long row thousands).
 
 dtypes: every dtype of ``kernels/dtypes.py``.  The result is numpy's ``np.cumsum``
 dtype (bool and integers: int64; floats keep theirs); float16 adds up in float32
@@ -67,9 +72,10 @@ def make_cumsum(acc_dtype: np.dtype, block: int):
 
     @jit(device=True)
     def block_scan(cache, t, value):
-        """(value_0 + ... + value_t, value_0 + ... + value_last): the block's inclusive prefix sums."""
+        """(value_0 + ... + value_(t-1), value_0 + ... + value_last): the block's exclusive prefix sums."""
         # Code plan (Hillis-Steele): d = 1, 2, 4, ...: every thread t >= d reads the cell
-        # d to its left, waits for everyone to read, adds it to its own cell, waits again.
+        # d to its left, waits for everyone to read, adds it to its own cell, waits again;
+        # then cell t holds the inclusive sum up to t, and cell t - 1 what comes before t.
         cache[t] = value
         cuda.syncthreads()
         d = 1
@@ -79,37 +85,35 @@ def make_cumsum(acc_dtype: np.dtype, block: int):
             cache[t] += left
             cuda.syncthreads()
             d *= 2
-        prefix = cache[t]
+        before = cache[t - 1] if t > 0 else zero
         total = cache[block - 1]
-        cuda.syncthreads()  # before the caller's next chunk overwrites the cache
-        return prefix, total
+        cuda.syncthreads()  # before the caller's next row overwrites the cache
+        return before, total
 
     @jit
     def cumsum_rows(out, out_strides, out_step, x, row_shape, x_strides, x_step, rows, width):
         """``out[row, j] = x[row, 0] + ... + x[row, j]`` (``*_step``: the strides along the axis)."""
         # Code plan:
-        # 1. block b takes rows b, b + gridDim, ...;
-        # 2. thread t reads element start + t of the chunk (0 past the end of the row);
-        # 3. the block scans the chunk; t writes carry + its prefix sum;
-        # 4. carry += the chunk's total; the next chunk starts block elements later.
+        # 1. thread t owns elements lo..hi-1 of every row (a segment of ceil(width / block));
+        # 2. block b takes rows b, b + gridDim, ...: t adds up its segment,
+        # 3. the block scans the segment sums: where t's segment starts;
+        # 4. t walks its segment again, writing the running sum.
         cache = cuda.shared.array(block, acc_type)
         t = cuda.threadIdx.x
+        seg = (width + block - 1) // block
+        lo = min(t * seg, width)
+        hi = min(lo + seg, width)
         row = cuda.blockIdx.x
         while row < rows:
             x_base = position(row, row_shape, x_strides)
             out_base = position(row, row_shape, out_strides)
-            carry = zero
-            start = 0
-            while start < width:
-                j = start + t
-                value = zero
-                if j < width:
-                    value = x[x_base + j * x_step]
-                prefix, total = block_scan(cache, t, value)
-                if j < width:
-                    out[out_base + j * out_step] = carry + prefix
-                carry += total
-                start += block
+            own = zero
+            for j in range(lo, hi):
+                own += x[x_base + j * x_step]
+            running, _ = block_scan(cache, t, own)
+            for j in range(lo, hi):
+                running += x[x_base + j * x_step]
+                out[out_base + j * out_step] = running
             row += cuda.gridDim.x
 
     return cumsum_rows, block_scan

@@ -201,6 +201,18 @@ def test_an_index_out_of_range_names_block_thread_and_line():
     assert "compiled tier" in message or "compiled tier" in str(caught.value.__cause__)
 
 
+def test_boundscheck_off_compiles_an_unchecked_module_with_the_same_values():
+    x, checked, unchecked = np.arange(32.0), np.zeros(32), np.zeros(32)
+    run("compiled", rotate_through_shared, (1, 32), x, checked)
+    run("compiled", rotate_through_shared, (1, 32), x, unchecked, boundscheck=False)
+    np.testing.assert_array_equal(unchecked, checked)
+    paths = [p.source_path for p in tiers._compiled(rotate_through_shared)._prepared.values()
+             if not isinstance(p, Exception)]
+    headers = [open(path).read() for path in paths]
+    assert any("indexes unchecked" in h and "@cu_rt.BARE_UNCHECKED" in h for h in headers)
+    assert any("indexes unchecked" not in h and "_UNCHECKED" not in h for h in headers)
+
+
 def test_a_kernel_that_never_finishes_is_reported_as_hung():
     with pytest.raises(KernelHangError, match="spin_until_set"):
         run("compiled", spin_until_set, (1, 2), np.zeros(1), hang_timeout=1)

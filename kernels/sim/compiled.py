@@ -40,8 +40,9 @@ from numba.core import types as nbtypes
 from pyflow.errors import DeadlockError, DivergentBarrierError, GridSyncExitError, KernelError, KernelHangError
 
 from . import cpu_runtime, scopes
-from .fission import Region, split, variables, write_module
+from .fission import Region, split, variables
 from .translate import BARRIERS, CONTEXT, Unsupported, numba_type_source, translate
+from .writer import write_module
 
 __all__ = ["CompiledKernel", "cache_dir", "Unsupported"]
 
@@ -169,27 +170,28 @@ class CompiledKernel:
         tr, _ = self.translated()
         return bool(tr.barriers & {"grid", "group"})
 
-    def prepare(self, args) -> _Prepared:
+    def prepare(self, args, boundscheck: bool = True) -> _Prepared:
         """The compiled launch for these arguments' types; ``Unsupported`` if numba cannot take them."""
         types = tuple(numba.typeof(a) for a in args)
+        key = types if boundscheck else types + ("unchecked",)
         with self.lock:
-            found = self._prepared.get(types)
+            found = self._prepared.get(key)
             if found is None:
                 started = time.perf_counter()
                 try:
-                    found = self._build(types)
+                    found = self._build(types, boundscheck)
                 except Unsupported as error:
                     found = error
                 except Exception as error:   # numba's typing and lowering errors
                     found = Unsupported(f"numba could not compile it for {', '.join(map(str, types))}: "
                                         f"{type(error).__name__}: {_first_line(error)}")
                 self.compile_seconds += time.perf_counter() - started
-                self._prepared[types] = found
+                self._prepared[key] = found
         if isinstance(found, Unsupported):
             raise found
         return found
 
-    def _build(self, types) -> _Prepared:
+    def _build(self, types, boundscheck: bool = True) -> _Prepared:
         """Translate, split, type, write and compile: the module that runs this kernel for these types."""
         tr, sp = self.translated()
         if len(types) != len(tr.params):
@@ -200,14 +202,28 @@ class CompiledKernel:
         header = (f"Kernel {tr.name!r} ({tr.where}) for the simulator's compiled tier, written by\n"
                   f"pyflow.kernels.sim.fission; runtime {_RUNTIME_STAMP}; argument types:\n"
                   + "".join(f"  {p}: {t}\n" for p, t in param_types.items()))
-        source = write_module(tr, sp, var, storage_types, self.cooperative, header, _IMPORTS)
-        module = _load(source, tr.name)
-        storage = module.cu_allocate(1, 1, 0)
-        sig = ((nbtypes.int64,) * 4 + (nbtypes.int64[::1], nbtypes.int64, nbtypes.boolean[::1])
-               + (nbtypes.int64[::1],) * 3 + (nbtypes.int64,) * 6 + tuple(types)
-               + tuple(numba.typeof(x) for x in storage))
-        module.cu_run.compile(sig)
-        return _Prepared(module, sp.all_nodes, module.__file__)
+        if not boundscheck:
+            header += "indexes unchecked (PYFLOW_SIM_BOUNDSCHECK=0)\n"
+        # per-thread code without reference counts where it can do without (cpu_runtime.BARE): typed
+        # dicts need them, and numba says so only when it compiles
+        bare = all(not t.startswith("numba.") for t in storage_types.values())
+        while True:
+            source = write_module(tr, sp, var, storage_types, self.cooperative, header, _IMPORTS, boundscheck, bare)
+            module = _load(source, tr.name)
+            storage = tuple(numba.typeof(x) for x in module.cu_allocate(1, 1, 0))
+            try:
+                if self.cooperative:
+                    module.cu_run.compile((nbtypes.int64,) * 4 + (nbtypes.int64[::1], nbtypes.int64,
+                                                                  nbtypes.boolean[::1])
+                                          + (nbtypes.int64[::1],) * 3 + (nbtypes.int64,) * 6 + tuple(types) + storage)
+                else:
+                    module.cu_launch.compile((nbtypes.int64,) * 2 + (nbtypes.int64[::1],) * 3 + (nbtypes.int64,) * 6
+                                             + tuple(types) + storage)
+                return _Prepared(module, sp.all_nodes, module.__file__)
+            except Exception:
+                if not bare:
+                    raise
+                bare = False   # something in the kernel needs numba's runtime: count references
 
     def var_types(self, tr, var, types) -> dict:
         """numba's types of the variables kept per thread, from a compile of the body without barriers.
@@ -292,15 +308,15 @@ class CompiledKernel:
             raise self._failure(code, prepared, grid, block, report)
 
     def _watch(self, future, where, cancel, hang_timeout, worker):
-        last, since = -2, time.monotonic()
+        last, since = None, time.monotonic()
         while True:
             try:
                 return future.result(timeout=_POLL_SECONDS)
             except concurrent.futures.TimeoutError:
                 pass
             now = time.monotonic()
-            if where[0] != last:
-                last, since = where[0], now
+            if (where[0], where[2]) != last:   # a node run, or the next thread: progress
+                last, since = (where[0], where[2]), now
             elif hang_timeout is not None and now - since > hang_timeout:
                 doing = _doing(worker)
                 stopped = _stop(future, cancel)
@@ -354,50 +370,50 @@ _RUN_KIND = {scopes.RUN: 0, scopes.ASSIGN: 0, scopes.TEST: 1, scopes.GROUP: 1, s
 
 
 def _drive(module, grid, block, dynshared, args, report, where, cancel) -> int:
-    """One launch: batches of blocks, each driven by a ``scopes.Machine`` that calls ``module.cu_run``."""
+    """One launch: ``cu_launch`` (no grid barriers), or the grid driven by a ``scopes.Machine`` that calls
+    ``module.cu_run`` for each node."""
     threads, blocks = block[0] * block[1] * block[2], grid[0] * grid[1] * grid[2]
-    slots = blocks if module.COOPERATIVE else max(1, min(blocks, cpu_runtime.BATCH_THREADS // threads))
-    storage = module.cu_allocate(slots, threads, dynshared)
-    alive = np.ones(slots * threads, np.bool_)
     dims = (grid[0], grid[1], grid[2], block[0], block[1], block[2])
-    for base in range(0, blocks, slots):
-        alive[:] = True
-        module.cu_start_batch(storage, args)
-        machine = scopes.Machine(module.CODE, np.arange(base, min(blocks, base + slots)))
-        while True:
-            op, node, _, flag = machine.next()
-            if op == scopes.END:
-                break
-            if cancel[0]:
-                return cpu_runtime.CANCELLED
-            here = machine.scope
-            if op == scopes.GRID:   # every block of the grid is here, and no thread has gone
-                live = alive.reshape(slots, threads).any(axis=1)
-                if here.size and not alive.all():
-                    report[0], report[3] = cpu_runtime.GRID_EXIT, node
-                    return cpu_runtime.GRID_EXIT
-                if here.size and here.size != live.sum():
-                    report[0], report[3], report[4] = cpu_runtime.GRID_PARTIAL, node, here.size
-                    return cpu_runtime.GRID_PARTIAL
-                machine.take(here)
-                continue
-            it = machine.counter if op == scopes.ASSIGN else 0
-            code, results, bounds, live = module.cu_run(_RUN_KIND[op], node, flag, it, here, base, alive, where, report,
-                                                     cancel, *dims, *args, *storage)
-            if code != cpu_runtime.OK:
-                return code
-            if op == scopes.GROUP:   # each group's blocks got here together, as many as its members
-                slots, members = results // cpu_runtime.GROUP_KEY, results % cpu_runtime.GROUP_KEY
-                for slot in np.unique(slots[results != -1]):
-                    group = (slots == slot) & (results != -1)
-                    wrong = group & (members != group.sum())
-                    if wrong.any():
-                        k = int(np.argmax(wrong))
-                        report[0], report[1], report[3] = cpu_runtime.GROUP_MISMATCH, here[k], node
-                        report[4], report[5] = members[k], group.sum()
-                        return cpu_runtime.GROUP_MISMATCH
-            machine.take(results, bounds, live)
-    return cpu_runtime.OK
+    if not module.COOPERATIVE:   # blocks one after another, each through compiled control flow
+        storage = module.cu_allocate(1, threads, dynshared)
+        return module.cu_launch(0, blocks, where, report, cancel, *dims, *args, *storage)
+    storage = module.cu_allocate(blocks, threads, dynshared)
+    alive = np.ones(blocks * threads, np.bool_)
+    module.cu_start_batch(storage, args)
+    machine = scopes.Machine(module.CODE, np.arange(blocks))
+    while True:
+        op, node, _, flag = machine.next()
+        if op == scopes.END:
+            return cpu_runtime.OK
+        if cancel[0]:
+            return cpu_runtime.CANCELLED
+        here = machine.scope
+        if op == scopes.GRID:   # every block of the grid is here, and no thread has gone
+            live = alive.reshape(blocks, threads).any(axis=1)
+            if here.size and not alive.all():
+                report[0], report[3] = cpu_runtime.GRID_EXIT, node
+                return cpu_runtime.GRID_EXIT
+            if here.size and here.size != live.sum():
+                report[0], report[3], report[4] = cpu_runtime.GRID_PARTIAL, node, here.size
+                return cpu_runtime.GRID_PARTIAL
+            machine.take(here)
+            continue
+        it = machine.counter if op == scopes.ASSIGN else 0
+        code, results, bounds, live = module.cu_run(_RUN_KIND[op], node, flag, it, here, 0, alive, where, report,
+                                                 cancel, *dims, *args, *storage)
+        if code != cpu_runtime.OK:
+            return code
+        if op == scopes.GROUP:   # each group's blocks got here together, as many as its members
+            slots, members = results // cpu_runtime.GROUP_KEY, results % cpu_runtime.GROUP_KEY
+            for slot in np.unique(slots[results != -1]):
+                group = (slots == slot) & (results != -1)
+                wrong = group & (members != group.sum())
+                if wrong.any():
+                    k = int(np.argmax(wrong))
+                    report[0], report[1], report[3] = cpu_runtime.GROUP_MISMATCH, here[k], node
+                    report[4], report[5] = members[k], group.sum()
+                    return cpu_runtime.GROUP_MISMATCH
+        machine.take(results, bounds, live)
 
 
 def _doing(worker: list) -> str:

@@ -31,8 +31,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["JIT", "JIT_OPTIONS", "INNER", "STEP", "DRIVER", "cancelled", "OK", "DIVERGENT", "GRID_EXIT", "GRID_PARTIAL", "GROUP_MISMATCH", "CANCELLED",
-           "BATCH_THREADS", "GROUP_KEY", "FELL_THROUGH", "EXITED", "BROKE", "CONTINUED", "STOPPED", "UNINITIALIZED_BYTE",
+__all__ = ["JIT", "JIT_OPTIONS", "INNER", "DRIVER", "INNER_UNCHECKED", "DRIVER_UNCHECKED", "BARE", "BARE_UNCHECKED", "cancelled", "OK", "DIVERGENT", "GRID_EXIT", "GRID_PARTIAL", "GROUP_MISMATCH", "CANCELLED",
+           "GROUP_KEY", "FELL_THROUGH", "EXITED", "BROKE", "CONTINUED", "STOPPED", "UNINITIALIZED_BYTE",
            "atomic_add", "atomic_sub", "atomic_and_", "atomic_or_", "atomic_xor", "atomic_inc", "atomic_dec",
            "atomic_exch", "atomic_max", "atomic_min", "atomic_nanmax", "atomic_nanmin", "atomic_cas",
            "atomic_compare_and_swap", "garbage"]
@@ -44,10 +44,19 @@ JIT_OPTIONS = {"boundscheck": True, "error_model": "numpy", "nogil": True, "cach
 JIT = njit(**JIT_OPTIONS)
 # helpers (device functions without barriers) are only called from compiled code: no Python wrapper
 INNER = njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, **JIT_OPTIONS)
-# a kernel's step is inlined into its run (numba's IR inliner): a call per thread and node would
-# cost more than most nodes' work (every array argument's reference count goes up and down)
-STEP = njit(inline="always", **JIT_OPTIONS)
 DRIVER = JIT
+# PYFLOW_SIM_BOUNDSCHECK=0: no index checks.  A checked index costs a few ns and keeps LLVM from
+# vectorizing a loop (a tiled matmul runs about 8 times slower checked); an index out of range
+# unchecked reads garbage or corrupts memory, so the checks are on unless asked otherwise.
+INNER_UNCHECKED = njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, **{**JIT_OPTIONS, "boundscheck": False})
+DRIVER_UNCHECKED = njit(**{**JIT_OPTIONS, "boundscheck": False})
+# A node runs once per thread, and numba counts references to every array it is given: an atomic
+# increment and decrement per array per call (about 17 ns, where the node's own work is often 1).
+# A node allocates nothing, so it can do without numba's runtime (``_nrt=False``: no counts);
+# a kernel whose code needs the runtime (a typed dict of per-thread arrays) is compiled with INNER.
+BARE = njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, _nrt=False, **JIT_OPTIONS)
+BARE_UNCHECKED = njit(no_cpython_wrapper=True, no_cfunc_wrapper=True, _nrt=False,
+                      **{**JIT_OPTIONS, "boundscheck": False})
 
 # what launch() returns
 OK, DIVERGENT, GRID_EXIT, GRID_PARTIAL, GROUP_MISMATCH, CANCELLED = 0, 1, 2, 3, 4, 9
@@ -55,7 +64,6 @@ OK, DIVERGENT, GRID_EXIT, GRID_PARTIAL, GROUP_MISMATCH, CANCELLED = 0, 1, 2, 3, 
 # went on with the enclosing block-level loop, or was stopped (the launch is cancelled)
 FELL_THROUGH, EXITED, BROKE, CONTINUED, STOPPED = 0, 1, 2, 3, 9
 UNINITIALIZED_BYTE = 0xCD  # shared and local memory start as this byte, as in the threaded tier
-BATCH_THREADS = 1 << 16    # a kernel without grid barriers keeps the state of this many threads at once
 GROUP_KEY = 1 << 31        # a group barrier's node gives slot * GROUP_KEY + members
 
 

@@ -20,6 +20,7 @@ Knobs (environment variable -> default):
     PYFLOW_SIM_ORDER    start_order: forward | reverse | shuffle (shuffle)
     PYFLOW_SIM_SEED     seed of the shuffle (0)
     PYFLOW_SIM_TIER     tier: auto | threads | compiled (auto; see ``tiers.py``)
+    PYFLOW_SIM_BOUNDSCHECK  boundscheck: the compiled tier checks indexes (1; 0: faster, unchecked)
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class SimSettings:
     # Which tier runs a launch (tiers.py): auto, threads (every CUDA thread a Python
     # thread) or compiled (the kernel as njit loops over blocks and threads).
     tier: str = "auto"
+    # The compiled tier checks every index (IndexError naming block and thread, as the threaded
+    # tier's numpy arrays raise); False runs unchecked: faster, and an index out of range is not seen.
+    boundscheck: bool = True
 
     def __post_init__(self):
         for name in ("multiprocessor_count", "max_threads_per_multiprocessor",
@@ -80,6 +84,7 @@ def _from_environment() -> SimSettings:
         start_order=os.environ.get("PYFLOW_SIM_ORDER", "shuffle"),
         seed=int(os.environ.get("PYFLOW_SIM_SEED", "0")),
         tier=os.environ.get("PYFLOW_SIM_TIER", "auto").strip().lower() or "auto",
+        boundscheck=os.environ.get("PYFLOW_SIM_BOUNDSCHECK", "1").strip().lower() not in ("0", "false", "no", "off"),
     )
 
 

@@ -70,7 +70,7 @@ def compiled_for(kernel, threads: int, args, settings):
         return None
     compiled = _compiled(kernel)
     try:
-        return compiled, compiled.prepare(args)
+        return compiled, compiled.prepare(args, settings.boundscheck)
     except Unsupported:
         return None
 

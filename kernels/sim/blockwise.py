@@ -1,0 +1,255 @@
+"""The compiled tier for kernels without grid barriers: each block's control flow as compiled code.
+
+A kernel whose barriers are all ``syncthreads`` needs no block to wait for another,
+so its blocks can run one after another, each through the kernel's own control
+flow, the way MCUDA writes it: every node of ``fission.split`` becomes a loop over
+the block's threads (``cu_all_K``), and the ``if``/``while``/``for`` around barriers
+stay ``if``/``while``/``for``, taken by the whole block::
+
+    kernel                          cu_block (one block)
+    ------                          --------------------
+    s[t] = x[i]                     cu_all_0: every thread: s[t] = x[i]
+    syncthreads()
+    while d < n:                    while True:
+                                        cu_all_1: every thread evaluates d < n; they must agree
+        ...                             if not that: break
+        syncthreads()                   cu_all_2: every thread runs the body's region ...
+
+Everything is numba-compiled, so a barrier costs a loop over the threads and not a
+trip through Python; ``scopes.Machine`` (the Python driver) stays for kernels with
+grid or group barriers, where the whole grid must reach a barrier before any block
+goes on.
+
+Each ``cu_all_K`` returns ``(code, value)``: ``code`` is ``OK``, ``DIVERGENT`` (threads
+of the block disagree: reported in ``cu_report``) or ``CANCELLED``; ``value`` is the
+block's status after a region (fell through, broke, continued; -1 when no thread is
+left) or its test's value.  ``cu_bounds_K`` returns the range of a ``for`` around
+barriers, on which every thread must agree too.
+"""
+
+from __future__ import annotations
+
+from .fission import Barrier, Branch, Call, Region
+
+__all__ = ["write_blockwise"]
+
+
+def write_blockwise(w) -> None:
+    """Add ``cu_all_K`` / ``cu_bounds_K``, ``cu_block`` and ``cu_launch`` to the module ``w`` writes.
+
+    ``w`` is writer._ModuleWriter after ``compile`` and ``step``: ``w.branches`` holds every
+    node's code for one thread, ``w.node_params`` the parameters of its ``cu_node_K``.
+    """
+    out = w.out
+    tail = (["cu_alive", "cu_where", "cu_report", "cu_out", "cu_cancel", "cu_gdx", "cu_gdy", "cu_gdz",
+             "cu_bdx", "cu_bdy", "cu_bdz"] + list(w.tr.params) + w.storage_names)
+    args = ", ".join(tail)
+    if len(w.sp.all_nodes) == 1 and isinstance(w.sp.nodes[0], Region):
+        _one_region(w, tail)
+        return
+    kinds = {n.id: _kind(n) for n in w.sp.all_nodes}
+    for k in sorted(w.branches):
+        _all_threads(w, k, kinds.get(k, "region"), args)
+    out(w.inner)
+    out(f"def cu_block(cu_b, {args}):")
+    with out:
+        out('"""Block ``cu_b``: the kernel\'s control flow, each node run by every live thread."""')
+        _flow(w, w.sp.nodes, args, in_loop=False)
+        out("return cu_rt.OK")
+    out()
+    stored_params = [p for p in w.tr.params if p in w.var.stored]
+    out(w.driver)
+    out(f"def cu_launch(cu_b0, cu_b1, {', '.join(t for t in tail if t not in ('cu_alive', 'cu_out'))}):")
+    with out:
+        out('"""Blocks ``cu_b0`` to ``cu_b1 - 1``, one after another: a launch result code."""')
+        out("cu_alive = np.ones(cu_bdx * cu_bdy * cu_bdz, np.bool_)")
+        out("cu_out = np.zeros(3, np.int64)")
+        with out.block("for cu_b in range(cu_b0, cu_b1):"):
+            with out.block("if cu_rt.cancelled(cu_cancel):"):
+                out("return cu_rt.CANCELLED")
+            out("cu_alive[:] = True")
+            for p in stored_params:   # every thread starts with the arguments the kernel reassigns
+                out(f"v_{p}[:] = {p}")
+            out(f"cu_code = cu_block(cu_b, {args})")
+            with out.block("if cu_code != cu_rt.OK:"):
+                out("return cu_code")
+        out("return cu_rt.OK")
+    out()
+
+
+def _one_region(w, tail: list) -> None:
+    """A kernel without barriers: ``cu_launch`` runs its one region for every thread of every block.
+
+    Nothing to agree on and nobody to wait for: a thread that returns is simply done.
+    """
+    out = w.out
+    k = w.sp.nodes[0].id
+    out(w.driver)
+    out(f"def cu_launch(cu_b0, cu_b1, {', '.join(t for t in tail if t not in ('cu_alive', 'cu_out'))}):")
+    with out:
+        out('"""Blocks ``cu_b0`` to ``cu_b1 - 1``, one after another: a launch result code."""')
+        out("cu_nt = cu_bdx * cu_bdy * cu_bdz")
+        out("cu_sb = 0")
+        out(f"cu_where[3] = {k}")
+        with out.block("for cu_b in range(cu_b0, cu_b1):"):
+            with out.block("if cu_rt.cancelled(cu_cancel):"):
+                out("return cu_rt.CANCELLED")
+            out("cu_where[0] += 1   # progress, for the hang watchdog")
+            out("cu_where[1] = cu_b")
+            out("cu_bx = cu_b % cu_gdx")
+            out("cu_by = cu_b // cu_gdx % cu_gdy")
+            out("cu_bz = cu_b // (cu_gdx * cu_gdy)")
+            out("cu_t = -1")
+            out("for cu_tz in range(cu_bdz):")
+            out.level += 1
+            out("for cu_ty in range(cu_bdy):")
+            out.level += 1
+            with out.block("for cu_tx in range(cu_bdx):"):
+                out("cu_t += 1")
+                out("cu_g = cu_t")
+                out("cu_where[2] = cu_t   # where an exception happens; progress too")
+                out(f"cu_r = cu_node_{k}({', '.join(w.node_params[k])})")
+                with out.block("if cu_r == cu_rt.STOPPED:"):
+                    out("return cu_rt.CANCELLED")
+            out.level -= 2
+        out("return cu_rt.OK")
+    out()
+
+
+def _kind(node) -> str:
+    if isinstance(node, Branch):
+        return "bounds" if node.kind == "for" else "test"
+    if isinstance(node, Barrier):
+        return "group"
+    return "region"
+
+
+def _all_threads(w, k: int, kind: str, args: str) -> None:
+    """``cu_all_K`` (or ``cu_bounds_K``): node K for every live thread of block ``cu_b``."""
+    out = w.out
+    name = "cu_bounds" if kind == "bounds" else "cu_all"
+    at_loop_end = any(isinstance(n, Region) and n.id == k and n.at_loop_end for n in w.sp.all_nodes)
+    out(w.inner)
+    out(f"def {name}_{k}(cu_it, cu_b, {args}):")
+    with out:
+        out(f'"""{w.branches[k][0].lstrip("# ")}, for every live thread of block cu_b."""')
+        out("cu_nt = cu_bdx * cu_bdy * cu_bdz")
+        out("cu_bx = cu_b % cu_gdx")
+        out("cu_by = cu_b // cu_gdx % cu_gdy")
+        out("cu_bz = cu_b // (cu_gdx * cu_gdy)")
+        out("cu_sb = 0")
+        out("cu_first = -1")
+        out("cu_lo = cu_hi = cu_st = 0")
+        out("cu_t = -1")
+        out("cu_where[1] = cu_b")
+        out(f"cu_where[3] = {k}")
+        # three loops, not one divided up: two divisions per thread cost more than many nodes' work
+        out("for cu_tz in range(cu_bdz):")
+        out.level += 1
+        out("for cu_ty in range(cu_bdy):")
+        out.level += 1
+        with out.block("for cu_tx in range(cu_bdx):"):
+            out("cu_t += 1")
+            out("cu_g = cu_t")
+            with out.block("if not cu_alive[cu_g]:"):
+                out("continue")
+            out("cu_where[0] += 1   # progress, for the hang watchdog")
+            out("cu_where[2] = cu_t   # where an exception happens")
+            out(f"cu_r = cu_node_{k}({', '.join(w.node_params[k])})")
+            if kind == "region":
+                with out.block("if cu_r == cu_rt.EXITED:"):
+                    out("cu_alive[cu_g] = False")
+                    out("continue")
+                with out.block("if cu_r == cu_rt.STOPPED:"):
+                    out("return cu_rt.CANCELLED, 0")
+            if kind == "bounds":
+                with out.block("if cu_first == -1:"):
+                    out("cu_first = 0")
+                    out("cu_lo, cu_hi, cu_st = cu_out[0], cu_out[1], cu_out[2]")
+                with out.block("elif cu_lo != cu_out[0] or cu_hi != cu_out[1] or cu_st != cu_out[2]:"):
+                    _diverge(out, k, "cu_rt.DIVERGENT, 0, 0, 0, False")
+            else:
+                with out.block("if cu_first == -1:"):
+                    out("cu_first = cu_r")
+                with out.block("elif cu_first != cu_r:"):
+                    if at_loop_end:   # at the end of a loop body, continue is falling through
+                        with out.block("if (cu_first == cu_rt.FELL_THROUGH or cu_first == cu_rt.CONTINUED) "
+                                       "and (cu_r == cu_rt.FELL_THROUGH or cu_r == cu_rt.CONTINUED):"):
+                            out("cu_first = cu_rt.CONTINUED")
+                            out("continue")
+                    _diverge(out, k, "cu_rt.DIVERGENT, 0")
+        out.level -= 2
+        if kind == "bounds":
+            out("return cu_rt.OK, cu_lo, cu_hi, cu_st, cu_first == 0")
+        else:
+            out("return cu_rt.OK, cu_first")
+    out()
+
+
+def _diverge(out, k: int, result: str) -> None:
+    out(f"cu_report[0] = cu_rt.DIVERGENT; cu_report[1] = cu_b; cu_report[2] = cu_t; cu_report[3] = {k}")
+    out(f"return {result}")
+
+
+def _flow(w, nodes: list, args: str, in_loop: bool) -> None:
+    """The structured control flow of ``nodes`` inside ``cu_block``."""
+    out = w.out
+    for node in nodes:
+        if isinstance(node, Call):   # a device function with barriers: its nodes, here
+            _flow(w, w.sp.units[node.unit], args, in_loop)
+        elif isinstance(node, Barrier):
+            continue   # a block barrier: the next node starts after every thread ran this one
+        elif isinstance(node, Region):
+            _region(out, node.id, "0", args, in_loop)
+        elif node.kind == "if":
+            _value(out, node.id, args)
+            with out.block("if cu_v == 1:"):
+                _flow(w, node.body, args, in_loop)
+                out("pass")
+            if node.orelse:
+                with out.block("else:"):
+                    _flow(w, node.orelse, args, in_loop)
+        elif node.kind == "while":
+            with out.block("while True:"):
+                with out.block("if cu_rt.cancelled(cu_cancel):"):
+                    out("return cu_rt.CANCELLED")
+                _value(out, node.id, args)
+                with out.block("if cu_v != 1:"):
+                    out("break")
+                _flow(w, node.body, args, in_loop=True)
+        else:
+            counter = f"cu_i{node.id}"
+            out(f"cu_code, cu_lo{node.id}, cu_hi{node.id}, cu_st{node.id}, cu_any = cu_bounds_{node.id}(0, cu_b, {args})")
+            with out.block("if cu_code != cu_rt.OK:"):
+                out("return cu_code")
+            with out.block("if not cu_any:"):
+                out("return cu_rt.OK")
+            with out.block(f"if cu_st{node.id} == 0:"):
+                out('raise ValueError("range() arg 3 must not be zero (a for loop around a barrier)")')
+            with out.block(f"for {counter} in range(cu_lo{node.id}, cu_hi{node.id}, cu_st{node.id}):"):
+                with out.block("if cu_rt.cancelled(cu_cancel):"):
+                    out("return cu_rt.CANCELLED")
+                if node.id in w.assigns:   # the loop variable, stored for every thread
+                    _region(out, w.assigns[node.id], counter, args, in_loop=True)
+                _flow(w, node.body, args, in_loop=True)
+
+
+def _region(out, k: int, it: str, args: str, in_loop: bool) -> None:
+    out(f"cu_code, cu_v = cu_all_{k}({it}, cu_b, {args})")
+    with out.block("if cu_code != cu_rt.OK:"):
+        out("return cu_code")
+    with out.block("if cu_v != cu_rt.FELL_THROUGH:"):
+        if in_loop:
+            with out.block("if cu_v == cu_rt.BROKE:"):
+                out("break")
+            with out.block("if cu_v == cu_rt.CONTINUED:"):
+                out("continue")
+        out("return cu_rt.OK   # no thread of the block is left")
+
+
+def _value(out, k: int, args: str) -> None:
+    out(f"cu_code, cu_v = cu_all_{k}(0, cu_b, {args})")
+    with out.block("if cu_code != cu_rt.OK:"):
+        out("return cu_code")
+    with out.block("if cu_v == -1:"):
+        out("return cu_rt.OK   # no thread of the block is left")
