@@ -12,7 +12,10 @@ ratios compare tiers measured in the same run:
 4. Cocktailer at the artifact's sizes, compiled executor, in the simulator: the LSTM (10 layers,
    hidden 256, seq 64, batch 1) and the RAE (127 nodes, 1024 -> 512), against references
    (PyTorch if installed, else numpy) and the time per call;
-5. the kernel library: how many kernels (``pyflow.kernels.compile_check``'s cases) the compiled
+5. the seven Cocktailer models (bench_cocktailer.py's count run, small sizes, both executors) with
+   every launch asked for the compiled tier: which of their kernels ran compiled, and the same values
+   as the host executor (bench_cocktailer asserts it, bit for bit);
+6. the kernel library: how many kernels (``pyflow.kernels.compile_check``'s cases) the compiled
    tier translates, how long the compile of one case per kernel takes, and which stay threaded.
 
 Times are the median of ``--repeats`` after one warm call (which compiles); compile times are
@@ -41,7 +44,7 @@ import pyflow as flow  # noqa: E402
 from pyflow import nn  # noqa: E402
 from pyflow.kernels import sim  # noqa: E402
 
-SECTIONS = ("ops", "matmul", "mlp", "cocktailer", "library")
+SECTIONS = ("ops", "matmul", "mlp", "cocktailer", "models", "library")
 LINES: list = []
 
 
@@ -276,7 +279,44 @@ def cocktailer(args) -> None:
     assert worst < 1e-4, worst
 
 
-# ---- 5. the kernel library -----------------------------------------------------------------------
+# ---- 5. the seven models' programs ---------------------------------------------------------------
+
+
+def models(args) -> None:
+    import contextlib
+    import io
+
+    from pyflow.kernels.sim import kernel as sim_kernel
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_cocktailer
+
+    say("== the seven Cocktailer models (bench_cocktailer's counts, small sizes), every launch asked to compile ==")
+    tiers: dict = {}
+    original = sim_kernel.SimLaunch.__call__
+
+    def recording(self, *a):
+        try:
+            return original(self, *a)
+        finally:
+            tiers.setdefault(self.kernel.__name__, set()).add(getattr(self.kernel, "last_tier", "?"))
+
+    sim_kernel.SimLaunch.__call__ = recording
+    start = time.perf_counter()
+    try:
+        with sim.configure(tier="compiled"), contextlib.redirect_stdout(io.StringIO()):
+            bench_cocktailer.counts(bench_cocktailer.SIM_SIZES)
+    finally:
+        sim_kernel.SimLaunch.__call__ = original
+    threaded = sorted(n for n, t in tiers.items() if t != {"compiled"})
+    say(f"{len(tiers)} distinct kernels launched (the programs' persistent kernels and the host executor's "
+        f"per-op kernels), {len(tiers) - len(threaded)} always ran compiled; {time.perf_counter() - start:.0f} s "
+        "with the compiles; host and compiled executors agreed bit for bit")
+    for name in threaded[:10]:
+        say(f"  {name}: {sorted(tiers[name])}")
+
+
+# ---- 6. the kernel library -----------------------------------------------------------------------
 
 
 def library(args) -> None:

@@ -28,6 +28,7 @@
 """
 
 import os
+import signal
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -73,6 +74,11 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_configure(config):
+    # A suite started in the background by a shell (`pytest &`, nohup) inherits SIGINT ignored; then
+    # _thread.interrupt_main() does nothing and the Ctrl-C tests wait for an interrupt that never
+    # comes.  They test pyflow's handling of Python's own Ctrl-C, so give them that.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line("markers", "cuda_devices(n): needs n CUDA devices (ranks with local tensors on "
                                        "cuda:<rank>); skipped on a machine with fewer (tests/helpers_devices.py)")
     config.addinivalue_line("markers", "sim_tier(name): run the test's simulated launches on one tier of the "

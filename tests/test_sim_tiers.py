@@ -223,7 +223,7 @@ def test_ctrl_c_stops_a_compiled_launch():
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            run("compiled", spin_until_set, (1, 2), np.zeros(1), hang_timeout=None)
+            run("compiled", spin_until_set, (1, 2), np.zeros(1), hang_timeout=30)   # never hangs the suite
     finally:
         timer.cancel()
 

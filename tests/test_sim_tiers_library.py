@@ -7,8 +7,11 @@ a few units in the last place: the tiers compute in the same order, but the thre
 mixed float32/float64 arithmetic as numpy's scalars do and the compiled tier as numba (and so a
 GPU) does, and their libm functions (``exp``, ``tanh``) may differ in the last bit.
 
-The default run takes a few ops of each family in float32 and int64, on 2-D operands (each
-rank is a kernel signature of its own, compiled once); ``-m slow`` sweeps every unary op.  Each distinct kernel compiles once (numba caches it on disk).
+The default run takes a few ops of each family in float32 and int64, on 2-D operands whose
+sizes give one block size per kernel (each rank and block size is a kernel of its own, compiled
+once, and a fresh machine compiles each); ``-m slow`` sweeps every unary op.  Each
+distinct kernel compiles once (numba caches it on disk).  Cocktailer's random programs (one
+persistent kernel with grid barriers each) agree on the host, the threaded and the compiled tier.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from hypothesis import strategies as st
 
 from pyflow.kernels.backend import cuda, is_simulator
 from pyflow.kernels.registry import get_kernel
-from tests.strategies import operands, shapes
+from tests.strategies import cocktailer_programs, operands, shapes
 
 pytestmark = pytest.mark.skipif(not is_simulator(), reason="the simulator's tiers exist only without a GPU")
 
@@ -130,7 +133,7 @@ def test_binary_elementwise_ops_broadcast_and_agree(data, shape, dtype, op):
 
 
 @settings(max_examples=6, deadline=None)
-@given(data=st.data(), shape=shapes(min_dims=2, max_dims=2, min_side=1, max_side=8),
+@given(data=st.data(), shape=shapes(min_dims=2, max_dims=2, min_side=5, max_side=8),   # one block size: 8
        dtype=st.sampled_from([F32, I64]), op=st.sampled_from(["reduce_sum", "reduce_max", "argmax"]))
 def test_reductions_over_an_axis_agree(data, shape, dtype, op):
     x = data.draw(operands(shape, dtype, allow_broadcast=False), label="x")
@@ -139,9 +142,9 @@ def test_reductions_over_an_axis_agree(data, shape, dtype, op):
 
 
 @settings(max_examples=5, deadline=None)
-@given(data=st.data(), shape=shapes(min_dims=1, max_dims=2, min_side=1, max_side=40),
-       op=st.sampled_from(["softmax", "cumsum"]))
-def test_row_kernels_with_shared_memory_trees_agree(data, shape, op):
+@given(data=st.data(), rows_=st.integers(1, 3), width=st.integers(17, 80), op=st.sampled_from(["softmax", "cumsum"]))
+def test_row_kernels_with_shared_memory_trees_agree(data, rows_, width, op):
+    shape = (rows_, width)   # blocks of 32 threads (one kernel per op); cumsum's segments run 1 to 3 long
     x = data.draw(operands(shape, F32, allow_broadcast=False), label="x")
     assert_tiers_agree(*on_each_tier(rows(op), x), F32)
 
@@ -156,10 +159,10 @@ def test_tiled_matmul_agrees(data, m, k, n, dtype):
 
 
 @settings(max_examples=4, deadline=None)
-@given(data=st.data(), rows_=st.integers(1, 3), width=st.integers(1, 50), k=st.integers(1, 4))
+@given(data=st.data(), rows_=st.integers(1, 3), width=st.integers(17, 50), k=st.integers(1, 4))
 def test_topk_agrees(data, rows_, width, k):
-    x = data.draw(operands((rows_, width), F32, allow_broadcast=False), label="x")
-    assert_tiers_agree(*on_each_tier(topk(min(k, width)), x), F32)
+    x = data.draw(operands((rows_, width), F32, allow_broadcast=False), label="x")   # one block size: 32
+    assert_tiers_agree(*on_each_tier(topk(k), x), F32)
 
 
 @pytest.mark.slow
@@ -172,3 +175,27 @@ def test_every_unary_op_agrees(op, dtype):
         pytest.skip(f"{op} does not take {dtype}")
     x = np.random.default_rng(0).uniform(-5, 5, (3, 7)).astype(dtype)
     assert_tiers_agree(*on_each_tier(unary(op), cuda.to_device(x)), dtype)
+
+
+# ---- Cocktailer: one persistent kernel per program, with grid barriers ----------------------------
+
+
+@settings(max_examples=2, deadline=None)   # each program is a kernel of its own: a compile each
+@given(desc=cocktailer_programs(2, ops=2),
+       blocks=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_cocktailer_random_programs_agree_on_host_threads_and_compiled(desc, blocks, seed):
+    import pyflow.cocktailer as ck
+    from pyflow.cocktailer.random_programs import build, inputs, numpy_twin
+
+    args = inputs(1, 4, 3, seed)
+    program = ck.trace(build(desc), *args, chunk=4, tile=4, name="random")
+    host = ck.compile(program, mode="host", threads=4)(*args)
+    got = {}
+    for tier in ("threads", "compiled"):
+        with sim.configure(tier=tier):
+            run = ck.compile(program, mode="compiled", threads=4, blocks=blocks)
+            got[tier] = run(*args)
+            assert [k.kernel.last_tier for k in run.kernels] == [tier]
+    np.testing.assert_array_equal(got["threads"], host)   # the same arithmetic, the same order
+    np.testing.assert_allclose(got["compiled"], host, rtol=1e-5, atol=1e-6)   # numba's libm: last bits
+    np.testing.assert_allclose(got["compiled"], numpy_twin(desc, *args[:6]), rtol=1e-4, atol=1e-5)

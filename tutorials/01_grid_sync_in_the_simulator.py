@@ -130,3 +130,40 @@ except DeadlockError as error:
 #
 # The other threads wait at their next barrier.  The simulator's hang watchdog
 # sees the debugger and does not fire while you step.
+
+# %% [markdown]
+# ## 6. Two tiers: threads to debug, compiled to run
+#
+# Every CUDA thread a Python thread is what makes pdb, the shuffled thread
+# orders and the wait tables above possible, and it costs about 200 us per
+# simulated thread.  So the simulator has a second tier for the launches that
+# are big enough to be worth a compile: the kernel's own source, split at its
+# barriers into loops over the block's threads and compiled by numba (README,
+# "The simulator's two tiers").  `explain` says which tiers a kernel can use:
+
+# %%
+from pyflow.kernels.examples import prefix_sum
+
+print(sim.explain(prefix_sum))
+
+# %% [markdown]
+# The same softmax kernel on both tiers (`PYFLOW_SIM_TIER`, or `sim.configure`,
+# picks one; the default, `auto`, compiles big launches).  The threaded tier
+# gets a few rows, the compiled one a whole 1024 x 1024 matrix:
+
+# %%
+import time
+
+import pyflow as flow
+
+data = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
+for tier, rows in (("threads", 4), ("compiled", 1024)):
+    x = flow.tensor(data[:rows], device="cuda")
+    with sim.configure(tier=tier):
+        x.softmax(-1).numpy()  # the compiled tier compiles on the first call (and caches on disk)
+        start = time.perf_counter()
+        y = x.softmax(-1).numpy()
+        seconds = time.perf_counter() - start
+    print(f"{tier:>8} tier: {rows:4d} rows of 1024 in {seconds * 1e3:8.1f} ms, "
+          f"{seconds / y.size * 1e9:10.1f} ns per element")
+np.testing.assert_allclose(y.sum(axis=-1), 1.0, rtol=1e-5)

@@ -7,11 +7,13 @@ Pipeline (one ``CompiledKernel`` per ``SimKernel``):
 3. for kernels with barriers, the types of the variables that live across regions:
    the body is compiled once as a plain function (barriers removed, the "shadow")
    and numba's type inference is asked (once per argument types; ``var_types``);
-4. ``fission.write_module``: a Python module of ``njit`` functions, written to the
+4. ``writer.write_module``: a Python module of ``njit`` functions, written to the
    cache directory under a name made from its text (``PYFLOW_SIM_CACHE``, default
    ``~/.cache/pyflow/sim``), so numba's ``cache=True`` keeps the machine code
    between runs, and a student can open the file;
-5. a launch runs ``launch(...)`` on a worker thread while the caller watches: an
+5. a launch runs ``_drive`` on a worker thread while the caller watches (``cu_launch``:
+   blocks one after another; or, with grid barriers, ``scopes.Machine`` calling
+   ``cu_run`` node after node for the whole grid): an
    exception names the block and thread (``where``), Ctrl-C and a kernel making no
    progress for ``hang_timeout`` seconds stop it (``cancel``), and the result code
    becomes the threaded tier's error (``DivergentBarrierError``, ``GridSyncExitError``...).

@@ -11,11 +11,14 @@ interprets first and compiles what is worth compiling:
   of who waits where;
 * **compiled** (``compiled.py``): the kernel's own source as loops over blocks and
   threads split at barriers, compiled by ``numba.njit`` once per argument types.
-  About as fast as numpy on one core; it keeps the checks that do not need
-  threads: indexes out of range (``IndexError`` naming block and thread),
-  divergent barriers, grid barriers after an exit, group barriers with the wrong
-  number of blocks, hangs (``hang_timeout``) and Ctrl-C.  Threads run in a fixed
-  order, one at a time, so a race cannot show.
+  Some ns per thread and element: from as fast as numpy to a few times slower
+  (``benchmarks/bench_sim_tiers.py``), 100 to 10,000 times faster than threads.
+  It keeps the checks that do not need threads: indexes out of range
+  (``IndexError`` naming block and thread; ``boundscheck=False`` /
+  ``PYFLOW_SIM_BOUNDSCHECK=0`` drops them for speed), divergent barriers, grid
+  barriers after an exit, group barriers with the wrong number of blocks, hangs
+  (``hang_timeout``) and Ctrl-C.  Threads run in a fixed order, one at a time,
+  so a race cannot show.
 
 ``PYFLOW_SIM_TIER`` (or ``configure(tier=...)``) chooses:
 
