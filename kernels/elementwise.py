@@ -166,7 +166,7 @@ def _launch(op, strided, contiguous, out, inputs, extra=(), stream=0):
     shape, n = _plan(op, out, *inputs)
     if n == 0:
         return
-    grid, block = elementwise_config(n)
+    grid, block = elementwise_config(n, [out.dtype] + [x.dtype for x in inputs])
     out_storage, out_strides = flat(out)
     operands = [kernel_operand(x, shape) for x in inputs]
     dense = contiguous_strides(shape)
@@ -259,7 +259,7 @@ def _fill_cuda(out, value, *, stream=0):
     shape, n = as_kernel_shape(out.shape), math.prod(out.shape)
     if n:
         storage, strides = flat(out)
-        grid, block = elementwise_config(n)
+        grid, block = elementwise_config(n, [out.dtype])
         launcher(fill_strided, grid, block, stream)(storage, strides, shape, out.dtype.type(value), n)
 
 

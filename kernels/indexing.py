@@ -306,7 +306,7 @@ def _make_dim_gather(target):
         status = _new_status(stream)
         (out_storage, out_strides), (x_storage, x_strides), (i_storage, i_strides) = flat(out), flat(x), flat(index)
         x_off_axis = tuple(0 if d == axis else s for d, s in enumerate(x_strides))
-        grid, block = elementwise_config(n)
+        grid, block = elementwise_config(n, [out.dtype])
         launcher(take_along_strided, grid, block, stream)(
             out_storage, out_strides, as_kernel_shape(index.shape), x_storage, x_off_axis, x_strides[axis], size,
             i_storage, i_strides, status, n)
@@ -338,7 +338,7 @@ def _make_index_copy(target):
         (out_storage, out_strides), (s_storage, s_strides) = flat(out), flat(source)
         out_off_axis = tuple(0 if d == axis else s for d, s in enumerate(out_strides))
         index_on_axis = tuple(i_stride if d == axis else 0 for d in range(source.ndim))
-        grid, block = elementwise_config(n)
+        grid, block = elementwise_config(n, [out.dtype])
         launcher(put_along_strided, grid, block, stream)(
             out_storage, out_off_axis, as_kernel_shape(source.shape), out_strides[axis], size, s_storage, s_strides,
             i_storage, index_on_axis, status, n)
@@ -364,7 +364,7 @@ def _add_along_cuda(op, out, index, source, axis, shape, index_strides, index_ax
     along = tuple(1 if d == axis else 0 for d in range(out.ndim))
     source_off_axis = tuple(0 if d == axis else s for d, s in enumerate(s_strides))
     kernel = make_add_along_gather(accumulate_dtype(out.dtype))
-    grid, block = elementwise_config(n)
+    grid, block = elementwise_config(n, [out.dtype])
     launcher(kernel, grid, block, stream)(
         out_storage, out_strides, shape, along, s_storage, source_off_axis, s_strides[axis], i_storage,
         index_strides, index_axis_stride, count, n)

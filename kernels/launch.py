@@ -25,6 +25,8 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
+
 from pyflow.errors import DTypeError
 from pyflow.kernels.backend import is_simulator
 from pyflow.kernels.layout import is_device_array
@@ -38,20 +40,22 @@ SIM_MAX_THREADS = 32
 SIM_MAX_BLOCKS = 2
 
 
-def elementwise_config(n: int) -> tuple[int, int]:
-    """(blocks, threads) for a grid-stride loop over ``n >= 1`` items."""
-    if is_simulator() and not compiled_launch(n):
+def elementwise_config(n: int, dtypes=()) -> tuple[int, int]:
+    """(blocks, threads) for a grid-stride loop over ``n >= 1`` items of arrays of ``dtypes``."""
+    if is_simulator() and not compiled_launch(n, dtypes):
         threads = min(SIM_MAX_THREADS, n)
         return min(SIM_MAX_BLOCKS, math.ceil(n / threads)), threads
     return min(GPU_MAX_BLOCKS, math.ceil(n / GPU_THREADS)), GPU_THREADS
 
 
-def compiled_launch(work: int) -> bool:
+def compiled_launch(work: int, dtypes=()) -> bool:
     """Will a simulated launch of ``work`` (its largest array's elements) run on the compiled tier?
 
     What ``kernels/sim/tiers.py`` decides for a launch of that size (always False on a GPU).
+    Arrays of float16 (``dtypes``, as far as the caller knows them) stay threaded: numba has
+    no float16 on the CPU, and a GPU-sized grid of Python threads would take minutes.
     """
-    if not is_simulator():
+    if not is_simulator() or any(np.dtype(d) == np.float16 for d in dtypes):
         return False
     from pyflow.kernels.sim import settings, tiers
 
@@ -59,13 +63,13 @@ def compiled_launch(work: int) -> bool:
     return tier == "compiled" or (tier == "auto" and work >= tiers.BIG_WORK)
 
 
-def rows_config(rows: int, width: int, max_threads: int | None = None) -> tuple[int, int]:
+def rows_config(rows: int, width: int, max_threads: int | None = None, dtypes=()) -> tuple[int, int]:
     """(blocks, threads): a block per row (grid-stride over rows), threads a power of two."""
     cap = max_threads or (SIM_MAX_THREADS if is_simulator() else GPU_THREADS)
     threads = 1
     while threads < min(width, cap):
         threads *= 2
-    few = is_simulator() and not compiled_launch(rows * width)
+    few = is_simulator() and not compiled_launch(rows * width, dtypes)
     blocks = min(rows, SIM_MAX_BLOCKS if few else GPU_MAX_BLOCKS)
     return max(blocks, 1), threads
 

@@ -327,7 +327,7 @@ def _take_cuda(op, out, x, index, axis, stream, check):
         own = index_strides if index.ndim else ()
         x_over_out = x_strides[:axis] + (0,) * index.ndim + x_strides[axis + 1:] or (0,)
         index_over_out = (0,) * axis + own + pad or (0,)
-        grid, block = elementwise_config(n_out)
+        grid, block = elementwise_config(n_out, [out.dtype, x.dtype])
         launcher(take_strided, grid, block, stream)(
             out_storage, out_strides, shape, x_storage, x_over_out, x_strides[axis], size,
             index_storage, index_over_out, status, n_out)

@@ -280,7 +280,7 @@ def _sgd_update_cuda(model, model_diff, learning_rate, *, weight_decay=0.0, maxi
     if model.size == 0:
         return
     shape, ((p, ps), (g, gs)), n = _plan(model, [model, model_diff])
-    grid, block = elementwise_config(n)
+    grid, block = elementwise_config(n, [model.dtype])
     launcher(make_sgd_update(compute_dtype(model.dtype)), grid, block, stream)(
         p, ps, shape, g, gs, _scalar_storage(learning_rate), float(weight_decay), bool(maximize), n)
 
@@ -294,7 +294,7 @@ def _momentum_update_cuda(model, model_diff, momentum_buf, learning_rate, train_
     if model.size == 0:
         return
     shape, ((p, ps), (g, gs), (b, bs)), n = _plan(model, [model, model_diff, momentum_buf])
-    grid, block = elementwise_config(n)
+    grid, block = elementwise_config(n, [model.dtype])
     launcher(make_momentum_update(compute_dtype(model.dtype)), grid, block, stream)(
         p, ps, shape, g, gs, b, bs, _scalar_storage(learning_rate), _scalar_storage(train_step), float(momentum),
         float(dampening), bool(nesterov), float(weight_decay), bool(maximize), n)
@@ -313,7 +313,7 @@ def _adam_update_cuda(model, model_diff, exp_avg, exp_avg_sq, max_exp_avg_sq, le
         return
     shape, ((p, ps), (g, gs), (m, ms), (v, vs), (vmax, vmaxs)), n = _plan(
         model, [model, model_diff, exp_avg, exp_avg_sq, max_exp_avg_sq])
-    grid, block = elementwise_config(n)
+    grid, block = elementwise_config(n, [model.dtype])
     launcher(make_adam_update(compute_dtype(model.dtype)), grid, block, stream)(
         p, ps, shape, g, gs, m, ms, v, vs, vmax, vmaxs, _scalar_storage(learning_rate), _scalar_storage(train_step),
         float(beta1), float(beta2), float(eps), float(weight_decay), bool(amsgrad), bool(maximize),

@@ -255,10 +255,10 @@ def _count(op, plan: ReducePlan):
 
 def _reduce_two_pass(op, plan, out_storage, x_storage, col_shape, x_cols, stream):
     """One long row: pass 1 writes a partial result per block, pass 2 reduces them."""
-    _, threads = rows_config(1, plan.width)
-    blocks = min(elementwise_config(plan.width)[0], MAX_PARTIALS)
+    _, threads = rows_config(1, plan.width, dtypes=[x_storage.dtype])
+    blocks = min(elementwise_config(plan.width, [x_storage.dtype])[0], MAX_PARTIALS)
     if is_simulator():   # fewer blocks: there each block's barrier steps cost more than its share of the loop
-        blocks = min(blocks, SIM_PARTIALS if compiled_launch(plan.width) else SIM_MAX_BLOCKS)
+        blocks = min(blocks, SIM_PARTIALS if compiled_launch(plan.width, [x_storage.dtype]) else SIM_MAX_BLOCKS)
     _, threads2 = rows_config(1, blocks)
     if op in ARG_REDUCTIONS:
         part_v = cuda.device_array(blocks, x_storage.dtype, stream=stream)
@@ -287,7 +287,7 @@ def _reduce_cuda(op):
         if plan.rows == 1 and plan.width > TWO_PASS_WIDTH:
             _reduce_two_pass(op, plan, out_storage, x_storage, col_shape, x_cols, stream)
             return
-        blocks, threads = rows_config(plan.rows, plan.width)
+        blocks, threads = rows_config(plan.rows, plan.width, dtypes=[x.dtype])
         args = (out_storage, out_rows, x_storage, row_shape, x_rows, col_shape, x_cols, plan.rows, plan.width)
         if op in ARG_REDUCTIONS:
             launcher(make_arg_reduce(op, np.dtype(x.dtype), threads)[0], blocks, threads, stream)(*args)

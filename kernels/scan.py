@@ -140,7 +140,7 @@ def cumsum_cuda(out, x, *, axis, stream=0):
     kept = [d for d in range(x.ndim) if d != axis]
     row_shape, out_rows, x_rows = coalesce([x.shape[d] for d in kept], [out_strides[d] for d in kept],
                                            [x_strides[d] for d in kept])
-    blocks, threads = rows_config(rows, width)
+    blocks, threads = rows_config(rows, width, dtypes=[x.dtype])
     kernel = make_cumsum(cumsum_accumulate_dtype(x.dtype), threads)[0]
     launcher(kernel, blocks, threads, stream)(out_storage, out_rows, out_strides[axis], x_storage, row_shape,
                                               x_rows, x_strides[axis], rows, width)

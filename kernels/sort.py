@@ -186,7 +186,7 @@ def topk_cuda(values, indices, x, *, k, axis=-1, largest=True, stream=0):
     kept = [d for d in range(x.ndim) if d != axis]
     row_shape, x_rows, v_rows, i_rows = coalesce([x.shape[d] for d in kept], *[[s[d] for d in kept] for s in
                                                                                 (x_strides, v_strides, i_strides)])
-    blocks, threads = rows_config(rows, width)
+    blocks, threads = rows_config(rows, width, dtypes=[x.dtype])
     kernel = make_topk(np.dtype(x.dtype), threads, local_size(k))[0]
     launcher(kernel, blocks, threads, stream)(v_storage, v_rows, v_strides[axis], i_storage, i_rows, i_strides[axis],
                                               x_storage, row_shape, x_rows, x_strides[axis], rows, width, k,
