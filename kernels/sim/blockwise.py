@@ -29,6 +29,8 @@ barriers, on which every thread must agree too.
 
 from __future__ import annotations
 
+import contextlib
+
 from .fission import Barrier, Branch, Call, Region
 
 __all__ = ["write_blockwise"]
@@ -100,20 +102,28 @@ def _one_region(w, tail: list) -> None:
             out("cu_by = cu_b // cu_gdx % cu_gdy")
             out("cu_bz = cu_b // (cu_gdx * cu_gdy)")
             out("cu_t = -1")
-            out("for cu_tz in range(cu_bdz):")
-            out.level += 1
-            out("for cu_ty in range(cu_bdy):")
-            out.level += 1
-            with out.block("for cu_tx in range(cu_bdx):"):
-                out("cu_t += 1")
-                out("cu_g = cu_t")
+            with _each_thread(out):
                 out("cu_where[2] = cu_t   # where an exception happens; progress too")
                 out(f"cu_r = cu_node_{k}({', '.join(w.node_params[k])})")
                 with out.block("if cu_r == cu_rt.STOPPED:"):
                     out("return cu_rt.CANCELLED")
-            out.level -= 2
         out("return cu_rt.OK")
     out()
+
+
+@contextlib.contextmanager
+def _each_thread(out):
+    """The loops over a block's threads (``cu_t``: the thread's number in the block, ``cu_g`` its slot).
+
+    Three loops, not one divided up: two divisions per thread cost more than many nodes' work.
+    """
+    for line in ("for cu_tz in range(cu_bdz):", "for cu_ty in range(cu_bdy):", "for cu_tx in range(cu_bdx):"):
+        out(line)
+        out.level += 1
+    out("cu_t += 1")
+    out("cu_g = cu_t")
+    yield
+    out.level -= 3
 
 
 def _kind(node) -> str:
@@ -143,14 +153,7 @@ def _all_threads(w, k: int, kind: str, args: str) -> None:
         out("cu_t = -1")
         out("cu_where[1] = cu_b")
         out(f"cu_where[3] = {k}")
-        # three loops, not one divided up: two divisions per thread cost more than many nodes' work
-        out("for cu_tz in range(cu_bdz):")
-        out.level += 1
-        out("for cu_ty in range(cu_bdy):")
-        out.level += 1
-        with out.block("for cu_tx in range(cu_bdx):"):
-            out("cu_t += 1")
-            out("cu_g = cu_t")
+        with _each_thread(out):
             with out.block("if not cu_alive[cu_g]:"):
                 out("continue")
             out("cu_where[0] += 1   # progress, for the hang watchdog")
@@ -178,7 +181,6 @@ def _all_threads(w, k: int, kind: str, args: str) -> None:
                             out("cu_first = cu_rt.CONTINUED")
                             out("continue")
                     _diverge(out, k, "cu_rt.DIVERGENT, 0")
-        out.level -= 2
         if kind == "bounds":
             out("return cu_rt.OK, cu_lo, cu_hi, cu_st, cu_first == 0")
         else:
