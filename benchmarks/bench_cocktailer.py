@@ -43,6 +43,7 @@ import random
 import statistics
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -703,15 +704,23 @@ def main(argv=None) -> int:
 
         print(f"== GPU latency (median of {args.repeats} after {args.warmup} warm-up calls), device "
               f"{torch.cuda.get_device_name(0)} ==")
+    failed = []
     for section in sections:
         if section == "counts":
             counts(SIM_SIZES)
         elif backend.is_gpu():
-            TIMING[section](args.warmup, args.repeats, GPU_OPTIONS)
+            try:   # one model's failure still leaves the others' rows (a GPU session is short)
+                TIMING[section](args.warmup, args.repeats, GPU_OPTIONS)
+            except Exception:
+                traceback.print_exc()
+                print(f"section {section}: FAILED (traceback above)", flush=True)
+                failed.append(section)
     if not backend.is_gpu():
         skipped = f" ({','.join(timed_sections)} skipped)" if timed_sections else ""
         print(f"(no GPU: counts only{skipped}; simulated time is not a latency)")
-    return 0
+    if failed:
+        print(f"failed sections: {','.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@
 #                     and skipped if that is under MIN_STEP_SECONDS (default 20)
 #   PYTEST_WORKERS    run pytest on N processes with pytest-xdist (default: the machine's cores, `nproc`,
 #                     when xdist is importable; 0: one process, as CI does)
+#   TESTS_SECONDS, KERNELS_SECONDS, COCKTAILER_SECONDS   a step's own limit (0: skip bench_kernels.py)
+#   BENCH_FIRST       1: run the benchmarks before the tests
 #   PYTEST_ARGS       replaces "-x" (e.g. "--maxfail=30" to see more than the first failure)
 #   TEST_TIMEOUT      pytest-timeout's limit per test, seconds (default 180; 0: none)
 #   KERNELS_ARGS      extra arguments for bench_kernels.py (e.g. "--sections matmul,barriers")
@@ -174,7 +176,7 @@ cat "$OUT/demo.log" >>"$OUT/env.log"
 rm -f "$OUT/demo.log"
 
 # --- the tests on the GPU ------------------------------------------------------------------------------
-if [ "$MODE" != bench ]; then
+run_tests() {
   PYTEST_OPTS=(-q -m "gpu or not slow" -p no:cacheprovider -rfE --durations=30 --junitxml="$OUT/pytest_gpu.xml")
   read -r -a EXTRA <<<"${PYTEST_ARGS:--x}"
   PYTEST_OPTS+=(${EXTRA[@]+"${EXTRA[@]}"})
@@ -185,21 +187,28 @@ if [ "$MODE" != bench ]; then
   if [ "$WORKERS" != 0 ] && [ "$WORKERS" != 1 ] && "$PY" -c "import xdist" >/dev/null 2>&1; then
     PYTEST_OPTS+=(-n "$WORKERS")
   fi
-  if [ "$MODE" = tests ]; then TESTS_SECONDS=540; else TESTS_SECONDS=240; fi
-  step "pytest (PYFLOW_CUDA=gpu)" "$TESTS_SECONDS" "$OUT/pytest_gpu.log" \
+  if [ "$MODE" = tests ]; then want=540; else want=240; fi
+  step "pytest (PYFLOW_CUDA=gpu)" "${TESTS_SECONDS:-$want}" "$OUT/pytest_gpu.log" \
     env PYFLOW_CUDA=gpu "$PY" -m pytest "${PYTEST_OPTS[@]}"
-fi
+}
 
 # --- the benchmarks ------------------------------------------------------------------------------------
-if [ "$MODE" != tests ]; then
-  if [ "$MODE" = bench ]; then KERNELS_SECONDS=240; else KERNELS_SECONDS=130; fi
-  read -r -a KARGS <<<"${KERNELS_ARGS:-}"
-  step "bench_kernels.py" "$KERNELS_SECONDS" "$OUT/bench_kernels.log" \
-    env PYFLOW_CUDA=gpu "$PY" benchmarks/bench_kernels.py --write "$OUT/kernels_gpu.txt" ${KARGS[@]+"${KARGS[@]}"}
+run_bench() {
+  if [ "$MODE" = bench ]; then want=240; else want=130; fi
+  if [ "${KERNELS_SECONDS:-$want}" != 0 ]; then
+    read -r -a KARGS <<<"${KERNELS_ARGS:-}"
+    step "bench_kernels.py" "${KERNELS_SECONDS:-$want}" "$OUT/bench_kernels.log" \
+      env PYFLOW_CUDA=gpu "$PY" benchmarks/bench_kernels.py --write "$OUT/kernels_gpu.txt" ${KARGS[@]+"${KARGS[@]}"}
+  fi
   read -r -a CARGS <<<"${COCKTAILER_ARGS:---warmup 3 --repeats 10}"
-  step "bench_cocktailer.py" 600 "$OUT/bench_cocktailer.log" \
+  step "bench_cocktailer.py" "${COCKTAILER_SECONDS:-600}" "$OUT/bench_cocktailer.log" \
     env PYFLOW_CUDA=gpu "$PY" benchmarks/bench_cocktailer.py ${CARGS[@]+"${CARGS[@]}"}
-fi
+}
+
+# BENCH_FIRST=1: the benchmarks before the tests (when their numbers matter more and time is short)
+if [ "${BENCH_FIRST:-0}" = 1 ] && [ "$MODE" != tests ]; then run_bench; fi
+if [ "$MODE" != bench ]; then run_tests; fi
+if [ "${BENCH_FIRST:-0}" != 1 ] && [ "$MODE" != tests ]; then run_bench; fi
 
 note "mode $MODE: $(($(date +%s) - START))s in all; files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
 set +x
