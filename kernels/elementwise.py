@@ -220,9 +220,14 @@ def _binary_cpu(op, table):
 
 
 def _converter(out_dtype, in_dtype):
-    """The (strided, contiguous) copy kernels: ``x != 0`` into bool (NaN is True), else a plain store."""
-    bool_of_number = np.dtype(out_dtype) == BOOL and np.dtype(in_dtype) != BOOL
-    return make_map(scalar_ops.nonzero if bool_of_number else scalar_ops.identity)
+    """The (strided, contiguous) copy kernels: ``x != 0`` into bool (NaN is True); float16 into an integer
+    through float32 (truncation, see ``scalar_ops.through_float32``); else a plain store."""
+    out_dtype, in_dtype = np.dtype(out_dtype), np.dtype(in_dtype)
+    if out_dtype == BOOL and in_dtype != BOOL:
+        return make_map(scalar_ops.nonzero)
+    if in_dtype == np.float16 and out_dtype.kind in "iu":
+        return make_map(scalar_ops.through_float32)
+    return make_map(scalar_ops.identity)
 
 
 def _check_where(out, cond, a, b):

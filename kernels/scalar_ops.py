@@ -201,6 +201,14 @@ def nonzero(x):
 
 
 @jit(device=True)
+def through_float32(x):
+    """A float16 widened to float32 before it is stored into an integer: numba-cuda 0.30's own float16 ->
+    integer conversion rounds to nearest (2.738 -> 3 on an H200, 2026-11-28), where C and numpy truncate
+    toward zero (2); float32 -> integer truncates, and the widening is exact."""
+    return numba.float32(x)
+
+
+@jit(device=True)
 def logical_not(x):
     return x == 0
 

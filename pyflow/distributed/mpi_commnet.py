@@ -188,6 +188,7 @@ class _PeerWait:
     missing: frozenset
     since: float
     count: int
+    sent: int = 0    # for a recv: how many messages of its tag this rank had sent the peer when the peer said it
 
 
 # --- the comm-net thread --------------------------------------------------------------------------------------
@@ -447,7 +448,8 @@ class CommNet:
             key, where, missing = message[2], message[3], frozenset(message[4])
             old = self._peer_waits.get(sender)
             count = old.count + 1 if old is not None and old.key == key and self.rank in old.missing else 1
-            self._peer_waits[sender] = _PeerWait(key, where, missing, time.monotonic(), count)
+            sent = self.sent[(sender, key[2])] if key[0] == "recv" else 0
+            self._peer_waits[sender] = _PeerWait(key, where, missing, time.monotonic(), count, sent)
         elif kind == "bye":
             self._gone[sender] = message[2]
             self._peer_waits.pop(sender, None)
@@ -552,11 +554,22 @@ class CommNet:
         for r in missing:
             peer = self._peer_waits.get(r)
             if (peer is not None and peer.key != op.key and self.rank in peer.missing and peer.count >= 2
-                    and now - peer.since < 3 * _PROBE_SECONDS):
+                    and now - peer.since < 3 * _PROBE_SECONDS and not self._gave_since(r, peer)):
                 return CollectiveMismatchError(
                     f"rank {self.rank} waits at {op.what}, but rank {r} waits at {peer.where}, which needs rank "
                     f"{self.rank}: the ranks ran different code")
         return None
+
+    def _gave_since(self, r: int, peer: _PeerWait) -> bool:
+        """Whether this rank has since given what rank ``r`` said it waits for, so that its word is stale: it
+        joined that collective (a peer waiting at #2 of a group, then this rank reached #2, went on and now waits
+        at #6 for the peer, is no divergence: the peer's "waiting" is older than this rank's arrival, and its
+        next word will say #6; first seen on a loaded 16-core machine, a GPU compile slowing one rank), or sent
+        the peer another message of the tag it waits on."""
+        if peer.key[0] == "recv":
+            return self.sent[(r, peer.key[2])] > peer.sent
+        group, seq = peer.key
+        return self.started[group] > seq
 
     def _timed_out(self, op: Operation, missing: list, now: float):
         if op.asked is None:
