@@ -41,7 +41,7 @@ from numba.core import types as nbtypes
 
 from pyflow.errors import DeadlockError, DivergentBarrierError, GridSyncExitError, KernelError, KernelHangError
 
-from . import cpu_runtime, scopes
+from . import cpu_runtime, grid_machine, scopes
 from .fission import Region, split, variables
 from .translate import BARRIERS, CONTEXT, Unsupported, numba_type_source, translate
 from .writer import write_module
@@ -53,12 +53,14 @@ import numba
 import numpy as np
 from numba.typed import Dict
 from pyflow.kernels.sim import cpu_runtime as cu_rt
+from pyflow.kernels.sim import grid_machine as cu_gm
 from pyflow.kernels.sim.scopes import (
     RUN, TEST, IF_SPLIT, IF_ELSE, IF_JOIN, LOOP_ENTER, WHILE_COND, LOOP_BACK, FOR_BOUNDS, FOR_GROUP, FOR_CHECK, ASSIGN,
     FOR_BACK, LOOP_EXIT, GRID, GROUP, END)
 """
 # a change to the runtime helpers must not reuse machine code compiled against the old ones
-_RUNTIME_STAMP = hashlib.sha1((inspect.getsource(cpu_runtime) + inspect.getsource(scopes)).encode()).hexdigest()[:12]
+_RUNTIME_STAMP = hashlib.sha1((inspect.getsource(cpu_runtime) + inspect.getsource(scopes)
+                                + inspect.getsource(grid_machine)).encode()).hexdigest()[:12]
 _POLL_SECONDS = 0.02
 _STOP_SECONDS = 10.0   # how long a cancelled launch may take to notice
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -215,9 +217,12 @@ class CompiledKernel:
             storage = tuple(numba.typeof(x) for x in module.cu_allocate(1, 1, 0))
             try:
                 if self.cooperative:
-                    module.cu_run.compile((nbtypes.int64,) * 4 + (nbtypes.int64[::1], nbtypes.int64,
-                                                                  nbtypes.boolean[::1])
-                                          + (nbtypes.int64[::1],) * 3 + (nbtypes.int64,) * 6 + tuple(types) + storage)
+                    tail = ((nbtypes.boolean[::1],) + (nbtypes.int64[::1],) * 3 + (nbtypes.int64,) * 6 + tuple(types)
+                            + storage)
+                    module.cu_run.compile((nbtypes.int64,) * 4 + (nbtypes.int64[::1], nbtypes.int64) + tail)
+                    if _COMPILED_MACHINE:   # before the launch: a compile is no progress to the hang watch
+                        state = tuple(numba.typeof(a) for a in grid_machine.new_state(module.CODE_OPS, 1))
+                        module.cu_drive.compile((numba.typeof(module.CODE_OPS),) + state + tail)
                 else:
                     module.cu_launch.compile((nbtypes.int64,) * 2 + (nbtypes.int64[::1],) * 3 + (nbtypes.int64,) * 6
                                              + tuple(types) + storage)
@@ -368,6 +373,8 @@ class CompiledKernel:
         return KernelError(f"kernel {self.name!r}: compiled launch ended with code {code}", kernel=self.name)
 
 
+# False: drive cooperative launches with scopes.Machine in Python (to step through it; the tests compare both)
+_COMPILED_MACHINE = True
 _RUN_KIND = {scopes.RUN: 0, scopes.ASSIGN: 0, scopes.TEST: 1, scopes.GROUP: 1, scopes.FOR_BOUNDS: 2}
 
 
@@ -382,6 +389,9 @@ def _drive(module, grid, block, dynshared, args, report, where, cancel) -> int:
     storage = module.cu_allocate(blocks, threads, dynshared)
     alive = np.ones(blocks * threads, np.bool_)
     module.cu_start_batch(storage, args)
+    if _COMPILED_MACHINE:   # the whole launch in numba (grid_machine.py); the loop below is the same, in Python
+        state = grid_machine.new_state(module.CODE_OPS, blocks)
+        return module.cu_drive(module.CODE_OPS, *state, alive, where, report, cancel, *dims, *args, *storage)
     machine = scopes.Machine(module.CODE, np.arange(blocks))
     while True:
         op, node, _, flag = machine.next()

@@ -7,7 +7,11 @@ agree) and barriers.  The control flow between the nodes is a small program for
 this machine; the nodes' code is the kernel's ``run`` function (numba-compiled),
 which runs one node for every live thread of a set of blocks.  The machine is
 plain Python on numpy arrays: it costs nothing to compile, a student can step
-through it, and it runs once per node executed, not once per thread.
+through it, and it runs once per node executed, not once per thread.  Launches
+use its compiled twin, ``grid_machine.py`` (the same instructions, in numba: a
+Cocktailer program executes tens of thousands of small nodes per call, and the
+trips through Python were most of its time); ``compiled._COMPILED_MACHINE =
+False`` drives them with this one, and the tests check that both agree.
 
 The machine holds a **scope**: the blocks (numbers, sorted) that run the current
 part.  Where the blocks of a scope disagree about a test, the scope splits: ``if``

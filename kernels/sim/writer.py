@@ -8,8 +8,9 @@ The module (kept in the cache directory; ``compiled.py`` imports it) has:
 * ``cu_allocate``: those arrays and the kernel's shared and local memory;
 * for a kernel without grid or group barriers, ``cu_launch``: its blocks one after
   another, each running the kernel's control flow as compiled code (``blockwise.py``);
-* for the others, ``CODE`` (the control flow as bytecode for ``scopes.Machine``) and
-  ``cu_run``, which runs one node for every live thread of the machine's scope.
+* for the others, ``CODE`` (the control flow as bytecode for ``scopes.Machine``),
+  ``cu_run``, which runs one node for every live thread of the machine's scope, and
+  ``cu_drive``, the whole launch compiled (``grid_machine`` steps through ``CODE``).
 """
 
 from __future__ import annotations
@@ -354,6 +355,67 @@ class _ModuleWriter:
                 out.level -= 2
                 out("cu_res[cu_i] = cu_first")
             out("return cu_rt.OK, cu_res, cu_bounds, cu_live")
+        out()
+        self.drive(params)
+
+    def drive(self, run_params: list) -> None:
+        """``cu_drive``: the whole launch, compiled: ``grid_machine.step`` finds the next node, ``cu_run``
+        runs it for the scope's threads, ``grid_machine.take`` goes on (``scopes.Machine``'s loop, in numba).
+        Grid and group barriers are checked here: every block at a grid barrier, and no thread gone; each
+        group's blocks as many as its members."""
+        out = self.out
+        state = ["cu_code", "cu_st", "cu_scope", "cu_values", "cu_waiting", "cu_flags", "cu_ranges", "cu_counter"]
+        tail = run_params[run_params.index("cu_alive"):]
+        out("CODE_OPS = cu_gm.encode(CODE)   # the same instructions, as opcodes for grid_machine")
+        out()
+        out(self.driver)
+        out(f"def cu_drive({', '.join(state + tail)}):")
+        with out:
+            out('"""The launch: every node the control code reaches, for every live thread of its scope."""')
+            out("cu_nb = cu_scope.shape[0]")
+            out("cu_nt = cu_bdx * cu_bdy * cu_bdz")
+            out("cu_none3 = np.zeros((0, 3), np.int64)")
+            with out.block("while True:"):
+                out(f"cu_op = cu_gm.step({', '.join(state)})")
+                with out.block("if cu_op == cu_gm.END:"):
+                    out("return cu_rt.OK")
+                with out.block("if cu_rt.cancelled(cu_cancel):"):
+                    out("return cu_rt.CANCELLED")
+                out("cu_node, cu_flag = cu_code[cu_st[0], 1], cu_code[cu_st[0], 3]")
+                out("cu_S = np.flatnonzero(cu_scope)")
+                with out.block("if cu_op == cu_gm.GRID:   # every block of the grid is here, and no thread has gone"):
+                    out("cu_live = 0")
+                    with out.block("for cu_b in range(cu_nb):"):
+                        out("cu_live += cu_alive[cu_b * cu_nt:(cu_b + 1) * cu_nt].any()")
+                    with out.block("if cu_S.shape[0] and not cu_alive.all():"):
+                        out("cu_report[0], cu_report[3] = cu_rt.GRID_EXIT, cu_node")
+                        out("return cu_rt.GRID_EXIT")
+                    with out.block("if cu_S.shape[0] and cu_S.shape[0] != cu_live:"):
+                        out("cu_report[0], cu_report[3], cu_report[4] = cu_rt.GRID_PARTIAL, cu_node, cu_S.shape[0]")
+                        out("return cu_rt.GRID_PARTIAL")
+                    out(f"cu_gm.take({', '.join(state)}, cu_S, cu_none3, cu_scope)")
+                    out("continue")
+                out("cu_it = cu_counter[cu_st[2] - 1, 0] if cu_op == cu_gm.ASSIGN else 0")
+                out("cu_kind = 1 if cu_op == cu_gm.TEST or cu_op == cu_gm.GROUP else (2 if cu_op == cu_gm.FOR_BOUNDS "
+                    "else 0)")
+                args = ", ".join(["cu_kind", "cu_node", "cu_flag", "cu_it", "cu_S", "0"] + tail)
+                out(f"cu_code_, cu_res, cu_bounds, cu_lv = cu_run({args})")
+                with out.block("if cu_code_ != cu_rt.OK:"):
+                    out("return cu_code_")
+                with out.block("if cu_op == cu_gm.GROUP:   # each group's blocks got here together, as many as its "
+                               "members"):
+                    with out.block("for cu_i in range(cu_S.shape[0]):"):
+                        with out.block("if cu_res[cu_i] == -1:"):
+                            out("continue")
+                        out("cu_slot, cu_members = cu_res[cu_i] // cu_rt.GROUP_KEY, cu_res[cu_i] % cu_rt.GROUP_KEY")
+                        out("cu_count = 0")
+                        with out.block("for cu_j in range(cu_S.shape[0]):"):
+                            out("cu_count += cu_res[cu_j] != -1 and cu_res[cu_j] // cu_rt.GROUP_KEY == cu_slot")
+                        with out.block("if cu_members != cu_count:"):
+                            out("cu_report[0], cu_report[1], cu_report[3] = cu_rt.GROUP_MISMATCH, cu_S[cu_i], cu_node")
+                            out("cu_report[4], cu_report[5] = cu_members, cu_count")
+                            out("return cu_rt.GROUP_MISMATCH")
+                out(f"cu_gm.take({', '.join(state)}, cu_res, cu_bounds, cu_lv)")
         out()
 
     def bounds_agreement(self) -> None:
