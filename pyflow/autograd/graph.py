@@ -34,7 +34,8 @@ _serials = itertools.count()
 class AutogradMeta:
     """A tensor's autograd state (``Tensor._autograd``)."""
 
-    __slots__ = ("requires_grad", "grad", "grad_fn", "output_nr", "retains_grad", "accumulator")
+    __slots__ = ("requires_grad", "grad", "grad_fn", "output_nr", "retains_grad", "accumulator", "leaf_base",
+                 "base")
 
     def __init__(self, requires_grad: bool = False, grad_fn=None, output_nr: int = 0):
         self.requires_grad = requires_grad
@@ -43,6 +44,8 @@ class AutogradMeta:
         self.output_nr = output_nr
         self.retains_grad = False
         self.accumulator = None  # a leaf's AccumulateGrad, made once
+        self.leaf_base = None    # a view of a leaf that requires grad: that leaf's description (no in-place)
+        self.base = None         # a view of a tensor computed from others: its description (no in-place yet)
 
 
 def meta(t):

@@ -41,13 +41,28 @@ class Recorder:
         return any(requires_grad(t) for t in tensors) or any(requires_grad(o) for o in out or ())
 
     def check_inplace(self, name: str, out) -> None:
-        """Before anything is issued: an in-place write into a leaf that requires grad is an error."""
+        """Before anything is issued: an in-place write into a leaf that requires grad, or into a view of
+        one (``x[1:].mul_(2)``, ``x.T.zero_()``: the leaf's values would change under its gradient), is an
+        error, as in PyTorch."""
         for o in out or ():
             info = o._autograd
             if info is not None and info.requires_grad and info.grad_fn is None:
                 raise AutogradError(f"op {name!r} writes in place into a leaf tensor that requires grad "
                                     f"({o.dtype}{list(o.shape)}): its gradient would be lost. Do it under "
                                     "flow.no_grad() (an optimizer's update), or on a .clone()")
+            if info is not None and info.leaf_base is not None:
+                raise AutogradError(f"op {name!r} writes in place into {o.dtype}{list(o.shape)}, a view of "
+                                    f"{info.leaf_base}, a leaf tensor that requires grad: the leaf would change "
+                                    "under its gradient (PyTorch: 'a view of a leaf Variable that requires grad "
+                                    "is being used in an in-place operation'). Do it under flow.no_grad(), or "
+                                    "on a .clone()")
+            if info is not None and info.base is not None and is_grad_enabled():
+                raise AutogradError(f"op {name!r} writes in place into {o.dtype}{list(o.shape)}, a view of "
+                                    f"{info.base}, which was computed from tensors that require grad: pyflow "
+                                    "does not yet carry such a write into the base's history (PyTorch's "
+                                    "CopySlices), and the base's gradient would silently be wrong. Write "
+                                    "into the base with base[index] = value (recorded), or use an "
+                                    "out-of-place op")
 
     def before(self, name: str, inputs: list, out) -> list:
         """The inputs to save for backward: a snapshot of any the op overwrites in place."""
@@ -82,6 +97,13 @@ def record_unary_view(name: str, rule, x, result, attrs=None):
     if is_grad_enabled() and requires_grad(x):
         node = Node(name, rule, [x], [result], attrs or {})
         result._autograd = AutogradMeta(requires_grad=True, grad_fn=node, output_nr=0)
+        if getattr(result, "_blob", None) is not None and result._blob.storage is x._blob.storage:   # a view
+            base = x._autograd
+            if base.grad_fn is None:
+                result._autograd.leaf_base = f"{x.dtype}{list(x.shape)}"
+            else:
+                result._autograd.leaf_base = base.leaf_base
+                result._autograd.base = base.base or f"{x.dtype}{list(x.shape)}"
     return result
 
 
