@@ -78,3 +78,5 @@ __all__ = ["tensor", "Tensor", "cocktailer", "device", "Device", "DeviceType", "
            "float16", "half", "float32", "float", "float64", "double", "uint8", "int8", "int16", "short", "int32",
            "int", "int64", "long", "bool",
            "is_gpu", "is_simulator", "backend_description", "__version__"]
+from pyflow.framework.tensor_str import get_printoptions, set_printoptions  # noqa: E402 - how tensors print
+__all__ += ["set_printoptions", "get_printoptions"]

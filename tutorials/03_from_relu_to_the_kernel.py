@@ -58,7 +58,7 @@ print(flow.backend_description())
 # %%
 x = flow.tensor([[1.0, -2.0], [3.0, -4.0]], device="cuda")
 y = flow.relu(x)
-print(repr(y))  # shape, dtype and device are known at once
+print(y.shape, y.dtype, y.device)  # known at once: the op is only issued
 print(y)        # the values: this waits for the kernel
 assert (y.numpy() == np.array([[1.0, 0.0], [3.0, 0.0]], dtype=np.float32)).all()
 

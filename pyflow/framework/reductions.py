@@ -9,7 +9,7 @@ deviations, corrected by ``correction`` (Bessel's correction by default).
 >>> import pyflow as flow
 >>> x = flow.tensor([[1.0, 5.0, 3.0], [4.0, 2.0, 6.0]])
 >>> x.min(dim=1)
-min(values=Tensor(shape=[2], dtype=float32, device='cpu:0'), indices=Tensor(shape=[2], dtype=int64, device='cpu:0'))
+min(values=tensor([1., 2.]), indices=tensor([0, 1]))
 >>> x.min(dim=1).indices.tolist(), x.topk(2).values.tolist(), x.var(dim=1).tolist()
 ([0, 1], [[5.0, 3.0], [6.0, 4.0]], [4.0, 4.0])
 >>> (x > 2).sum().item(), flow.allclose(x, x + 1e-7)

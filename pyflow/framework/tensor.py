@@ -38,7 +38,7 @@ from pyflow.device import Device, DeviceType
 from pyflow.errors import ArgumentTypeError, DTypeError, ShapeError
 from pyflow.framework import args
 from pyflow.framework.dtypes import BOOL, DEFAULT_FLOAT, DEFAULT_INT, as_dtype, is_scalar, names, result_type
-from pyflow.framework import interpreter
+from pyflow.framework import interpreter, tensor_str
 from pyflow.framework.interpreter import apply, describe, global_interpreter
 from pyflow.kernels.layout import contiguous_strides
 from pyflow.vm.eager_blob_object import EagerBlobObject
@@ -231,7 +231,7 @@ class Tensor:
 
         machine = vm.get_vm()
         vm.run(lambda builder: builder.access_blob_by_callback(source._blob, read, "const", name="numpy"))
-        machine.wait_until(done.is_set, f"numpy() of {self!r:.60}", drive=machine.sync_mode)
+        machine.wait_until(done.is_set, f"numpy() of {describe(self)}", drive=machine.sync_mode)
         if "error" in box:
             raise box["error"]
         failure = box["failure"]
@@ -256,24 +256,19 @@ class Tensor:
         return values if dtype is None else values.astype(dtype, copy=False)
 
     def __repr__(self) -> str:
-        if self._global is not None:
-            return (f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, placement={self._global.placement}, "
-                    f"sbp={self._global.sbp}{self._autograd_note()})")
-        return f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, device='{self.device}'{self._autograd_note()})"
+        """As PyTorch prints it: ``tensor([1., 2.], device='cuda:0', requires_grad=True)``.
+
+        Reads the values, so it waits for them (a global tensor's: every rank must
+        print it); the rules are in ``pyflow/framework/tensor_str.py``.
+        """
+        return tensor_str.tensor_str(self)
 
     def __str__(self) -> str:
-        values = np.array2string(self.numpy(), separator=", ")
-        if self._global is not None:  # every rank must print it: reading a global tensor is a collective
-            return (f"tensor({values}, placement={self._global.placement}, sbp={self._global.sbp}, "
-                    f"dtype={self.dtype}{self._autograd_note()})")
-        return f"tensor({values}, device='{self.device}', dtype={self.dtype}{self._autograd_note()})"
+        return tensor_str.tensor_str(self)
 
-    def _autograd_note(self) -> str:
-        """``, grad_fn=<mulBackward #3>`` or ``, requires_grad=True`` (as torch prints), else nothing."""
-        info = self._autograd
-        if info is None or not info.requires_grad:
-            return ""
-        return f", grad_fn={info.grad_fn!r}" if info.grad_fn is not None else ", requires_grad=True"
+    def __format__(self, spec: str) -> str:
+        """``f"{loss:.3f}"`` formats a 0-d tensor's value; other tensors take only ``f"{t}"`` (``str``)."""
+        return tensor_str.format_tensor(self, spec)
 
     def __len__(self) -> int:
         if not self.shape:

@@ -54,7 +54,7 @@ class Parameter(Tensor):
     def __init__(self, data: Tensor | None = None, requires_grad: bool = True):
         pass   # __new__ did everything (Tensor.__init__ would allocate a new tensor)
 
-    def __repr__(self) -> str:   # no values: repr must not wait (pyflow names tensors by repr while waiting)
+    def __repr__(self) -> str:   # as PyTorch: the values (waits for them)
         return "Parameter containing:\n" + Tensor.__repr__(self)
 
     def __str__(self) -> str:    # print(p): the values (of a global one: every rank must print it)
