@@ -9,9 +9,12 @@ GPU) does, and their libm functions (``exp``, ``tanh``) may differ in the last b
 
 The default run takes a few ops of each family in float32 and int64, on 2-D operands whose
 sizes give one block size per kernel (each rank and block size is a kernel of its own, compiled
-once, and a fresh machine compiles each); ``-m slow`` sweeps every unary op.  Each
+once, and a fresh machine compiles each); ``-m slow`` sweeps every unary op and adds the
+reductions, row kernels, top-k and Cocktailer programs (about two minutes of compiles on a
+fresh machine; CI runs them, ``.ci/run``).  Each
 distinct kernel compiles once (numba caches it on disk).  Cocktailer's random programs (one
-persistent kernel with grid barriers each) agree on the host, the threaded and the compiled tier.
+persistent kernel with grid barriers each) agree on the host, the threaded and the compiled tier
+(``tests/test_sim_grid_machine.py`` runs such programs compiled in the default run).
 """
 
 from __future__ import annotations
@@ -132,6 +135,7 @@ def test_binary_elementwise_ops_broadcast_and_agree(data, shape, dtype, op):
     assert_tiers_agree(*on_each_tier(binary(op), a, b), dtype)
 
 
+@pytest.mark.slow   # a compile per kernel variant: CI runs it (.ci/run, -m slow)
 @settings(max_examples=6, deadline=None)
 @given(data=st.data(), shape=shapes(min_dims=2, max_dims=2, min_side=5, max_side=8),   # one block size: 8
        dtype=st.sampled_from([F32, I64]), op=st.sampled_from(["reduce_sum", "reduce_max", "argmax"]))
@@ -141,6 +145,7 @@ def test_reductions_over_an_axis_agree(data, shape, dtype, op):
     assert_tiers_agree(*on_each_tier(reduction(op, axis), x), dtype)
 
 
+@pytest.mark.slow   # a compile per kernel variant: CI runs it (.ci/run, -m slow)
 @settings(max_examples=5, deadline=None)
 @given(data=st.data(), rows_=st.integers(1, 3), width=st.integers(17, 80), op=st.sampled_from(["softmax", "cumsum"]))
 def test_row_kernels_with_shared_memory_trees_agree(data, rows_, width, op):
@@ -158,6 +163,7 @@ def test_tiled_matmul_agrees(data, m, k, n, dtype):
     assert_tiers_agree(*on_each_tier(matmul, a, b), dtype)
 
 
+@pytest.mark.slow   # a compile per kernel variant: CI runs it (.ci/run, -m slow)
 @settings(max_examples=4, deadline=None)
 @given(data=st.data(), rows_=st.integers(1, 3), width=st.integers(17, 50), k=st.integers(1, 4))
 def test_topk_agrees(data, rows_, width, k):
@@ -180,6 +186,7 @@ def test_every_unary_op_agrees(op, dtype):
 # ---- Cocktailer: one persistent kernel per program, with grid barriers ----------------------------
 
 
+@pytest.mark.slow   # a compile per kernel variant: CI runs it (.ci/run, -m slow)
 @settings(max_examples=2, deadline=None)   # each program is a kernel of its own: a compile each
 @given(desc=cocktailer_programs(2, ops=2),
        blocks=st.integers(1, 4), seed=st.integers(0, 2**16))
