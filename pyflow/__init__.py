@@ -48,6 +48,7 @@ from pyflow import distributed, env  # noqa: E402 - flow.distributed.run, flow.e
 from pyflow import autograd  # noqa: E402 - after distributed: it wraps the global-aware view methods
 from pyflow.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
 from pyflow import nn, optim  # noqa: E402 - after autograd: layers and optimizers record and update
+from pyflow.serialization import load, save  # noqa: E402 - flow.save / flow.load (after nn: a Parameter stays one)
 from pyflow.framework.placement import placement  # noqa: E402
 from pyflow.framework.sbp import sbp  # noqa: E402
 float16, float32, float64 = (_np.dtype(t) for t in ("float16", "float32", "float64"))
@@ -80,3 +81,4 @@ __all__ = ["tensor", "Tensor", "cocktailer", "device", "Device", "DeviceType", "
            "is_gpu", "is_simulator", "backend_description", "__version__"]
 from pyflow.framework.tensor_str import get_printoptions, set_printoptions  # noqa: E402 - how tensors print
 __all__ += ["set_printoptions", "get_printoptions"]
+__all__ += ["save", "load"]

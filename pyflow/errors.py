@@ -164,6 +164,19 @@ class StateDictError(PyflowError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+# --- flow.save / flow.load (pyflow/serialization.py) ---------------------------------
+
+
+class SerializationError(PyflowError, RuntimeError):
+    """``flow.load`` cannot read a file (truncated, corrupt, not written by ``flow.save``, a pickle refused
+    under ``weights_only=True``) or ``flow.save`` cannot write an object; names the file and, inside the
+    object, where (``obj['model']['weight']``).  ``path``: the file (or a description of the buffer)."""
+
+    def __init__(self, message: str, *, path: str = ""):
+        super().__init__(message)
+        self.path = path
+
+
 # --- nn.Graph and the compiler (pyflow/graph/, pyflow/compiler/) --------------------
 
 
