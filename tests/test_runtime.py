@@ -241,21 +241,28 @@ def test_back_pressure_on_a_compiled_plan_with_more_regsts():
         assert_back_pressure(rt.plan, rt.timeline())   # (the runtime's view: its sink's inputs take more)
 
 
-def test_seed_003_pipeline_reaches_the_bottleneck_rate_with_regst_num_2():
-    """loading -> preprocessing -> copy -> training, regst num 2, training twice as slow as the rest:
-    in steady state a call finishes every ~10 ms (>= 0.9 of the bottleneck's rate); regst num 1 cannot."""
+def test_seed_003_pipeline_overlaps_the_bottleneck_with_regst_num_2_and_not_with_1():
+    """loading -> preprocessing -> copy -> training, training twice as slow as the rest.  In logical terms
+    (orderings in the timeline, not rates: a rate fails on a loaded machine; ``bench_pipeline.py`` measures
+    it): with regst num 1, copy's call n + 1 starts only after training has finished call n (its one regst
+    comes back then); with regst num 2 it may start while training works on call n, which is what keeps the
+    bottleneck busy, and call n + 2 still waits for training's call n."""
     stages = ["loading", "preprocessing", "copy", "training"]
     costs = {"loading": 0.005, "preprocessing": 0.005, "copy": 0.005, "training": 0.010}
-    ratios = {}
+    overlapped = {}
     for num in (1, 2):
         with Runtime(linear_pipeline_plan(stages, regst_num=num), act_fn=sleeping_act(costs),
                      max_calls_in_flight=20) as rt:
             for handle in [rt.launch([]) for _ in range(20)]:
                 handle.result()
-            ends = sorted(r.end for r in rt.timeline() if r.op_name == "sink_tick")[4:]
-        ratios[num] = (len(ends) - 1) / (ends[-1] - ends[0]) * costs["training"]
-    assert ratios[2] >= 0.9, ratios
-    assert ratios[1] < 0.8, ratios
+            timeline = rt.timeline()
+        start = {r.call: r.start for r in timeline if r.op_name == "copy"}
+        end = {r.call: r.end for r in timeline if r.op_name == "training"}
+        assert len(start) == len(end) == 20
+        assert all(start[n + num] >= end[n] for n in range(20 - num)), num   # back pressure: never further
+        overlapped[num] = sum(start[n + 1] < end[n] for n in range(19))
+    assert overlapped[1] == 0
+    assert overlapped[2] > 0, overlapped   # over 19 chances, copy ran ahead of the bottleneck at least once
 
 
 def test_calls_in_flight_are_bounded_by_max_calls_in_flight():
