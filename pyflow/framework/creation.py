@@ -82,8 +82,11 @@ def ones(*size, dtype=None, device=None, placement=None, sbp=None, requires_grad
     return _leaf(result, requires_grad)
 
 
-def empty(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    """An uninitialised tensor: memory from the allocator, whatever it holds."""
+def empty(*size, dtype=None, device=None, placement=None, sbp=None, requires_grad: bool = False) -> Tensor:
+    """An uninitialised tensor: memory from the allocator, whatever it holds.  A global one (``placement``,
+    ``sbp``) holds zeros: its ranks' pieces must form one logical tensor, which garbage would not."""
+    if placement is not None or sbp is not None:
+        return zeros(*size, dtype=dtype, device=device, placement=placement, sbp=sbp, requires_grad=requires_grad)
     shape, dtype = args.sizes(size, "empty"), as_dtype(dtype or DEFAULT_FLOAT, "empty")
     result = apply("empty", [], shape=shape, dtype=dtype, device=args.device(device, "empty"))[0]
     return _leaf(result, requires_grad)

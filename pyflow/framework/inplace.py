@@ -63,6 +63,8 @@ def copy_(self: Tensor, src: Tensor) -> Tensor:
         raise ArgumentTypeError(f"copy_: the source must be a tensor, got {type(src).__name__} (use fill_)")
     if not args.broadcasts_to(src.shape, self.shape):
         raise ShapeError(f"copy_: the source {describe(src)} does not broadcast to {describe(self)}")
+    if self._global is not None or src._global is not None:
+        return _global_copy(self, src)
     _writable(self, "copy_")
     if _same_view(src._blob, self._blob):
         return self   # copying a view onto itself changes nothing
@@ -81,7 +83,26 @@ def fill_(self: Tensor, value) -> Tensor:
         return copy_(self, value)
     _writable(self, "fill_")
     value = to_scalar(value, self.dtype, f"fill_ of {describe(self)}")
+    if self._global is not None:
+        from pyflow.framework.creation import full
+
+        return _global_copy(self, full(self.shape, value, dtype=self.dtype, placement=self.placement, sbp=self.sbp))
     apply("fill", [], out=[self], shape=self.shape, dtype=self.dtype, value=value, device=self.device)
+    return self
+
+
+def _global_copy(self: Tensor, src: Tensor) -> Tensor:
+    """``copy_`` / ``fill_`` of a global tensor: the source, a global tensor too, is boxed to ``self``'s
+    placement and SBP, and each rank writes its piece into ``self``'s piece (so a partial-sum tensor gets
+    pieces that sum to the value, as OneFlow's global in-place ops do)."""
+    if self._global is None or src._global is None:
+        local, other = (src, self) if self._global is not None else (self, src)
+        raise ArgumentTypeError(f"copy_ between a global and a local tensor ({describe(other)} and "
+                                f"{describe(local)}): make the local one global first (.to_global(placement, sbp))")
+    if tuple(src.shape) != tuple(self.shape):
+        src = src.expand(*self.shape)
+    boxed = src.to_global(self.placement, self.sbp)
+    self.to_local().copy_(boxed.to_local())
     return self
 
 

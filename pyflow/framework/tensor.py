@@ -162,6 +162,9 @@ class Tensor:
 
     @property
     def is_cuda(self) -> bool:
+        """On a CUDA device (a global tensor: its placement is of type "cuda", as in OneFlow)."""
+        if self._global is not None:
+            return self._global.placement.type == "cuda"
         return self.device.device_type is DeviceType.cuda
 
     @property
