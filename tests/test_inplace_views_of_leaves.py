@@ -81,3 +81,15 @@ def test_a_view_of_a_view_of_a_leaf_is_still_a_view_of_the_leaf(n, start, depth)
     with pytest.raises(AutogradError, match="a view of"):
         v.add_(1)
     assert x.tolist() == list(range(n))
+
+
+def test_grad_fn_reads_as_pytorchs_name_and_next_functions():
+    """A course prints ``type(y.grad_fn).__name__``, ``y.grad_fn.name()`` and walks ``next_functions``."""
+    w = flow.tensor([1.0, 2.0], requires_grad=True)
+    y = (w * 3.0).sum()
+    assert type(y.grad_fn).__name__ == y.grad_fn.name() == "SumBackward0"
+    (mul, nr), = y.grad_fn.next_functions
+    assert mul.name() == "MulBackward0" and nr == 0
+    (acc, _), (none, zero) = mul.next_functions
+    assert acc.name() == "AccumulateGrad" and acc.next_functions == () and (none, zero) == (None, 0)
+    assert isinstance(y.grad_fn, flow.autograd.graph.Node) and y.grad_fn.op_name == "reduce_sum"

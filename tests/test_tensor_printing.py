@@ -202,7 +202,7 @@ def test_the_dtype_is_printed_unless_it_is_a_default_one(dtype):
 def test_requires_grad_and_grad_fn_suffixes():
     x = flow.ones(2, requires_grad=True)
     assert repr(x) == "tensor([1., 1.], requires_grad=True)"
-    assert re.fullmatch(r"tensor\(\[2\., 2\.\], grad_fn=<mulBackward #\d+>\)", repr(x * 2))
+    assert re.fullmatch(r"tensor\(\[2\., 2\.\], grad_fn=<MulBackward0 #\d+>\)", repr(x * 2))
     assert repr(x.detach()) == "tensor([1., 1.])"
     p = flow.nn.Parameter(flow.zeros(2, device="cuda"))
     assert repr(p) == "Parameter containing:\ntensor([0., 0.], device='cuda:0', requires_grad=True)"

@@ -94,7 +94,7 @@ def label(node) -> str:
     if isinstance(node, AccumulateGrad):
         leaf = node.leaf()
         return f"AccumulateGrad ({NAMES.get(id(leaf), 'a leaf')})"
-    return f"{node.name}Backward"
+    return node.name()   # PyTorch's name: MulBackward0
 
 
 def print_tape(node, prefix: str = "", last: bool = True, root: bool = True) -> None:

@@ -139,7 +139,7 @@ def run_backward(roots, grads, retain_graph: bool, create_graph: bool, wanted=No
 
 def _run_rule(node, arrived: dict) -> list:
     if node.rule is None:
-        raise AutogradError(f"op {node.name!r} has no backward rule: its inputs cannot get a gradient through it")
+        raise AutogradError(f"op {node.op_name!r} has no backward rule: its inputs cannot get a gradient through it")
     grads = [arrived.get(k) for k in range(node.n_outputs)]
     if all(g is None for g in grads):
         return [None] * len(node.edges)
@@ -148,10 +148,10 @@ def _run_rule(node, arrived: dict) -> list:
     result = node.rule(node, grads if node.n_outputs > 1 else grads[0])
     result = list(result) if isinstance(result, (list, tuple)) else [result]
     if len(result) != len(node.edges):
-        raise AutogradError(f"the backward rule of {node.name!r} returned {len(result)} gradient(s) for "
+        raise AutogradError(f"the backward rule of {node.op_name!r} returned {len(result)} gradient(s) for "
                             f"{len(node.edges)} input(s)")
     for i, (grad, shape) in enumerate(zip(result, node.input_shapes)):
         if grad is not None and node.edges[i] is not None and tuple(grad.shape) != tuple(shape):
-            raise AutogradError(f"the backward rule of {node.name!r} gave input {i} a gradient of shape "
+            raise AutogradError(f"the backward rule of {node.op_name!r} gave input {i} a gradient of shape "
                                 f"{list(grad.shape)}, not its shape {list(shape)}")
     return result

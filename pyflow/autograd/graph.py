@@ -21,6 +21,8 @@ public ops, so backward runs as ordinary VM instructions.
 
 from __future__ import annotations
 
+import functools
+
 import itertools
 
 from pyflow.autograd.mode import is_grad_enabled
@@ -95,9 +97,16 @@ class Saved:
 class Node:
     """One recorded op: its backward rule, what the rule needs, and the edges to its inputs' nodes."""
 
+    def __new__(cls, name: str, *args, **kwargs):
+        """A node of op ``mul`` is a ``MulBackward0`` (a subclass made once per op), so that
+        ``type(y.grad_fn).__name__`` reads as PyTorch's does."""
+        if cls is Node:
+            cls = _backward_class(name)
+        return super().__new__(cls)
+
     def __init__(self, name: str, rule, inputs, outputs, attrs: dict):
         self.serial = next(_serials)
-        self.name = name
+        self.op_name = name
         self.rule = rule
         self.attrs = attrs
         self.n_outputs = len(outputs)
@@ -141,7 +150,7 @@ class Node:
 
     def _check_not_freed(self) -> None:
         if self.freed:
-            raise AutogradError(f"backward through {self.name!r} a second time: its saved tensors were freed by the "
+            raise AutogradError(f"backward through {self.op_name!r} a second time: its saved tensors were freed by the "
                                 "first backward; pass retain_graph=True to the first backward() to keep them")
 
     def free(self) -> None:
@@ -149,7 +158,17 @@ class Node:
         self.freed = True
 
     def __repr__(self) -> str:
-        return f"<{self.name}Backward #{self.serial}>"
+        return f"<{type(self).__name__} #{self.serial}>"   # PyTorch's name; the serial tells nodes apart
+
+    def name(self) -> str:
+        """PyTorch's name of this node: ``MulBackward0``."""
+        return type(self).__name__
+
+    @property
+    def next_functions(self) -> tuple:
+        """``((node, output_nr), ...)`` per input, as PyTorch's: where each input's gradient goes (a leaf's
+        ``AccumulateGrad``), ``(None, 0)`` for an input that needs none."""
+        return tuple(edge if edge is not None else (None, 0) for edge in self.edges)
 
 
 class _Unpacked:
@@ -166,7 +185,7 @@ class _Unpacked:
         s = self._saved[i]
         if not isinstance(s, Saved):
             return s
-        return s.unpack(self._node.name, self._history(i))
+        return s.unpack(self._node.op_name, self._history(i))
 
     def __len__(self) -> int:
         return len(self._saved)
@@ -175,10 +194,23 @@ class _Unpacked:
         return (self[i] for i in range(len(self._saved)))
 
 
+@functools.lru_cache(maxsize=None)
+def _backward_class(op_name: str) -> type:
+    """``Node``'s subclass for one op: ``mul`` -> ``MulBackward0``, ``reduce_sum`` -> ``SumBackward0`` (no
+    behaviour of its own: a name)."""
+    short = op_name[len("reduce_"):] if op_name.startswith("reduce_") else op_name
+    camel = "".join(part[:1].upper() + part[1:] for part in short.split("_")) or "Op"
+    return type(f"{camel}Backward0", (Node,), {"__module__": __name__})
+
+
 class AccumulateGrad:
     """A leaf's node: backward adds the incoming gradient into ``leaf.grad``."""
 
-    name = "AccumulateGrad"
+    op_name = "AccumulateGrad"
+    next_functions = ()
+
+    def name(self) -> str:
+        return "AccumulateGrad"
 
     def __init__(self, leaf):
         import weakref

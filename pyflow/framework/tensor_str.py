@@ -236,7 +236,7 @@ def _add_suffixes(text: str, suffixes: list, indent: int) -> str:
 
 
 def _autograd_suffix(t) -> str | None:
-    """``grad_fn=<mulBackward #3>`` (a result autograd recorded), ``requires_grad=True`` (a leaf), or None."""
+    """``grad_fn=<MulBackward0 #3>`` (a result autograd recorded), ``requires_grad=True`` (a leaf), or None."""
     info = getattr(t, "_autograd", None)
     if info is None or not info.requires_grad:
         return None
