@@ -71,7 +71,7 @@ def write_blockwise(w) -> None:
                 out("return cu_rt.CANCELLED")
             out("cu_alive[:] = True")
             for p in stored_params:   # every thread starts with the arguments the kernel reassigns
-                out(f"v_{p}[:] = {p}")
+                out(f"cu_rt.keep_array_everywhere(v_{p}, {p})" if p in w.arrays else f"v_{p}[:] = {p}")
             out(f"cu_code = cu_block(cu_b, {args})")
             with out.block("if cu_code != cu_rt.OK:"):
                 out("return cu_code")

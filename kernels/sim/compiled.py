@@ -133,6 +133,9 @@ def _storage_type(ty) -> str:
         return "np.bool_"
     if isinstance(ty, (nbtypes.Integer, nbtypes.Float, nbtypes.Complex)):
         return f"np.{numba.np.numpy_support.as_dtype(ty).name}"
+    if (isinstance(ty, nbtypes.Array) and ty.layout == "C" and ty.mutable
+            and isinstance(ty.dtype, (nbtypes.Integer, nbtypes.Float, nbtypes.Boolean))):
+        return f"carray:{numba.np.numpy_support.as_dtype(ty.dtype).name}:{ty.ndim}"   # cpu_runtime.keep_array
     return numba_type_source(ty)
 
 
@@ -257,7 +260,7 @@ class CompiledKernel:
         lines += ["@JIT", f"def shadow({', '.join(tr.params + tail)}):"]
         lines += ["    " + line for line in _shadow_body(tr.body, units, tail)]
         text = "\n".join(lines) + "\n"
-        key = hashlib.sha1((text + repr(types) + repr(var.stored)).encode()).hexdigest()[:16]
+        key = hashlib.sha1((text + repr(types) + repr(var.stored) + "carray").encode()).hexdigest()[:16]
         remembered = os.path.join(cache_dir(), f"pyflow_sim_{tr.name}_types_{key}.txt")
         if os.path.exists(remembered):   # typed before, on this machine: no need to compile the shadow
             with open(remembered) as f:

@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
+from numba.np.arrayobj import populate_array
 
 __all__ = ["JIT", "JIT_OPTIONS", "INNER", "DRIVER", "INNER_UNCHECKED", "DRIVER_UNCHECKED", "BARE", "BARE_UNCHECKED", "cancelled", "OK", "DIVERGENT", "GRID_EXIT", "GRID_PARTIAL", "GROUP_MISMATCH", "CANCELLED",
            "GROUP_KEY", "FELL_THROUGH", "EXITED", "BROKE", "CONTINUED", "STOPPED", "UNINITIALIZED_BYTE",
            "atomic_add", "atomic_sub", "atomic_and_", "atomic_or_", "atomic_xor", "atomic_inc", "atomic_dec",
            "atomic_exch", "atomic_max", "atomic_min", "atomic_nanmax", "atomic_nanmin", "atomic_cas",
-           "atomic_compare_and_swap", "garbage"]
+           "atomic_compare_and_swap", "garbage", "array_at", "keep_array", "keep_array_everywhere"]
 
 # boundscheck: an index out of range raises IndexError, as the threaded tier's numpy does;
 # error_model="numpy": integer division by zero gives 0 and float division inf/nan, as on a GPU;
@@ -84,6 +86,54 @@ def cancelled(flags) -> bool:
     moves the load out of it, and the loop would never notice.
     """
     return _load_acquire(flags) != 0
+
+
+@intrinsic
+def array_at(typingctx, address, shape, dtype):
+    """The C-contiguous array of ``dtype`` (``np.float32``) and ``shape`` whose elements start at ``address``
+    (see ``keep_array``).  No owner, no reference count: ``numba.carray`` would do, but numba refuses a new
+    array in code compiled without its runtime (``BARE``); here the array is built as LLVM values directly."""
+    ndim = len(shape)
+    element = dtype.instance_type
+    result = types.Array(element, ndim, "C")
+
+    def codegen(context, builder, signature, args):
+        address_value, shape_value, _ = args
+        array = context.make_array(result)(context, builder)
+        intp = context.get_value_type(types.intp)
+        itemsize = context.get_abi_sizeof(context.get_data_type(element))
+        sizes = cgutils.unpack_tuple(builder, shape_value, ndim)
+        strides, step = [], intp(itemsize)
+        for size in reversed(sizes):
+            strides.insert(0, step)
+            step = builder.mul(step, size)
+        data = builder.inttoptr(address_value, context.get_data_type(element).as_pointer())
+        populate_array(array, data=data, shape=sizes, strides=strides, itemsize=intp(itemsize), meminfo=None)
+        return array._getvalue()
+    return result(address, shape, dtype), codegen
+
+
+@JIT
+def keep_array(table, g, array):
+    """Thread ``g``'s array variable kept as where its elements are: ``[1, address, *shape]``.
+
+    A C-contiguous array that lives across a barrier is one of the launch's arrays (an
+    argument, shared or local memory, or a slice of one), alive until the launch ends; so the
+    generated code keeps its address and shape in an int64 table and makes the array again
+    with ``array_at``.  A typed dict of arrays did the same with a hash lookup and a
+    reference count per access (and kept numba's runtime in every node).
+    """
+    table[g, 0] = 1
+    table[g, 1] = array.ctypes.data
+    for d in range(array.ndim):
+        table[g, 2 + d] = array.shape[d]
+
+
+@JIT
+def keep_array_everywhere(table, array):
+    """Every thread starts with ``array`` (a kernel argument the kernel reassigns)."""
+    for g in range(table.shape[0]):
+        keep_array(table, g, array)
 
 
 def garbage(shape, dtype) -> np.ndarray:

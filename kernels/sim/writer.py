@@ -71,7 +71,9 @@ class _ModuleWriter:
         self.tr, self.sp, self.var, self.types, self.coop = tr, sp, var, storage_types, cooperative
         self.fixed_params = [p for p in tr.params if p not in var.universe]
         self.out = _Lines()
-        self.scalar = {v: t for v, t in storage_types.items() if not t.startswith("numba.")}
+        self.scalar = {v: t for v, t in storage_types.items() if not t.startswith(("numba.", "carray:"))}
+        self.arrays = {v: (t.split(":")[1], int(t.split(":")[2]))   # kept by address (cpu_runtime.keep_array)
+                       for v, t in storage_types.items() if t.startswith("carray:")}
         self.code: list = []
         self.branches: dict = {}        # node id -> lines of step's code for it
         self.assigns: dict = {}         # for node id -> the id of its loop variable's store
@@ -91,6 +93,11 @@ class _ModuleWriter:
         for v in sorted(loads):
             if v in self.scalar:
                 lines.append(f"{v} = v_{v}[cu_g]")
+            elif v in self.arrays:
+                dtype, ndim = self.arrays[v]
+                shape = "".join(f"v_{v}[cu_g, {2 + d}], " for d in range(ndim))
+                lines.append(f"if v_{v}[cu_g, 0]:")
+                lines.append(f"    {v} = cu_rt.array_at(v_{v}[cu_g, 1], ({shape}), np.{dtype})")
             else:
                 lines.append(f"if cu_g in v_{v}:")
                 lines.append(f"    {v} = v_{v}[cu_g]")
@@ -102,7 +109,8 @@ class _ModuleWriter:
         exposed, surely = _exposed(node.stmts, set())
         stored = set(self.var.stored)
         loads = stored & (exposed | (defs - surely) | (defs if node.leaves else set()))
-        stores = [f"v_{v}[cu_g] = {v}" for v in sorted(defs & stored)]
+        stores = [f"cu_rt.keep_array(v_{v}, cu_g, {v})" if v in self.arrays else f"v_{v}[cu_g] = {v}"
+                  for v in sorted(defs & stored)]
         body = _StatusRewriter(stores).visit(ast.Module(body=[_copy(s) for s in node.stmts], type_ignores=[]))
         self.branches[node.id] = ([f"# region {node.id}: {node.where}"] + self.prologue(reads, loads)
                                   + ast.unparse(body).splitlines() + stores + ["return cu_rt.FELL_THROUGH"])
@@ -273,6 +281,8 @@ class _ModuleWriter:
             for v in self.var.stored:
                 if v in self.scalar:
                     out(f"v_{v} = np.empty(cu_nslot * cu_nt, {self.scalar[v]})")
+                elif v in self.arrays:   # [set, address, *shape] per thread: cpu_runtime.keep_array
+                    out(f"v_{v} = np.zeros((cu_nslot * cu_nt, {2 + self.arrays[v][1]}), np.int64)")
                 else:
                     out(f"v_{v} = Dict.empty(key_type=numba.types.int64, value_type=T_{v})")
             for s in self.tr.storage:
@@ -289,7 +299,11 @@ class _ModuleWriter:
             out('"""Every thread starts with the arguments the kernel reassigns."""')
             stored_params = [p for p in self.tr.params if p in self.var.stored]
             for p in stored_params:
-                out(f"cu_storage[{self.storage_names.index('v_' + p)}][:] = cu_args[{self.tr.params.index(p)}]")
+                where, arg = self.storage_names.index('v_' + p), self.tr.params.index(p)
+                if p in self.arrays:
+                    out(f"cu_rt.keep_array_everywhere(cu_storage[{where}], cu_args[{arg}])")
+                else:
+                    out(f"cu_storage[{where}][:] = cu_args[{arg}]")
             out("return None")
         out()
 
