@@ -81,4 +81,7 @@ __all__ = ["tensor", "Tensor", "cocktailer", "device", "Device", "DeviceType", "
            "is_gpu", "is_simulator", "backend_description", "__version__"]
 from pyflow.framework.tensor_str import get_printoptions, set_printoptions  # noqa: E402 - how tensors print
 __all__ += ["set_printoptions", "get_printoptions"]
+from pyflow.framework.random_perm import Generator, randperm  # noqa: E402 - flow.Generator, flow.randperm
+from pyflow import utils  # noqa: E402 - flow.utils.data: Dataset, DataLoader, samplers
+__all__ += ["Generator", "randperm", "utils"]
 __all__ += ["save", "load"]
