@@ -41,7 +41,9 @@ every reader, the inplace writers and the readers of its aliases):
   producer back.
 
 The guards are the producer's ``mem_guard`` ctrl regst (``<op>/mem_guard``).  Every guard
-goes forward in this order, which therefore stays a valid schedule: no deadlock.
+goes forward in this order, which therefore stays a valid schedule: no deadlock.  The pairs
+can be quadratic in number; ``mem_guards`` keeps both rules for all of them in time about
+linear in the graph, looking only at the pairs the others follow from (see its docstring).
 
 ``print(plan)`` is OneFlow's light plan (one record per actor); ``plan.to_dot()`` draws
 tasks and regsts; ``plan.memory_report()`` gives ``planned_bytes`` against
@@ -50,16 +52,15 @@ tasks and regsts; ``plan.memory_report()`` gives ``planned_bytes`` against
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import json
 
-import numpy as np
-
-from pyflow.compiler.ids import PER_RANK_SHIFT, decode_task_id, per_rank_id
+from pyflow.compiler.ids import decode_task_id
 from pyflow.compiler.memory import MemoryPlan, MemRequest, plan_memory
 from pyflow.compiler.run_plan import is_input_wise
-from pyflow.compiler.task_graph import GUARD_KEY, RegstDesc, TaskNode, pieces_per_call
+from pyflow.compiler.task_graph import GUARD_KEY, RegstDesc, TaskNode, add_mem_guards, pieces_per_call
 from pyflow.errors import CompileError
 
 __all__ = ["Plan", "make_plan", "replan_memory", "mem_guards", "GUARD_KEY"]
@@ -185,10 +186,10 @@ def _order(task_graph) -> tuple[list, tuple]:
         op = node.op
         ins = [job.blobs[x].time_shape for x in op.input_lbns()]
         outs = [job.blobs[x].time_shape for x in op.outputs]
+        needs = [x.split("/")[0] for x in op.input_lbns()] + op.ctrl_inputs
         if k > 1 and any(s[1] == k for s in ins + outs):
             in_loop.add(op.name)
-        elif any(x.split("/")[0] in in_loop | after for x in op.input_lbns()) or \
-                any(c in in_loop | after for c in op.ctrl_inputs):
+        elif any(name in in_loop or name in after for name in needs):   # (not in_loop | after: a set per input)
             after.add(op.name)
     before = [n for n in task_graph.op_graph.nodes if n.name not in in_loop and n.name not in after]
     loop = [n for n in task_graph.op_graph.nodes if n.name in in_loop]
@@ -256,139 +257,190 @@ def replan_memory(plan: Plan, algorithm: str = "best") -> Plan:
     """
     memory = plan_memory(_requests(plan.regsts, plan.order, plan.loop), algorithm=algorithm)
     tasks, regsts = dict(plan.tasks), dict(plan.regsts)
-    for src, dst in mem_guards(tasks, regsts, plan.order, memory):
-        _add_guard(tasks, regsts, src, dst)
+    add_mem_guards(tasks, regsts, mem_guards(tasks, regsts, plan.order, memory))
     return dataclasses.replace(plan, tasks=tasks, regsts=regsts, memory=memory)
 
 
 # --- memory safety under the actor runtime (the module docstring's "Why sharing needs guards") -------------
 
 
-class _Reach:
-    """Who reaches whom along regsts (data and ctrl): one bitset per task, kept up to date as edges are added."""
+class _ByteHistory:
+    """Who held which bytes of one chunk, over time: requests painted onto the byte axis in birth order.
 
-    def __init__(self, tasks, regsts, order):
-        self.bit = {tid: 1 << i for i, tid in enumerate(order)}
-        successors = collections.defaultdict(set)
-        for r in regsts.values():
-            successors[r.producer].update(r.consumers)
-        self.reach = {}
-        for tid in reversed(_topological(tasks, successors)):
-            bits = self.bit[tid]
-            for c in successors[tid]:
-                bits |= self.reach[c]
-            self.reach[tid] = bits
+    ``previous[r]``: ``(lo, hi, r0)`` per stretch of r's bytes whose holder just before r was r0 (r's *visible*
+    predecessors: a byte in common, no holder of it in between); ``last(lo, hi)``: the stretches of
+    ``[lo, hi)`` and their last holders.  A paint makes the stretches it covers one, so n paints leave at
+    most 2n + 1 stretches (a sorted list, found by bisection) and O(n) predecessors in all.
+    """
 
-    def __call__(self, src: int, dst: int) -> bool:
-        """Does ``src`` reach ``dst`` (or is it ``dst``)?"""
-        return bool(self.reach[src] & self.bit[dst])
+    def __init__(self, spans):
+        self.cuts, self.holders = [0], [None]     # stretch i: bytes [cuts[i], cuts[i + 1]), held by holders[i]
+        self.previous = {}
+        for rid, lo, hi in spans:                 # in birth order
+            self.previous[rid] = [s for s in self.last(lo, hi) if s[2] is not None]
+            i, j = self._cut(lo), self._cut(hi)
+            self.cuts[i:j], self.holders[i:j] = [lo], [rid]
 
-    def add_edge(self, src: int, dst: int) -> None:
-        gained, mark = self.reach[dst], self.bit[src]
-        for tid, bits in self.reach.items():
-            if bits & mark:
-                self.reach[tid] = bits | gained
+    def _cut(self, x: int) -> int:
+        """The index of the stretch starting at byte ``x`` (the one holding ``x`` split there if need be)."""
+        i = bisect.bisect_right(self.cuts, x) - 1
+        if self.cuts[i] != x:
+            i += 1
+            self.cuts.insert(i, x)
+            self.holders.insert(i, self.holders[i - 1])
+        return i
 
-    def maximal(self, tids) -> list:
-        """The tasks of ``tids`` that reach no other of them: acting after those is acting after all."""
-        tids = sorted(set(tids), key=self.bit.get)
-        return [t for t in tids if not any(u != t and self(t, u) for u in tids)]
-
-
-def _topological(tasks, successors) -> list:
-    """Kahn's order of ``tasks`` along ``successors`` (ties: task order)."""
-    indegree = dict.fromkeys(tasks, 0)
-    for src, dsts in successors.items():
-        for d in dsts:
-            indegree[d] += 1
-    ready = collections.deque(t for t, n in indegree.items() if n == 0)
-    found = []
-    while ready:
-        tid = ready.popleft()
-        found.append(tid)
-        for d in successors.get(tid, ()):
-            indegree[d] -= 1
-            if indegree[d] == 0:
-                ready.append(d)
-    if len(found) != len(tasks):
-        raise CompileError("the task graph has a cycle of regsts: no order can run it")
-    return found
-
-
-def _shared_pairs(memory: MemoryPlan) -> list:
-    """(r1, r2) regst ids whose bytes overlap, r1 dying before r2 is born, per device; r2 by birth."""
-    pairs = []
-    for rs in memory.by_device().values():
-        rs = [r for r in rs if r.size > 0]
-        if len(rs) < 2:
-            continue
-        low = np.array([memory.offsets[r.regst_id] for r in rs])
-        high = low + np.array([memory.size_of(r) for r in rs])
-        end = np.array([r.end for r in rs])
-        for k in sorted(range(len(rs)), key=lambda i: rs[i].start):
-            before = np.flatnonzero((end <= rs[k].start) & (low < high[k]) & (low[k] < high))
-            for i in sorted(before.tolist(), key=lambda i: -end[i]):   # the latest to die first
-                pairs.append((rs[i].regst_id, rs[k].regst_id))
-    return pairs
+    def last(self, lo: int, hi: int) -> list:
+        i, found = bisect.bisect_right(self.cuts, lo) - 1, []
+        while i < len(self.cuts) and self.cuts[i] < hi:
+            end = self.cuts[i + 1] if i + 1 < len(self.cuts) else hi
+            found.append((max(lo, self.cuts[i]), min(hi, end), self.holders[i]))
+            i += 1
+        return found
 
 
 def mem_guards(tasks, regsts, order, memory: MemoryPlan) -> list[tuple[int, int]]:
     """The ctrl edges (producer task, consumer task) that make ``memory``'s sharing safe for the actors.
 
-    See the module docstring: per pair of regsts sharing bytes, a *same piece* and a *next piece* rule,
-    each edge added only where the graph (and the edges added so far) does not already imply it.
+    The module docstring's two rules hold for every pair of regsts sharing bytes, but pairs can be quadratic
+    in number (n regsts taking turns on a byte make n^2 / 2), and so were the guards when each pair asked for
+    its own (23,359 for a 1,014-op training graph).  Along one byte the holders A1, A2, A3 ... are chained:
+    A1's touchers reach A2's producer (same piece), which reaches A2's touchers, which reach A3's producer.
+
+    * *same piece*: only visible pairs (``_ByteHistory``) need the rule, the others follow along the chain;
+    * *next piece*: a producer held back after a later holder's producer is held back after all touchers of
+      the holders before it on those bytes; so it looks at the *last* holders of its bytes and walks down only
+      until a holder's producer is held back already (mostly one step: ``_GuardPlanner._descend``).
+
+    Reachability is a bitset per task over positions, made in one sweep from the last task to the first:
+    a task's guards are decided at its turn, when every task after it has its final set, so no set changes
+    afterwards (the pairwise code walked every task's set per edge).  Bitsets: n^2 / 64 words (4,000 tasks:
+    2 MB, a few ms of ORs); the rest is about O(tasks + regsts + guards): a walk takes a step or two per
+    request, more only past holders read by input-wise tasks alone.  Edges come in plan order.
     """
-    reach = _Reach(tasks, regsts, order)
-    readers = _readers(regsts)
-    touchers = {rid: {regsts[rid].producer, *readers[rid]} for rid in memory.offsets}
-    guarded = collections.defaultdict(set)   # producer -> consumers of its guard so far
-    edges = []
-
-    def add(src: int, dst: int) -> None:
-        edges.append((src, dst))
-        guarded[src].add(dst)
-        reach.add_edge(src, dst)
-
-    def holds_back(producer: int, toucher: int) -> bool:
-        """Can ``producer`` not act again before ``toucher`` acted?  True if a regst num 1 regst it makes is
-        read by a task reachable from ``toucher`` that returns it only after acting on it: not one that
-        absorbs several pieces per act (unless ``toucher`` acts once per call), not an input-wise task (it
-        returns each input after its own act, maybe before what ``toucher`` sends it arrived), not the sink
-        tick (the runtime lets the tasks before it run ahead, ``pyflow/runtime/rank_plan.py``)."""
-        task = tasks[producer]
-        readers_of = [(regsts[rid].max_regst_num, pieces_per_call(task, key), c)
-                      for key, rid in task.produced.items() for c in regsts[rid].consumers]
-        readers_of += [(1, pieces_per_call(task, GUARD_KEY), c) for c in guarded[producer]]
-        return any(num == 1 and reach(toucher, c) and tasks[c].op_type != "sink_tick" and
-                   not is_input_wise(tasks[c]) and
-                   (made <= tasks[c].time_shape[1] or tasks[toucher].time_shape[1] == 1)
-                   for num, made, c in readers_of)
-
-    for r1, r2 in _shared_pairs(memory):
-        w1, w2 = regsts[r1].producer, regsts[r2].producer
-        for t in reach.maximal(touchers[r1]):      # same piece: r1's last touchers before r2 is written
-            if not reach(t, w2):
-                add(t, w2)
-        for t in reach.maximal(touchers[r2]):      # next piece: r2's last touchers before r1 is written again
-            if not holds_back(w1, t):
-                add(w1, t)
-    return edges
+    return _GuardPlanner(tasks, regsts, order, memory).edges
 
 
-def _add_guard(tasks: dict, regsts: dict, src: int, dst: int) -> None:
-    """The ctrl regst ``src/mem_guard`` (made once, regst num 1) gets consumer ``dst`` (in copies of both tasks)."""
-    producer = tasks[src]
-    rid = producer.produced.get(GUARD_KEY)
-    if rid is None:
-        counter = max((i & ((1 << PER_RANK_SHIFT) - 1) for i in regsts if i >> PER_RANK_SHIFT == producer.rank),
-                      default=-1) + 1
-        rid = per_rank_id(producer.rank, counter)
-        regsts[rid] = RegstDesc(rid, f"{producer.op_name}/{GUARD_KEY}", src, [], (), "int8", producer.device,
-                                producer.rank, mem="ctrl")
-        tasks[src] = dataclasses.replace(producer, produced={**producer.produced, GUARD_KEY: rid})
-    regst = regsts[rid]
-    if dst not in regst.consumers:
-        regsts[rid] = dataclasses.replace(regst, consumers=[*regst.consumers, dst])
-        consumer = tasks[dst]
-        ctrl = list(consumer.consumed.get("ctrl", []))
-        tasks[dst] = dataclasses.replace(consumer, consumed={**consumer.consumed, "ctrl": [*ctrl, rid]})
+class _GuardPlanner:
+    """``mem_guards``' sweep; ``visits`` counts its reachability tests (a deterministic measure of its work)."""
+
+    def __init__(self, tasks, regsts, order, memory: MemoryPlan):
+        self.tasks, self.regsts, self.visits = tasks, regsts, 0
+        self.position = {tid: i for i, tid in enumerate(order)}
+        readers = _readers(regsts)
+        self.requests = {r.regst_id: r for r in memory.requests if memory.size_of(r) > 0}
+        self.touchers = {rid: {regsts[rid].producer, *readers[rid]} for rid in self.requests}
+        self.span = {rid: (memory.offsets[rid], memory.offsets[rid] + memory.size_of(r))
+                     for rid, r in self.requests.items()}
+        self.history, self.looping = {}, {}   # per chunk: all holders; those with a toucher acting k times a call
+        for device, rs in memory.by_device().items():
+            rids = [r.regst_id for r in sorted(rs, key=lambda r: (r.start, r.regst_id)) if r.regst_id in self.span]
+            self.history[device] = _ByteHistory([(rid, *self.span[rid]) for rid in rids])
+            self.looping[device] = _ByteHistory([(rid, *self.span[rid]) for rid in rids
+                                                 if any(self._acts(t) > 1 for t in self.touchers[rid])])
+        self.later = collections.defaultdict(list)      # r1 -> its visible successors
+        for h in self.history.values():
+            for r2, stretches in h.previous.items():
+                for r1 in dict.fromkeys(s[2] for s in stretches):
+                    self.later[r1].append(r2)
+        self.touched_by, self.made_by = collections.defaultdict(list), collections.defaultdict(list)
+        for rid in self.requests:
+            self.made_by[regsts[rid].producer].append(rid)
+            for t in self.touchers[rid] if rid in self.later else ():
+                self.touched_by[t].append(rid)
+        self.reach, self.guards, self.maximal = {}, collections.defaultdict(dict), {}
+        successors = collections.defaultdict(list)
+        for r in regsts.values():
+            successors[r.producer].extend(r.consumers)
+        for tid in reversed(order):
+            bits = 1 << self.position[tid]
+            for c in successors[tid]:
+                if self.position[c] <= self.position[tid]:
+                    raise CompileError(f"task {tasks[c].op_name} reads a regst of {tasks[tid].op_name}, which "
+                                       "comes after it in the plan's order: the order is not a topological one")
+                bits |= self.reach[c]
+            self.reach[tid] = bits
+            self._same_piece(tid)
+            if tid in self.made_by:
+                self._next_piece(tid)
+        self.edges = sorted(((s, d) for s, ds in self.guards.items() for d in ds),
+                            key=lambda e: (self.position[e[0]], self.position[e[1]]))
+
+    def _acts(self, tid: int) -> int:
+        return self.tasks[tid].time_shape[1]
+
+    def _add(self, src: int, dst: int) -> None:
+        if self.position[dst] <= self.position[src]:
+            raise CompileError(f"the memory plan's lifetimes disagree with the plan's order: a guard "
+                               f"{self.tasks[src].op_name} -> {self.tasks[dst].op_name} would go backwards")
+        self.guards[src][dst] = None
+        self.reach[src] |= self.reach[dst]
+
+    def _same_piece(self, t: int) -> None:
+        """Rule 1 for the visible pairs whose first regst ``t`` touches: ``t`` reaches the next producer."""
+        producers = {self.regsts[r2].producer for r1 in self.touched_by.get(t, ()) for r2 in self.later[r1]}
+        for w2 in sorted(producers, key=self.position.get):   # the earliest first: it may reach the others
+            self.visits += 1
+            if not self.reach[t] >> self.position[w2] & 1:
+                self._add(t, w2)
+
+    def _hold(self, c: int, made: int) -> None:
+        """``c`` acts on a regst num 1 regst of the current producer, which makes ``made`` pieces of it per
+        call: unless ``c`` is the sink tick or input-wise, a toucher reaching ``c`` is held back if it acts
+        once per call (``weak``), any toucher if ``c`` acts once per piece (``strong``)."""
+        task = self.tasks[c]
+        if task.op_type != "sink_tick" and not is_input_wise(task):
+            self.weak |= 1 << self.position[c]
+            if made <= task.time_shape[1]:
+                self.strong |= 1 << self.position[c]
+
+    def _held(self, t: int) -> bool:
+        self.visits += 1
+        return bool(self.reach[t] & (self.weak if self._acts(t) == 1 else self.strong))
+
+    def _next_piece(self, w1: int) -> None:
+        """Rule 2 for every request ``w1`` makes: ``w1`` held back after the touchers of each later holder of
+        its bytes.  In the loop (k pieces per call) two walks: the touchers acting k times per call need a
+        strong hold, found among the holders with such touchers; the others a weak one, among all."""
+        task = self.tasks[w1]
+        self.strong = self.weak = 0
+        for key, rid in task.produced.items():
+            for c in self.regsts[rid].consumers if self.regsts[rid].max_regst_num == 1 else ():
+                self._hold(c, pieces_per_call(task, key))
+        for c in self.guards.get(w1, ()):
+            self._hold(c, pieces_per_call(task, GUARD_KEY))
+        for r1 in self.made_by[w1]:
+            device = self.requests[r1].device
+            if self._acts(w1) > 1:
+                self._descend(w1, r1, self.looping[device], lambda t: self._acts(t) > 1, strong=True)
+                self._descend(w1, r1, self.history[device], lambda t: self._acts(t) == 1, strong=False)
+            else:   # one piece per call: strong and weak holds are the same
+                self._descend(w1, r1, self.history[device], lambda t: True, strong=True)
+
+    def _descend(self, w1: int, r1: int, history: _ByteHistory, wanted, strong: bool) -> None:
+        """Walk ``history`` down ``r1``'s bytes from their last holders to ``r1``: guard ``w1`` -> each
+        maximal ``wanted`` toucher of a holder that is not held back; stop where the holder's producer is."""
+        end1, checked, walked = self.requests[r1].end, set(), set()
+        stack = history.last(*self.span[r1])
+        while stack:
+            lo, hi, x = stack.pop()
+            self.visits += 1
+            if x is None or self.requests[x].start < end1 or (lo, hi, x) in walked:
+                continue   # r1 itself or a holder before it; or a stretch walked already
+            walked.add((lo, hi, x))
+            if x not in checked:
+                checked.add(x)
+                for t in self._maximal(x):
+                    if wanted(t) and not self._held(t):
+                        self._add(w1, t)
+                        self._hold(t, pieces_per_call(self.tasks[w1], GUARD_KEY))
+            if not self.reach[self.regsts[x].producer] & (self.strong if strong else self.weak):
+                stack.extend((max(lo, a), min(hi, b), y) for a, b, y in history.previous[x] if a < hi and lo < b)
+
+    def _maximal(self, rid: int) -> list:
+        """The touchers of ``rid`` that reach no other one (final: they all come after the sweep's task)."""
+        if rid not in self.maximal:
+            touchers = sorted(self.touchers[rid], key=self.position.get)
+            mask = sum(1 << self.position[t] for t in touchers)
+            self.maximal[rid] = [t for t in touchers if self.reach[t] & mask == 1 << self.position[t]]
+        return self.maximal[rid]

@@ -43,6 +43,7 @@ rank (control edges join tasks of one rank).  A global blob's regst holds one pi
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -50,13 +51,13 @@ import numpy as np
 from pyflow import env
 from pyflow.compiler.boxing import build_boxing
 from pyflow.compiler.boxing.graph import region_of, shape_of_region
-from pyflow.compiler.ids import TaskId, encode_task_id, per_rank_id, thread_id
+from pyflow.compiler.ids import PER_RANK_SHIFT, TaskId, encode_task_id, per_rank_id, thread_id
 from pyflow.compiler.op_graph import layout_of_blob, placement_of
 from pyflow.device import Device
 from pyflow.distributed.boxing_steps import Layout
 from pyflow.framework.op_registry import OP_REGISTRY
 
-__all__ = ["TaskNode", "RegstDesc", "TaskGraph", "STREAM_INDEX", "GUARD_KEY", "pieces_per_call"]
+__all__ = ["TaskNode", "RegstDesc", "TaskGraph", "STREAM_INDEX", "GUARD_KEY", "add_mem_guards", "pieces_per_call"]
 
 STREAM_INDEX = {"compute": 0, "host2device": 1, "device2host": 2, "ccl": 3, "comm_net": 4}
 HOST_DEVICE = "cpu"
@@ -119,6 +120,37 @@ def pieces_per_call(task, key: str = "out_0") -> int:
     if task.kind in ("acc", "pack") and key != GUARD_KEY:
         return 1
     return task.time_shape[1]
+
+
+def add_mem_guards(tasks: dict, regsts: dict, edges) -> None:
+    """The memory guards ``edges`` (``plan.mem_guards``) put in: each source's ctrl regst ``<op>/mem_guard``
+    (made once, regst num 1; kept if it has one) gets its destinations as consumers, read under "ctrl".
+    A changed task or regst becomes a new TaskNode / RegstDesc in ``tasks`` / ``regsts`` (one per task or regst,
+    not one per edge): the objects are never edited in place, so the Plan they came from keeps its own."""
+    by_src = collections.defaultdict(list)
+    for src, dst in edges:
+        by_src[src].append(dst)
+    counters, low_bits = collections.Counter(), (1 << PER_RANK_SHIFT) - 1   # rank -> its next free regst counter
+    for rid in regsts:
+        counters[rid >> PER_RANK_SHIFT] = max(counters[rid >> PER_RANK_SHIFT], (rid & low_bits) + 1)
+    guards_of = collections.defaultdict(list)   # consumer -> the guard regsts it reads
+    for src, dsts in by_src.items():
+        producer = tasks[src]
+        rid = producer.produced.get(GUARD_KEY)
+        if rid is None:
+            rid = per_rank_id(producer.rank, counters[producer.rank])
+            counters[producer.rank] += 1
+            regsts[rid] = RegstDesc(rid, f"{producer.op_name}/{GUARD_KEY}", src, [], (), "int8", producer.device,
+                                    producer.rank, mem="ctrl")
+            tasks[src] = dataclasses.replace(producer, produced={**producer.produced, GUARD_KEY: rid})
+        fresh = [d for d in dict.fromkeys(dsts) if d not in regsts[rid].consumers]
+        regsts[rid] = dataclasses.replace(regsts[rid], consumers=[*regsts[rid].consumers, *fresh])
+        for dst in fresh:
+            guards_of[dst].append(rid)
+    for dst, rids in guards_of.items():
+        consumer = tasks[dst]
+        tasks[dst] = dataclasses.replace(consumer, consumed={**consumer.consumed,
+                                                             "ctrl": [*consumer.consumed.get("ctrl", []), *rids]})
 
 
 class TaskGraph:
