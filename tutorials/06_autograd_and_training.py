@@ -403,6 +403,39 @@ if Figure is not None:
     print("loss curve and decision regions drawn to", path)
 
 # %% [markdown]
+# ## 5. Mini-batches, a checkpoint, and printing
+#
+# A course trains on shuffled mini-batches: `flow.utils.data` has PyTorch's
+# `TensorDataset` and `DataLoader` (`shuffle=True` draws each epoch's order
+# from the generator `flow.manual_seed` seeds).  Two epochs of batches of 32
+# go on from the trained model; then `flow.save` writes its `state_dict` (a zip
+# of `.npy` arrays: loading runs no code) and a fresh model of the same shape
+# loads it and predicts the same.  A tensor prints as PyTorch prints it.
+
+# %%
+from pyflow.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(X, Y), batch_size=32, shuffle=True)
+print(f"{len(loader)} batches per epoch")
+for epoch in range(2):
+    for xb, yb in loader:
+        optimizer.zero_grad()
+        batch_loss = loss_fn(model(xb), yb)
+        batch_loss.backward()
+        optimizer.step()
+    print(f"epoch {epoch}: last batch's loss {batch_loss:.4f}")   # f-string formats a 0-d tensor
+
+checkpoint = os.path.join(tempfile.mkdtemp(prefix="pyflow_ckpt_"), "spiral.pf")
+flow.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint)
+restored = nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 3))
+restored.load_state_dict(flow.load(checkpoint)["model"])
+with flow.no_grad():
+    same = bool((restored(X).argmax(dim=1) == model(X).argmax(dim=1)).all())
+print("the reloaded model predicts the same:", same)
+assert same
+print(restored[2].bias)
+
+# %% [markdown]
 # Where to read more: `pyflow/autograd/engine.py` is the whole backward in a
 # page; `pyflow/ops/_grad.py` says what a backward rule is, and every op file
 # in `pyflow/ops/` ends with its rules; `pyflow/optim/sgd.py` is SGD, one fused
