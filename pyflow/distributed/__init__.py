@@ -24,15 +24,18 @@ process that ``mpiexec`` started, makes the process its MPI rank (``mpi.init_if_
 from pyflow.distributed.inprocess import InProcessTransport, InProcessWorld
 from pyflow.distributed.mpi import init_mpi
 from pyflow.distributed.run import run
-from pyflow.distributed.transport import CollectiveDesc, Transport
+from pyflow.distributed.transport import CollectiveDesc, SoloTransport, Transport
 
 from pyflow.distributed import boxing, global_methods, mpi  # noqa: E402, I001
 from pyflow.distributed.global_ops import GlobalInterpreter  # noqa: E402
 from pyflow.framework.interpreter import install_global_interpreter  # noqa: E402
+from pyflow import env as _env  # noqa: E402
 
 install_global_interpreter(GlobalInterpreter())
 global_methods.install()
 mpi.init_if_launched()   # under mpiexec: this process becomes its MPI rank
+if _env.process_context().transport is None and _env.process_context().world_size == 1:
+    _env.process_context().transport = SoloTransport()   # a plain script: a world of one, as in OneFlow
 
-__all__ = ["run", "init_mpi", "Transport", "CollectiveDesc", "InProcessTransport", "InProcessWorld", "boxing",
+__all__ = ["run", "init_mpi", "Transport", "SoloTransport", "CollectiveDesc", "InProcessTransport", "InProcessWorld", "boxing",
            "GlobalInterpreter"]

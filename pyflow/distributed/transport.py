@@ -27,6 +27,7 @@ straight between the processes.
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
 import functools
 import itertools
@@ -34,7 +35,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["CollectiveDesc", "FailedPiece", "Transport"]
+__all__ = ["CollectiveDesc", "FailedPiece", "Transport", "SoloTransport"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,3 +162,46 @@ def _sum(arrays: list) -> np.ndarray:
     for other in arrays[1:]:
         total += other
     return total
+
+
+class SoloTransport(Transport):
+    """The transport of a world of one rank: a plain script, not under ``flow.distributed.run`` or mpiexec.
+
+    OneFlow runs a plain script as a world of one, where a global tensor on ``placement("cpu", [0])``
+    works as anywhere else; pyflow's process context gets this transport for that (``distributed/__init__``).
+    Every collective's group is this rank alone, so each is this rank's own payload (copied, as the other
+    transports hand out copies); a group naming another rank is an error at the call, since no one else
+    will ever come.  A message to itself waits in a mailbox.
+    """
+
+    rank, world_size = 0, 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mail: dict = collections.defaultdict(collections.deque)
+        self._arrived = threading.Condition()
+
+    def exchange(self, group: tuple, seq: int, desc: CollectiveDesc, payload) -> list:
+        if tuple(group) != (0,):
+            from pyflow.errors import DistributedError
+
+            raise DistributedError(f"{desc.describe()} needs ranks {list(group)}, but this script is a world of one "
+                                   "rank (rank 0): run the function on N ranks with flow.distributed.run(fn, "
+                                   "world_size=N), or start N processes with mpiexec")
+        return [np.array(payload, copy=True) if isinstance(payload, np.ndarray) else payload]
+
+    def send(self, array: np.ndarray, dst: int, tag: int) -> None:
+        with self._arrived:
+            self._mail[(dst, tag)].append(np.array(array, copy=True))
+            self._arrived.notify_all()
+
+    def recv(self, src: int, tag: int) -> np.ndarray:
+        with self._arrived:
+            while not self._mail[(self.rank, tag)]:
+                if src != self.rank:
+                    from pyflow.errors import DistributedError
+
+                    raise DistributedError(f"recv from rank {src} (tag {tag}) in a world of one rank: no one "
+                                           "else will send it")
+                self._arrived.wait()
+            return self._mail[(self.rank, tag)].popleft()
