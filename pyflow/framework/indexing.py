@@ -3,11 +3,14 @@
 * **Basic** - ints, slices with a positive step, ``...`` and ``None``: a view of the
   same storage (numpy's basic indexing).  Assigning to it is ``view.fill_(v)`` or
   ``view.copy_(v)``.
-* **Advanced** - one integer tensor (or list, or numpy array), or one boolean mask
-  covering some dims, together with any basic items.  The result has numpy's
+* **Advanced** - an integer tensor (or list, range, numpy array), or one boolean
+  mask covering some dims, together with any basic items.  The result has numpy's
   shape: the index's dims replace the indexed dim (or, when ints and the index
   are separated by a slice, come first).  Reading is an ``index_select`` (a
   copy); writing is an in-place ``index_copy``, a VM write of ``x``.
+* **Several index tensors** (``x[rows, cols]``) are broadcast together and become
+  one linear index into the indexed dims, merged (``_several``); a list holding
+  lists is a tuple of indices, as PyTorch reads it.
 * **Boolean masks read the mask**: the result's size is the number of True
   values, so ``x[mask]`` (and ``x[mask] = v``) first copies the mask to the host
   and waits for it, as PyTorch does on CUDA.  The positions of the True values
@@ -56,9 +59,10 @@ class _Advanced:
 
     source: object          # a Tensor or a numpy array
     is_mask: bool
-    ndim: int               # dims of x it consumes (a mask's rank; 1 for integers)
+    ndim: int               # dims of x it consumes (a mask's rank; 1 for integers; k for k index tensors)
     position: int = 0       # the first of those dims in the basic view
     to_front: bool = False  # numpy puts the index's dims first (ints and the index are apart)
+    shape: tuple | None = None   # several index tensors: their broadcast shape (``source``: the linear index)
 
 
 def _advanced(item, t) -> _Advanced:
@@ -80,9 +84,21 @@ def _advanced(item, t) -> _Advanced:
     return _Advanced(item, False, 1)
 
 
+def _sequence_as_tuple(index) -> bool:
+    """PyTorch's (and OneFlow's, and old numpy's) reading of a list index: ``x[[[0, 1], [1, 0]]]`` is
+    ``x[[0, 1], [1, 0]]`` when the list holds a sequence, a tensor, a slice, ``...`` or None (and is shorter
+    than 32).  numpy >= 1.23 reads it as one array index instead: a silently different shape."""
+    if not isinstance(index, list) or len(index) >= 32:
+        return False
+    return any(item is None or item is Ellipsis or isinstance(item, (list, tuple, slice, Tensor, np.ndarray))
+               for item in index)
+
+
 def _parse(t: Tensor, index):
     """(basic items over t's dims, the advanced item or None), checked; nothing is issued."""
     where = f"indexing {describe(t)}"
+    if _sequence_as_tuple(index):
+        index = tuple(index)
     items = list(index) if isinstance(index, tuple) else [index]
     advanced = None
     for i, item in enumerate(items):
@@ -92,7 +108,7 @@ def _parse(t: Tensor, index):
             raise ArgumentTypeError(f"{where}: a bool ({item!r}) is not an index; use a bool tensor as a mask")
         if isinstance(item, numbers.Integral):
             items[i] = int(item)
-        elif isinstance(item, (Tensor, list, np.ndarray)):
+        elif isinstance(item, (Tensor, list, np.ndarray, range)):
             if advanced is not None:
                 raise ArgumentTypeError(f"{where}: pyflow supports one tensor (or list) per index, got {index!r:.80}")
             advanced = items[i] = _advanced(item, t)
@@ -178,6 +194,8 @@ def _positions(advanced: _Advanced, device, wrap: int | None = None) -> Tensor:
     takes none; index_select wraps them itself).
     """
     source = advanced.source
+    if advanced.shape is not None:   # several index tensors, already one linear index into the merged dims
+        return source.reshape(-1)
     if advanced.is_mask:
         values = source.numpy() if isinstance(source, Tensor) else source   # a Tensor mask: a sync
         return tensor(np.flatnonzero(values).astype(DEFAULT_INT), device=device)
@@ -190,7 +208,67 @@ def _positions(advanced: _Advanced, device, wrap: int | None = None) -> Tensor:
 
 
 def _index_shape(advanced: _Advanced, positions: Tensor) -> tuple:
+    if advanced.shape is not None:
+        return advanced.shape
     return tuple(positions.shape) if advanced.is_mask else tuple(advanced.source.shape)
+
+
+def _several(t: Tensor, index):
+    """``x[i, j]`` with several integer index tensors (or lists), broadcast together, as numpy and PyTorch:
+    one linear index ``(i * size_j + j)`` into the indexed dims, merged (``None`` if ``index`` has fewer than
+    two).  Ints among them count as 0-d indices.  Where the indexed dims are apart (a slice between them),
+    numpy puts the index's dims first: ``t`` is permuted so that they come first, together.  Returns the
+    tensor to index (``t`` or a permuted view of it) and its items, the one ``_Advanced`` among them."""
+    if not isinstance(index, tuple):
+        return None
+    arrays = [item for item in index if isinstance(item, (Tensor, list, np.ndarray, range))]
+    if len(arrays) < 2:
+        return None
+    place = f"indexing {describe(t)}"
+    if any(item is None for item in index) or sum(item is Ellipsis for item in index) > 1:
+        raise ArgumentTypeError(f"{place}: None or several '...' beside several index tensors is not supported; "
+                                "index in two steps")
+    items = list(index)
+    if any(item is Ellipsis for item in items):
+        at = next(k for k, item in enumerate(items) if item is Ellipsis)
+        items[at:at + 1] = [slice(None)] * (t.ndim - (len(items) - 1))
+    if len(items) > t.ndim:
+        raise IndexOutOfRangeError(f"{place}: too many indices ({len(items)}) for a tensor of rank {t.ndim}")
+    items += [slice(None)] * (t.ndim - len(items))
+    dims = [d for d, item in enumerate(items) if not isinstance(item, slice)]
+    indices = []
+    for d in dims:
+        item = items[d]
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (numbers.Integral, Tensor, list, np.ndarray,
+                                                                         range)):
+            raise ArgumentTypeError(f"{place}: unsupported index {item!r:.60} beside several index tensors")
+        one = _advanced(item if not isinstance(item, numbers.Integral) else [int(item)], t)
+        if one.is_mask:
+            raise ArgumentTypeError(f"{place}: a bool mask beside other index tensors is not supported; use "
+                                    "mask.nonzero() to turn it into integer indices")
+        if isinstance(one.source, np.ndarray):
+            _place(t, [slice(None)] * d + [one], one)   # indices on the host: checked now
+        source = one.source if isinstance(one.source, Tensor) else tensor(one.source.astype(DEFAULT_INT),
+                                                                           device=t.device)
+        if isinstance(item, numbers.Integral):
+            source = source.reshape(())
+        source = source.to(t.device, DEFAULT_INT)
+        indices.append(where(source < 0, source + t.shape[d], source))
+    try:
+        shape = tuple(np.broadcast_shapes(*[tuple(i.shape) for i in indices]))
+    except ValueError:
+        raise ShapeError(f"{place}: the index tensors' shapes {[list(i.shape) for i in indices]} do not "
+                         "broadcast together") from None
+    linear = indices[0]
+    for d, i in zip(dims[1:], indices[1:]):
+        linear = linear * t.shape[d] + i
+    linear = linear.expand(shape) if tuple(linear.shape) != shape else linear
+    if dims != list(range(dims[0], dims[0] + len(dims))):   # apart: the index's dims go first
+        rest = [d for d in range(t.ndim) if d not in dims]
+        t, items = t.permute(dims + rest), [slice(None)] * len(dims) + [items[d] for d in rest]
+        dims = list(range(len(dims)))
+    advanced = _Advanced(linear, False, len(dims), position=dims[0], shape=shape)
+    return t, items[:dims[0]] + [advanced] + items[dims[-1] + 1:]
 
 
 def _merged(view: Tensor, advanced: _Advanced, count: int) -> tuple:
@@ -207,9 +285,20 @@ def _to_front(t: Tensor, advanced: _Advanced, ndim_index: int, inverse=False) ->
     return t.permute(order)
 
 
+def _items(self: Tensor, index) -> tuple:
+    """(the tensor to index, its items, the advanced item or None)."""
+    if _sequence_as_tuple(index):
+        index = tuple(index)
+    several = _several(self, index)
+    if several is not None:
+        t, items = several
+        return t, items, next(item for item in items if isinstance(item, _Advanced))
+    return (self, *_parse(self, index))
+
+
 def getitem(self: Tensor, index) -> Tensor:
     """``self[index]``: a view for basic indexing, a copy (``index_select``) for a tensor or a mask."""
-    items, advanced = _parse(self, index)
+    self, items, advanced = _items(self, index)
     view = _basic(self, items)
     if advanced is None:
         return view
@@ -239,7 +328,7 @@ def _value(value, t: Tensor):
 
 def setitem(self: Tensor, index, value) -> None:
     """``self[index] = value``: an in-place write of ``self`` (``fill_``/``copy_``, or ``index_copy``)."""
-    items, advanced = _parse(self, index)
+    self, items, advanced = _items(self, index)
     view = _basic(self, items)
     _writable(view, "setitem")
     if isinstance(value, Tensor) and advanced is None and not args.broadcasts_to(value.shape, view.shape):
