@@ -242,3 +242,28 @@ def test_a_descriptor_is_described_once_per_value_and_its_shape_is_a_tuple(op, s
     assert first.shape == tuple(shape) and first.key() == (op, tuple(shape), "float32", "S(0)")
     assert first.described() == again.described() == first.describe()
     assert f"{__file__}:{lineno}" in first.described()
+
+
+def test_a_rank_busy_in_its_own_code_does_not_hold_back_the_report_of_a_failed_one():
+    """Rank 0 times out in a collective while rank 1 sits in user code (here an event, set after the
+    report): run() raises at once with rank 0's error and names rank 1's line, instead of waiting for it."""
+    import threading
+
+    release = threading.Event()
+
+    def body():
+        if flow.env.get_rank() == 1:
+            release.wait(60)   # the line the report names
+            return 1
+        x = flow.tensor(np.ones(2, np.float32), placement=flow.placement("cpu", [0, 1]), sbp=flow.sbp.split(0))
+        return x.numpy().tolist()
+
+    try:
+        with pytest.raises(flow.errors.RankError) as caught:
+            flow.distributed.run(body, 2, timeout=1)
+        assert release.is_set() is False   # reported while rank 1 still waited
+    finally:
+        release.set()
+    message = str(caught.value)
+    assert "rank 0 of 2 failed" in message and "CollectiveTimeoutError" in message
+    assert "rank(s) [1] still running" in message and "release.wait(60)" in message

@@ -14,7 +14,10 @@ which is gone afterwards.
 
 If any rank raises, the world is aborted: every rank waiting in a collective
 stops at once (``RankAbortedError``), and ``run`` raises ``RankError`` naming the
-rank that failed first, with its exception as ``__cause__``.  Ranks that run
+rank that failed first, with its exception as ``__cause__``.  A rank busy in its
+own code (a loop, a sleep: nothing pyflow can interrupt) does not hold the report
+back: after a short grace ``run`` raises, naming the line each such rank is at,
+and leaves those ranks to finish as daemon threads.  Ranks that run
 different code are reported by the transport instead of hanging.
 
 **In a process that is an MPI rank** (``mpiexec -n N python script.py``, or
@@ -32,7 +35,9 @@ world's size.  So an SPMD script runs unchanged as threads or as processes.
 from __future__ import annotations
 
 import numbers
+import sys
 import threading
+import time
 
 from pyflow import env, vm
 from pyflow.distributed.inprocess import InProcessWorld, InProcessTransport
@@ -42,6 +47,7 @@ from pyflow.errors import DistributedError, RankAbortedError, RankError
 __all__ = ["run"]
 
 _JOIN_POLL_SECONDS = 0.1
+_GRACE_SECONDS = 2.0   # after a rank failed, how long the others get to stop before run() reports
 
 
 def _secondary(error: BaseException) -> bool:
@@ -93,10 +99,15 @@ def run(fn, world_size: int, args=(), timeout: float | None = None) -> list:
                for r in range(world.world_size)]
     for thread in threads:
         thread.start()
+    failed_at = None
     try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(_JOIN_POLL_SECONDS)
+        while any(thread.is_alive() for thread in threads):
+            for thread in threads:
+                thread.join(_JOIN_POLL_SECONDS / len(threads))
+            if errors and failed_at is None:
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > _GRACE_SECONDS:
+                break   # a rank failed; one still busy in its own code would keep run() silent: report now
     except BaseException as error:  # Ctrl-C in the main thread: stop every rank, then go up
         world.abort(-1, error)
         for thread in threads:
@@ -107,6 +118,18 @@ def run(fn, world_size: int, args=(), timeout: float | None = None) -> list:
         error = errors[first]
         others = sorted(r for r in errors if r != first)
         also = f" (rank(s) {others} stopped too)" if others else ""
+        busy = [(r, t) for r, t in enumerate(threads) if t.is_alive()]
+        if busy:
+            also += (f"; rank(s) {[r for r, _ in busy]} still running their own code, left to finish as "
+                     "daemon threads: " + ", ".join(f"rank {r} at {_where(t)}" for r, t in busy))
         raise RankError(f"rank {first} of {world.world_size} failed{also}: {type(error).__name__}: {error}",
                         rank=first) from error
     return results
+
+
+def _where(thread: threading.Thread) -> str:
+    """The innermost line of ``thread``'s stack outside pyflow and the standard library."""
+    from pyflow.distributed.mpi_commnet import user_line
+
+    frame = sys._current_frames().get(thread.ident)
+    return user_line(frame) if frame is not None else "(ended)"
