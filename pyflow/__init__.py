@@ -48,6 +48,7 @@ from pyflow import distributed, env  # noqa: E402 - flow.distributed.run, flow.e
 from pyflow import autograd  # noqa: E402 - after distributed: it wraps the global-aware view methods
 from pyflow.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
 from pyflow import nn, optim  # noqa: E402 - after autograd: layers and optimizers record and update
+from pyflow import cuda  # noqa: E402 - flow.cuda.is_available(), synchronize(), manual_seed()
 from pyflow.serialization import load, save  # noqa: E402 - flow.save / flow.load (after nn: a Parameter stays one)
 from pyflow.framework.placement import placement  # noqa: E402
 from pyflow.framework.sbp import sbp  # noqa: E402
@@ -85,3 +86,4 @@ from pyflow.framework.random_perm import Generator, randperm  # noqa: E402 - flo
 from pyflow import utils  # noqa: E402 - flow.utils.data: Dataset, DataLoader, samplers
 __all__ += ["Generator", "randperm", "utils"]
 __all__ += ["save", "load"]
+__all__ += ["cuda"]

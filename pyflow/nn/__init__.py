@@ -6,14 +6,18 @@
 * ``container``  - ``Sequential``, ``ModuleList``
 * ``linear``     - ``Linear``, ``Flatten``, ``Identity``
 * ``conv``       - ``Conv2d``, ``MaxPool2d``, ``AvgPool2d``
-* ``activation`` - ``ReLU``, ``Tanh``, ``Sigmoid``, ``Softmax``, ``LogSoftmax``
+* ``activation`` - ``ReLU``, ``Tanh``, ``Sigmoid``, ``Softmax``, ``LogSoftmax``, ``GELU``, ``LeakyReLU``,
+                   ``Softplus``, ``LogSigmoid``
 * ``batchnorm``  - ``BatchNorm1d``, ``BatchNorm2d``
+* ``normalization`` - ``LayerNorm``
 * ``sparse``     - ``Embedding``
 * ``rnn``        - ``LSTMCell``, ``LSTM``
 * ``dropout``    - ``Dropout``
-* ``loss``       - ``MSELoss``, ``CrossEntropyLoss``, ``NLLLoss``
+* ``loss``       - ``MSELoss``, ``L1Loss``, ``SmoothL1Loss``, ``HuberLoss``, ``CrossEntropyLoss``, ``NLLLoss``,
+                   ``BCELoss``, ``BCEWithLogitsLoss``, ``KLDivLoss``
 * ``functional`` - the same computations as functions (``F.linear``, ``F.cross_entropy``...)
 * ``init``       - in-place initialisations (``xavier_uniform_``, ``kaiming_uniform_``...)
+* ``utils``      - ``clip_grad_norm_``, ``clip_grad_value_``
 
 Layers are compositions of the public tensor ops: there is no kernel and no
 backward rule in this package; autograd differentiates the ops they are made of.
@@ -28,22 +32,26 @@ backward rule in this package; autograd differentiates the ops they are made of.
 [(8, 4), (8,), (3, 8), (3,)]
 """
 
-from pyflow.nn import functional, init
-from pyflow.nn.activation import LogSoftmax, ReLU, Sigmoid, Softmax, Tanh
+from pyflow.nn import functional, init, utils
+from pyflow.nn.activation import GELU, LeakyReLU, LogSigmoid, LogSoftmax, ReLU, Sigmoid, Softmax, Softplus, Tanh
 from pyflow.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from pyflow.nn.container import ModuleList, Sequential
 from pyflow.nn.conv import AvgPool2d, Conv2d, MaxPool2d
 from pyflow.nn.dropout import Dropout
 from pyflow.nn.linear import Flatten, Identity, Linear
-from pyflow.nn.loss import CrossEntropyLoss, MSELoss, NLLLoss
+from pyflow.nn.loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, L1Loss, MSELoss,
+                            NLLLoss, SmoothL1Loss)
 from pyflow.nn.module import Module
+from pyflow.nn.normalization import LayerNorm
 from pyflow.nn.parameter import Parameter
 from pyflow.nn.rnn import LSTM, LSTMCell
 from pyflow.nn.sparse import Embedding
 
 __all__ = ["functional", "init", "Parameter", "Module", "Sequential", "ModuleList", "Linear", "Flatten", "Identity",
            "Conv2d", "MaxPool2d", "AvgPool2d", "ReLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "BatchNorm1d",
-           "BatchNorm2d", "Embedding", "LSTMCell", "LSTM", "Dropout", "MSELoss", "CrossEntropyLoss", "NLLLoss"]
+           "BatchNorm2d", "Embedding", "LSTMCell", "LSTM", "Dropout", "MSELoss", "CrossEntropyLoss", "NLLLoss",
+           "utils", "GELU", "LeakyReLU", "Softplus", "LogSigmoid", "LayerNorm", "L1Loss", "SmoothL1Loss", "HuberLoss",
+           "BCELoss", "BCEWithLogitsLoss", "KLDivLoss"]
 
 
 def __getattr__(name: str):

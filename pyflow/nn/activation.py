@@ -1,7 +1,9 @@
-"""Activation layers: ``ReLU``, ``Tanh``, ``Sigmoid``, ``Softmax``, ``LogSoftmax``.
+"""Activation layers: ``ReLU``, ``Tanh``, ``Sigmoid``, ``Softmax``, ``LogSoftmax``, ``GELU``, ``LeakyReLU``,
+``Softplus``, ``LogSigmoid``.
 
 Each is a module with no parameters whose ``forward`` is one elementwise op
-(``flow.relu``...); they exist so that a ``Sequential`` can hold them.
+(``flow.relu``...) or the function of ``flow.nn.functional`` of the same name (a
+composition of ops); they exist so that a ``Sequential`` can hold them.
 
 >>> import pyflow as flow
 >>> x = flow.tensor([-1.0, 0.0, 2.0])
@@ -15,9 +17,9 @@ from __future__ import annotations
 
 from pyflow.framework.tensor import Tensor
 from pyflow.nn import functional as F
-from pyflow.nn.module import Module
+from pyflow.nn.module import ArgumentValueError, Module
 
-__all__ = ["ReLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax"]
+__all__ = ["ReLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "GELU", "LeakyReLU", "Softplus", "LogSigmoid"]
 
 
 class ReLU(Module):
@@ -67,3 +69,54 @@ class LogSoftmax(Softmax):
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         return F.log_softmax(input, self.dim)
+
+
+class GELU(Module):
+    """``x * Phi(x)`` (Phi: the standard normal CDF); ``approximate='tanh'`` uses the tanh formula."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ArgumentValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.gelu(input, approximate=self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class LeakyReLU(Module):
+    """``x`` for ``x > 0``, else ``negative_slope * x`` (a small gradient keeps negative units alive)."""
+
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False) -> None:
+        super().__init__()
+        self.negative_slope, self.inplace = negative_slope, inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.leaky_relu(input, self.negative_slope, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
+
+
+class Softplus(Module):
+    """``log(1 + exp(beta * x)) / beta``, linear above ``threshold``: a smooth ReLU."""
+
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0) -> None:
+        super().__init__()
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.softplus(input, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class LogSigmoid(Module):
+    """``log(sigmoid(x))``, computed stably."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return F.logsigmoid(input)

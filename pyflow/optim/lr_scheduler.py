@@ -1,4 +1,5 @@
-"""Learning-rate schedulers: ``LRScheduler`` (the base), ``StepLR`` and ``CosineAnnealingLR``.
+"""Learning-rate schedulers: ``LRScheduler`` (the base), ``StepLR``, ``MultiStepLR``, ``ExponentialLR``
+and ``CosineAnnealingLR``.
 
 A scheduler changes ``group["lr"]`` of every param group of an optimizer,
 once per ``scheduler.step()``, usually once per epoch, after ``optimizer.step()``.
@@ -30,13 +31,14 @@ in terms of ``last_epoch`` is in each class's docstring.
 
 from __future__ import annotations
 
+import collections
 import math
 import numbers
 
 from pyflow.errors import ArgumentTypeError
 from pyflow.optim.optimizer import Optimizer, OptimizerError, check_range
 
-__all__ = ["LRScheduler", "StepLR", "CosineAnnealingLR"]
+__all__ = ["LRScheduler", "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR"]
 
 
 class LRScheduler:
@@ -110,6 +112,45 @@ class StepLR(LRScheduler):
 
     def get_lr(self) -> list:
         if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
+            return self._current_lrs()
+        return [lr * self.gamma for lr in self._current_lrs()]
+
+
+class MultiStepLR(LRScheduler):
+    """Multiply the lr by ``gamma`` at each epoch listed in ``milestones`` (a milestone listed twice
+    multiplies twice, as PyTorch's ``Counter``).
+
+    Closed form: ``lr = base_lr * gamma ** bisect_right(sorted(milestones), last_epoch)``.
+    """
+
+    def __init__(self, optimizer: Optimizer, milestones, gamma: float = 0.1, last_epoch: int = -1) -> None:
+        try:
+            listed = list(milestones)
+        except TypeError:
+            raise ArgumentTypeError(f"MultiStepLR: milestones must be a list of epochs, got {milestones!r}") from None
+        if any(not isinstance(m, numbers.Integral) or isinstance(m, bool) for m in listed):
+            raise OptimizerError(f"MultiStepLR: milestones must be ints, got {listed!r}")
+        check_range("gamma of MultiStepLR", gamma, 0.0)
+        self.milestones = collections.Counter(int(m) for m in listed)
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list:
+        if self.last_epoch not in self.milestones:
+            return self._current_lrs()
+        return [lr * self.gamma ** self.milestones[self.last_epoch] for lr in self._current_lrs()]
+
+
+class ExponentialLR(LRScheduler):
+    """Multiply the lr by ``gamma`` every epoch.  Closed form: ``lr = base_lr * gamma ** last_epoch``."""
+
+    def __init__(self, optimizer: Optimizer, gamma: float, last_epoch: int = -1) -> None:
+        check_range("gamma of ExponentialLR", gamma, 0.0)
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list:
+        if self.last_epoch == 0:
             return self._current_lrs()
         return [lr * self.gamma for lr in self._current_lrs()]
 
