@@ -359,3 +359,13 @@ def test_on_cuda_activations_norm_and_losses_match_cpu_and_backprop():
     assert results["cuda"][0] == pytest.approx(results["cpu"][0], rel=1e-5)
     np.testing.assert_allclose(results["cuda"][1], results["cpu"][1], rtol=1e-4, atol=1e-6)
     np.testing.assert_array_equal(results["cuda"][2], results["cpu"][2])
+
+
+@pytest.mark.parametrize("ndim, dim", [(1, 0), (2, 1), (3, 0), (4, 1)])
+def test_softmax_with_dim_none_takes_pytorchs_legacy_dim_and_warns(ndim, dim):
+    x = np.random.default_rng(ndim).standard_normal((2, 3, 2, 2)[:ndim]).astype(np.float32)
+    layers = ((flow.nn.Softmax(dim=None), flow.softmax), (flow.nn.LogSoftmax(dim=None), flow.log_softmax))
+    for layer, reference in layers:
+        with pytest.warns(UserWarning, match="Implicit dimension"):
+            got = layer(flow.tensor(x))
+        np.testing.assert_allclose(got.numpy(), reference(flow.tensor(x), dim).numpy(), rtol=1e-6)

@@ -53,22 +53,33 @@ class Sigmoid(Module):
 class Softmax(Module):
     """``exp(x) / sum(exp(x))`` along ``dim``."""
 
-    def __init__(self, dim: int = -1) -> None:
+    def __init__(self, dim: int | None = -1) -> None:
         super().__init__()
         self.dim = dim
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return F.softmax(input, self.dim)
+        return F.softmax(input, _implicit_dim(self.dim, input, "Softmax"))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
+
+
+def _implicit_dim(dim, input: Tensor, name: str) -> int:
+    """``dim=None``: PyTorch's legacy choice (0 for 0-, 1- and 3-D inputs, else 1), with its warning."""
+    if dim is not None:
+        return dim
+    import warnings
+
+    warnings.warn(f"Implicit dimension choice for {name.lower()} has been deprecated. Change the call to include "
+                  "dim=X as an argument.", UserWarning, stacklevel=3)
+    return 0 if input.ndim in (0, 1, 3) else 1
 
 
 class LogSoftmax(Softmax):
     """``log(softmax(x))`` along ``dim``, computed stably."""
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return F.log_softmax(input, self.dim)
+        return F.log_softmax(input, _implicit_dim(self.dim, input, "LogSoftmax"))
 
 
 class GELU(Module):
