@@ -94,23 +94,36 @@ class Conv2d(Module):
 
 
 class _Pool2d(Module):
-    def __init__(self, kernel_size, stride=None, padding=0) -> None:
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False) -> None:
         super().__init__()
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.kernel_size, self.stride, self.padding, self.ceil_mode = kernel_size, stride, padding, ceil_mode
 
     def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}, padding={self.padding}"
+        return (f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}, padding={self.padding}"
+                + (", ceil_mode=True" if self.ceil_mode else ""))
 
 
 class MaxPool2d(_Pool2d):
-    """The maximum of each window (``stride`` defaults to ``kernel_size``)."""
+    """The maximum of each window (``stride`` defaults to ``kernel_size``); PyTorch's keywords."""
 
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding)
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices: bool = False,
+                 ceil_mode: bool = False) -> None:
+        super().__init__(kernel_size, stride, padding, ceil_mode)
+        self.dilation, self.return_indices = dilation, return_indices
+
+    def forward(self, input: Tensor):  # noqa: A002
+        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+                            self.return_indices)
 
 
 class AvgPool2d(_Pool2d):
     """The mean of each window (``stride`` defaults to ``kernel_size``; padding counts as zeros)."""
 
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True,
+                 divisor_override=None) -> None:
+        super().__init__(kernel_size, stride, padding, ceil_mode)
+        self.count_include_pad, self.divisor_override = count_include_pad, divisor_override
+
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding)
+        return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                            self.count_include_pad, self.divisor_override)

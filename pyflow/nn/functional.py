@@ -37,6 +37,7 @@ from pyflow.framework.creation import arange, rand_like
 from pyflow.framework.functional import _tensor, log_softmax, relu, sigmoid, softmax, sqrt, tanh, where
 from pyflow.framework.interpreter import apply
 from pyflow.framework.tensor import Tensor
+from pyflow.nn import pooling
 from pyflow.nn.module import ArgumentValueError, no_grad
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "relu", "sigmoid", "tanh", "softmax", "log_softmax", "linear",
@@ -53,14 +54,24 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, 
     return apply("conv2d", operands, stride=stride, padding=padding)[0]
 
 
-def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0) -> Tensor:  # noqa: A002
-    """The maximum of each window (``stride`` defaults to ``kernel_size``; padding counts as -inf)."""
+def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,  # noqa: A002
+               return_indices: bool = False):
+    """The maximum of each window (``stride`` defaults to ``kernel_size``; padding counts as -inf).
+    ``dilation``, ``ceil_mode`` and ``return_indices``: ``nn/pooling.py``."""
+    if dilation not in (1, (1, 1)) or ceil_mode or return_indices:
+        return pooling.max_pool2d(_tensor(input, "max_pool2d"), kernel_size, stride, padding, dilation, ceil_mode,
+                                  return_indices)
     return apply("max_pool2d", [_tensor(input, "max_pool2d")], kernel_size=kernel_size, stride=stride,
                  padding=padding)[0]
 
 
-def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0) -> Tensor:  # noqa: A002
-    """The mean of each window (``stride`` defaults to ``kernel_size``; padding counts as zeros)."""
+def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,  # noqa: A002
+               count_include_pad: bool = True, divisor_override=None) -> Tensor:
+    """The mean of each window (``stride`` defaults to ``kernel_size``; padding counts as zeros).
+    ``ceil_mode``, ``count_include_pad=False`` and ``divisor_override``: ``nn/pooling.py``."""
+    if ceil_mode or not count_include_pad or divisor_override is not None:
+        return pooling.avg_pool2d(_tensor(input, "avg_pool2d"), kernel_size, stride, padding, ceil_mode,
+                                  count_include_pad, divisor_override)
     return apply("avg_pool2d", [_tensor(input, "avg_pool2d")], kernel_size=kernel_size, stride=stride,
                  padding=padding)[0]
 
