@@ -72,3 +72,33 @@ def test_zero_grad_without_set_to_none_zeros_global_gradients_and_a_global_leaf_
         np.testing.assert_array_equal(before, np.full((2, 3), 2.0))
         np.testing.assert_array_equal(after, np.zeros((2, 3)))
         np.testing.assert_array_equal(w, np.full((2, 3), 3.0))
+
+
+@pytest.mark.parametrize("where_to", ["cuda", "cpu"])
+def test_in_a_graph_a_global_tensor_moves_devices_and_a_global_made_in_build_is_a_variable(where_to):
+    """OneFlow's graph tests: ``x.to("cuda")`` of a global tensor inside ``build`` is a ``to_global`` onto the
+    same ranks' cuda devices (it failed: 'the output on cpu:0 is not on the op's device cuda:0'), and a global
+    ``flow.ones(placement=, sbp=)`` made inside ``build`` is made eagerly and read as a variable (it failed in
+    the matmul's actor: 'NoneType' object has no attribute 'device').  (Both at once, the variable itself
+    moved to cuda inside build, still fails in the actor runtime: an open finding.)"""
+    a = np.arange(12, dtype=np.float32).reshape(4, 3)
+
+    def body():
+        cpu = flow.placement("cpu", [0, 1])
+
+        class Moved(flow.nn.Graph):
+            def build(self, x):
+                return (x.to(where_to) * 2).to(flow.float64)
+
+        class MadeInBuild(flow.nn.Graph):
+            def build(self, x):
+                return x @ flow.ones(3, 2, placement=cpu, sbp=B)
+
+        x = flow.tensor(a, placement=cpu, sbp=S(0))
+        moved, made = Moved()(x), MadeInBuild()(x)
+        return moved.placement.type, moved.dtype, moved.numpy(), made.numpy()
+
+    for kind, dtype, moved, made in run(body, world_size=2):
+        assert kind == where_to and dtype == np.float64
+        np.testing.assert_array_equal(moved, a * 2)
+        np.testing.assert_allclose(made, a @ np.ones((3, 2)), rtol=1e-6)

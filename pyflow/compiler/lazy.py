@@ -130,6 +130,34 @@ class LazyTensor(Tensor):
         """Inside build: a ``to_global`` op (the TaskGraph gives its edge the boxing sub-graph)."""
         return self._trace.to_global(self, placement, sbp)
 
+    def to(self, *where, **kwargs) -> "LazyTensor":
+        """A global lazy tensor ``.to("cuda")``: a ``to_global`` onto the same ranks' devices of that type (as
+        eagerly, ``distributed/global_methods.py``); a dtype: a cast.  A local one: the local ``to``."""
+        if not self.is_global:
+            return Tensor.to(self, *where, **kwargs)
+        from pyflow.device import Device
+        from pyflow.framework.placement import placement as Placement
+
+        device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+        for value in where:
+            if isinstance(value, Tensor):
+                dtype = value.dtype
+            elif isinstance(value, (str, Device)):
+                device = value
+            else:
+                dtype = value
+        result = self if dtype is None else self._cast(dtype)
+        if device is not None and Device(device).type != self.placement.type:
+            result = result.to_global(Placement(Device(device).type, self.placement.ranks), result.sbp)
+        return result
+
+    def _cast(self, dtype) -> "LazyTensor":
+        from pyflow.framework.dtypes import as_dtype
+        from pyflow.framework.interpreter import apply
+
+        dtype = as_dtype(dtype, f"to (of {self!r})")
+        return self if dtype == self.dtype else apply("cast", [self], dtype=dtype)[0]
+
     def to_local(self) -> "LazyTensor":
         raise GraphError(f"to_local() of {self!r} at {user_line()}: inside nn.Graph.build a global tensor stays "
                          "global; return it and call .to_local() on the result")
@@ -200,6 +228,10 @@ class _Hook:
 
     def active(self) -> bool:
         return _state.tracer is not None
+
+    def paused(self):
+        """Eager mode while the block runs (``paused`` above), for the framework's own use."""
+        return paused()
 
     def apply(self, name, inputs, out, attrs):
         return _state.tracer.apply(name, inputs, out, attrs)

@@ -32,7 +32,7 @@ import numpy as np
 
 from pyflow import env
 from pyflow.errors import ArgumentTypeError, ShapeError
-from pyflow.framework import args
+from pyflow.framework import args, interpreter
 from pyflow.framework.dtypes import DEFAULT_FLOAT, DEFAULT_INT, as_dtype, is_scalar, scalar_dtype, to_scalar
 from pyflow.framework.interpreter import apply, global_interpreter
 from pyflow.framework.tensor import Tensor, tensor
@@ -46,6 +46,10 @@ def _global(op: str, values: np.ndarray, device, placement, sbp) -> Tensor:
     if device is not None:
         raise ArgumentTypeError(f"{op}: give device= for a local tensor or placement= and sbp= for a global one, "
                                 "not both")
+    lazy = interpreter._lazy_tracer
+    if lazy is not None and lazy.active():   # inside nn.Graph.build: made eagerly, then used as a variable
+        with lazy.paused():
+            return global_interpreter().tensor(values, values.dtype, placement, sbp)
     return global_interpreter().tensor(values, values.dtype, placement, sbp)
 
 
