@@ -54,6 +54,11 @@ def stack(tensors, dim: int = 0) -> Tensor:
 def gather(input: Tensor, dim: int, index: Tensor) -> Tensor:   # noqa: A002 - torch's name
     """``out[i][j] = input[index[i][j]][j]`` for ``dim`` 0 (any rank): torch.gather."""
     x, index = _tensor(input, "gather"), _tensor(index, "gather")
+    if min(x.ndim, index.ndim) == 0 and max(x.ndim, index.ndim) <= 1:   # PyTorch: a 0-d one counts as 1-d
+        args.dim(dim, 1, "gather", x)
+        result = apply("dim_gather", [x.reshape(-1) if x.ndim == 0 else x,
+                                      index.reshape(-1) if index.ndim == 0 else index], axis=0)[0]
+        return result.reshape(()) if index.ndim == 0 else result
     return apply("dim_gather", [x, index], axis=args.dim(dim, x.ndim, "gather", x))[0]
 
 
