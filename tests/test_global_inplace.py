@@ -103,16 +103,3 @@ def test_in_a_graph_a_global_tensor_moves_devices_and_a_global_made_in_build_is_
         np.testing.assert_array_equal(moved, a * 2)
         np.testing.assert_allclose(made, a @ np.ones((3, 2)), rtol=1e-6)
 
-
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_gather_takes_0d_input_or_index_as_pytorch_does(device):
-    """OneFlow's gather tests (as PyTorch): a 0-d input or index counts as 1-d, for dim 0 or -1."""
-    x = flow.tensor(3.0, device=device, requires_grad=True)
-    for dim in (0, -1):
-        assert flow.gather(x, dim, flow.tensor(0, device=device)).tolist() == 3.0
-    y = flow.gather(flow.tensor([1.0, 2.0], device=device), 0, flow.tensor(1, device=device))
-    assert y.shape == () and y.item() == 2.0
-    flow.gather(x, 0, flow.tensor([0, 0], device=device)).sum().backward()
-    assert x.grad.item() == 2.0
-    with pytest.raises(flow.errors.ShapeError):
-        flow.gather(flow.ones(2, 2, device=device), 0, flow.tensor(0, device=device))

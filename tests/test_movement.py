@@ -451,3 +451,17 @@ def test_cuda_movement_ops_refuse_host_arrays():
     for op, call in calls.items():
         with pytest.raises(DTypeError, match=rf"{op} \(cuda\): expected device arrays"):
             call(get_kernel(op, "cuda"))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_gather_takes_0d_input_or_index_as_pytorch_does(device):
+    """OneFlow's gather tests (as PyTorch): a 0-d input or index counts as 1-d, for dim 0 or -1."""
+    x = flow.tensor(3.0, device=device, requires_grad=True)
+    for dim in (0, -1):
+        assert flow.gather(x, dim, flow.tensor(0, device=device)).tolist() == 3.0
+    y = flow.gather(flow.tensor([1.0, 2.0], device=device), 0, flow.tensor(1, device=device))
+    assert y.shape == () and y.item() == 2.0
+    flow.gather(x, 0, flow.tensor([0, 0], device=device)).sum().backward()
+    assert x.grad.item() == 2.0
+    with pytest.raises(flow.errors.ShapeError):
+        flow.gather(flow.ones(2, 2, device=device), 0, flow.tensor(0, device=device))
