@@ -15,6 +15,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+import pyflow as flow
 import pyflow.kernels.movement  # noqa: F401  (registers the movement kernels)
 from pyflow.errors import AxisError, DTypeError, IndexOutOfRangeError, ShapeError
 from pyflow.kernels.backend import cuda
