@@ -87,3 +87,8 @@ from pyflow import utils  # noqa: E402 - flow.utils.data: Dataset, DataLoader, s
 __all__ += ["Generator", "randperm", "utils"]
 __all__ += ["save", "load"]
 __all__ += ["cuda"]
+from pyflow.framework.composites import (amax, amin, as_tensor, bmm, equal, flip, is_floating_point,  # noqa: E402
+                                         logsumexp, masked_fill, mm, normal, outer, roll, t)
+from pyflow.framework.composites_sort import argsort, nonzero, sort, unique  # noqa: E402 - host sorts sync
+__all__ += ["flip", "roll", "logsumexp", "amax", "amin", "mm", "bmm", "outer", "equal", "masked_fill", "as_tensor",
+            "is_floating_point", "normal", "t", "sort", "argsort", "nonzero", "unique"]

@@ -53,14 +53,23 @@ def _keepdim(keepdim, op):
     return keepdim
 
 
-def sum(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:   # noqa: A001,A002 - torch's names
-    """The sum over ``dim`` (an int, a tuple, or None: all); bools and integers sum in int64."""
-    return _reduce("reduce_sum", "sum", input, dim, keepdim)
+def _axis(dim, axis, op):
+    """numpy's ``axis=``, which PyTorch accepts as an alias of ``dim=`` (not both)."""
+    if axis is not None and dim is not None:
+        raise ArgumentTypeError(f"{op}: give dim or axis (its numpy alias), not both")
+    return dim if axis is None else axis
 
 
-def mean(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:   # noqa: A002
+def sum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None, axis=None) -> Tensor:   # noqa: A001,A002
+    """The sum over ``dim`` (an int, a tuple, or None: all); bools and integers sum in int64.
+    ``dtype``: ``input`` is cast to it first, as in torch."""
+    x = _tensor(input, "sum")
+    return _reduce("reduce_sum", "sum", x if dtype is None else x.to(dtype=dtype), _axis(dim, axis, "sum"), keepdim)
+
+
+def mean(input: Tensor, dim=None, keepdim: bool = False, *, axis=None) -> Tensor:   # noqa: A002
     """The mean over ``dim``; needs a floating tensor, as ``torch.mean``."""
-    return _reduce("reduce_mean", "mean", input, dim, keepdim)
+    return _reduce("reduce_mean", "mean", input, _axis(dim, axis, "mean"), keepdim)
 
 
 def _with_indices(op, values_op, index_op, x, dim, keepdim):
@@ -70,8 +79,9 @@ def _with_indices(op, values_op, index_op, x, dim, keepdim):
     return getattr(return_types, op)(values, apply(index_op, [x], axis=axis, keepdims=keepdim)[0])
 
 
-def max(input: Tensor, dim=None, keepdim: bool = False):   # noqa: A001,A002
+def max(input: Tensor, dim=None, keepdim: bool = False, *, axis=None):   # noqa: A001,A002
     """The maximum; ``max(x, dim)``: ``(values, indices)``; ``max(x, other_tensor)``: ``maximum``."""
+    dim = _axis(dim, axis, "max")
     if isinstance(dim, Tensor):
         return apply("max", [_tensor(input, "max"), dim])[0]
     if dim is None:
@@ -79,8 +89,9 @@ def max(input: Tensor, dim=None, keepdim: bool = False):   # noqa: A001,A002
     return _with_indices("max", "reduce_max", "argmax", input, dim, keepdim)
 
 
-def min(input: Tensor, dim=None, keepdim: bool = False):   # noqa: A001,A002
+def min(input: Tensor, dim=None, keepdim: bool = False, *, axis=None):   # noqa: A001,A002
     """The minimum; ``min(x, dim)``: ``(values, indices)``; ``min(x, other_tensor)``: ``minimum``."""
+    dim = _axis(dim, axis, "min")
     if isinstance(dim, Tensor):
         return apply("min", [_tensor(input, "min"), dim])[0]
     if dim is None:
