@@ -623,3 +623,16 @@ def test_edge_cases_of_0d_empty_and_infinite_inputs():
     value = flow.tensor(2.0, requires_grad=True)
     flow.masked_fill(flow.zeros(3), flow.tensor([True, False, True]), value).sum().backward()
     assert value.grad.item() == 2.0   # a 0-d tensor value gets the gradient of every filled element
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_all_and_any_of_empty_tensors_are_true_and_false(device):
+    """numpy's and PyTorch's identities: all() of nothing is True, any() of nothing is False (all() failed in
+    its min reduction: no identity)."""
+    empty = flow.zeros(0, device=device) > 0
+    assert flow.all(empty).item() is True and flow.any(empty).item() is False
+    assert flow.all(flow.ones(2, 0, device=device), dim=1).tolist() == [True, True]
+    x = np.array([[0.0, 1.0], [2.0, 3.0]], np.float32)
+    for dim in (None, 0, 1):
+        assert flow.all(flow.tensor(x, device=device), dim=dim).tolist() == np.all(x, axis=dim).tolist()
+        assert flow.any(flow.tensor(x, device=device), dim=dim).tolist() == np.any(x, axis=dim).tolist()

@@ -184,15 +184,17 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: boo
 
 
 def all(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:   # noqa: A001,A002
-    """True where every element (over ``dim``) is nonzero."""
+    """True where every element (over ``dim``) is nonzero: no zero counted, so an empty one is True (a min
+    over no element has no identity; a count has one)."""
     x = _tensor(input, "all")
-    return _reduce("reduce_min", "all", x if x.dtype == BOOL else x.to(dtype=BOOL), dim, keepdim)
+    zeros = (x if x.dtype == BOOL else x.to(dtype=BOOL)) == False   # noqa: E712 - elementwise, not identity
+    return _reduce("reduce_sum", "all", zeros, dim, keepdim) == 0
 
 
 def any(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:   # noqa: A001,A002
-    """True where some element (over ``dim``) is nonzero."""
+    """True where some element (over ``dim``) is nonzero (a count: an empty one is False)."""
     x = _tensor(input, "any")
-    return _reduce("reduce_max", "any", x if x.dtype == BOOL else x.to(dtype=BOOL), dim, keepdim)
+    return _reduce("reduce_sum", "any", x if x.dtype == BOOL else x.to(dtype=BOOL), dim, keepdim) > 0
 
 
 def allclose(input: Tensor, other: Tensor, rtol: float = 1e-05, atol: float = 1e-08,
