@@ -346,3 +346,12 @@ def test_repr_and_str_agree_and_the_defaults_are_pytorchs():
     assert flow.get_printoptions() == DEFAULTS == PrintOptions().__dict__
     for t in (flow.tensor(1.5), flow.arange(3), flow.zeros(0, 2), flow.tensor([True])):
         assert repr(t) == str(t)
+
+
+@pytest.mark.parametrize("values", [np.zeros(12, np.float32), np.array([np.nan, np.inf, -np.inf] * 5, np.float32)])
+def test_rows_of_only_zeros_or_non_finite_values_wrap_by_their_own_width(values):
+    """No nonzero finite value chooses the column width (it stays 1, unpadded, as PyTorch); the row is still
+    wrapped by the entries' real width (found by the hypothesis test above: 'tensor([0., 0., ...' past 40)."""
+    with printoptions(linewidth=40):
+        lines = repr(flow.tensor(values)).split("\n")
+    assert len(lines) > 1 and all(len(line) <= 40 for line in lines[:-1]), lines

@@ -139,13 +139,15 @@ class _Formatter:
     def __init__(self, values: np.ndarray):
         self.floating = values.dtype.kind == "f"
         self.int_mode, self.sci_mode, self.width = True, False, 1
+        self.span = None   # the widest entry, where it differs from the column width (``_vector_str`` wraps by it)
         if not self.floating:   # ints and bools: Python's own text
             self.width = max((len(str(v)) for v in values.ravel().tolist()), default=1)
             return
         flat = values.ravel().astype(np.float64)   # float16/32 values are exact in float64
         chosen = flat[np.isfinite(flat) & (flat != 0)].tolist()   # only these choose mode and width
-        if not chosen:
-            return   # zeros, nan, inf only: "0.", "nan" (even with sci_mode=True, as PyTorch)
+        if not chosen:   # zeros, nan, inf only: "0.", "nan" (even with sci_mode=True, as PyTorch), unpadded,
+            self.span = max((len(self._text(v)) for v in flat.tolist()), default=1)   # but wrapped by their width
+            return
         magnitudes = [abs(v) for v in chosen]
         low, high = min(magnitudes), max(magnitudes)
         self.int_mode = all(v == math.ceil(v) for v in chosen)
@@ -185,7 +187,7 @@ def _edges(values: np.ndarray) -> np.ndarray:
 def _vector_str(values: np.ndarray, indent: int, summarize: bool, formatter: _Formatter) -> str:
     """A 1-D row: ``[a, b, c]``, wrapped after as many entries as fit in ``linewidth`` (at least one)."""
     edge = PRINT_OPTS.edgeitems
-    per_line = max(1, (PRINT_OPTS.linewidth - indent) // (formatter.width + 2))   # + 2: the ", " after it
+    per_line = max(1, (PRINT_OPTS.linewidth - indent) // ((formatter.span or formatter.width) + 2))   # + ", "
     if summarize and not edge:
         entries = ["..."]
     elif summarize and len(values) > 2 * edge:
