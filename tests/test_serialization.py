@@ -189,11 +189,12 @@ OPTIMIZERS = {
 }
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-@pytest.mark.parametrize("make", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
+@pytest.mark.parametrize("make, device", [(OPTIMIZERS["sgd-momentum"], "cpu"), (OPTIMIZERS["adam"], "cpu"),
+                                          (OPTIMIZERS["sgd-momentum"], "cuda")],   # cuda: the simulator is slow
+                         ids=["sgd-momentum-cpu", "adam-cpu", "sgd-momentum-cuda"])
 def test_training_resumed_from_a_file_equals_training_that_never_stopped(make, device, tmp_path):
     batches = [(flow.tensor(values((6, 4), np.float32, seed=10 + k), device=device),
-                flow.tensor(values((6, 2), np.float32, seed=20 + k), device=device)) for k in range(5)]
+                flow.tensor(values((6, 2), np.float32, seed=20 + k), device=device)) for k in range(4)]
 
     def train(model, opt, steps):
         for x, y in steps:
