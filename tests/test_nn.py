@@ -261,11 +261,24 @@ def test_a_shape_mismatch_names_the_key_and_both_shapes_and_changes_nothing():
     assert np.array_equal(layer.weight.numpy(), before)   # checked before anything was written
 
 
-def test_a_value_on_another_device_names_the_key_and_both_devices():
-    layer = nn.Linear(1, 1)
-    state = {"weight": flow.zeros(1, 1, device="cuda"), "bias": flow.zeros(1)}
-    with pytest.raises(DeviceError, match=r"'weight' is on cuda:0 .* on cpu:0"):
-        layer.load_state_dict(state)
+@pytest.mark.parametrize("saved, module", [("cuda", "cpu"), ("cpu", "cuda")])
+def test_values_on_another_device_move_to_the_modules_as_pytorch_copies_them(saved, module):
+    layer = nn.Linear(2, 1).to(module)
+    state = {"weight": flow.tensor([[1.0, 2.0]], device=saved), "bias": flow.tensor([3.0], device=saved)}
+    layer.load_state_dict(state)
+    assert str(layer.weight.device).startswith(module) and layer.weight.tolist() == [[1.0, 2.0]]
+    assert layer(flow.ones(1, 2, device=module)).tolist() == [[6.0]]
+
+
+def test_a_local_value_for_a_global_parameter_names_the_key_and_both_places():
+    def body():
+        layer = nn.Linear(1, 1)
+        layer.to_global(flow.placement("cpu", [0, 1]), flow.sbp.broadcast)
+        with pytest.raises(DeviceError, match=r"'weight' is on cpu:0 .* placement"):
+            layer.load_state_dict({"weight": flow.zeros(1, 1), "bias": flow.zeros(1)})
+        return True
+
+    assert flow.distributed.run(body, 2) == [True, True]
 
 
 def test_a_value_that_is_not_a_tensor_is_named():

@@ -66,6 +66,8 @@ def _checked_value(key: str, target: Tensor, value) -> Tensor:
     if tuple(value.shape) != tuple(target.shape):
         raise ShapeError(f"load_state_dict: size mismatch for {key!r}: the state dict has shape "
                          f"{list(value.shape)}, the module's tensor has shape {list(target.shape)}")
+    if value.is_local and target.is_local and value.device != target.device:
+        return value.to(target.device)   # as PyTorch's copy_: the values move to the module's device
     if _where(value) != _where(target):
         raise DeviceError(f"load_state_dict: {key!r} is on {_where(value)} but the module's tensor is on "
                           f"{_where(target)}: move the values first ({{k: v.to(device)}}), or load before "
