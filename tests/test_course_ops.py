@@ -636,3 +636,22 @@ def test_all_and_any_of_empty_tensors_are_true_and_false(device):
     for dim in (None, 0, 1):
         assert flow.all(flow.tensor(x, device=device), dim=dim).tolist() == np.all(x, axis=dim).tolist()
         assert flow.any(flow.tensor(x, device=device), dim=dim).tolist() == np.any(x, axis=dim).tolist()
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_gradient_of_max_and_min_along_a_dim_goes_to_the_returned_index_at_ties(op, device):
+    """PyTorch routes it to the index it returns; the full reduction x.max() shares it among ties."""
+    a = np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], np.float32)
+    for keepdim in (False, True):
+        x = flow.tensor(a, device=device, requires_grad=True)
+        values, indices = getattr(x, op)(dim=1, keepdim=keepdim)
+        values.sum().backward()
+        want = np.zeros_like(a)
+        want[np.arange(2), indices.numpy().reshape(-1)] = 1.0
+        np.testing.assert_array_equal(x.grad.numpy(), want)
+        np.testing.assert_array_equal(values.numpy().reshape(-1), getattr(a, op)(axis=1))
+    x = flow.tensor(a, device=device, requires_grad=True)
+    getattr(x, op)().backward()
+    ties = (a == getattr(a, op)()).astype(np.float32)
+    np.testing.assert_allclose(x.grad.numpy(), ties / ties.sum())

@@ -73,10 +73,20 @@ def mean(input: Tensor, dim=None, keepdim: bool = False, *, axis=None) -> Tensor
 
 
 def _with_indices(op, values_op, index_op, x, dim, keepdim):
+    """``(values, indices)`` along ``dim``.  Where the values need a gradient they are read at the indices
+    (``gather``), so the gradient goes to the returned index at ties, as PyTorch's does; the full reduction
+    (``x.max()``) shares it among ties, as PyTorch's does too."""
     x = _tensor(x, op)
     axis, keepdim = args.dim(dim, x.ndim, op, x), _keepdim(keepdim, op)
-    values = apply(values_op, [x], axis=axis, keepdims=keepdim)[0]
-    return getattr(return_types, op)(values, apply(index_op, [x], axis=axis, keepdims=keepdim)[0])
+    indices = apply(index_op, [x], axis=axis, keepdims=keepdim)[0]
+    if x.requires_grad and x.ndim:
+        from pyflow.framework.movement import gather
+
+        values = gather(x, axis, indices if keepdim else indices.unsqueeze(axis))
+        values = values if keepdim else values.squeeze(axis)
+    else:
+        values = apply(values_op, [x], axis=axis, keepdims=keepdim)[0]
+    return getattr(return_types, op)(values, indices)
 
 
 def max(input: Tensor, dim=None, keepdim: bool = False, *, axis=None):   # noqa: A001,A002
