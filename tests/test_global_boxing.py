@@ -372,3 +372,17 @@ def test_a_0d_tensor_crosses_between_disjoint_placements_and_stays_0d():
 
     for shape, value in flow.distributed.run(body, world_size=2):
         assert shape == () and value.shape == () and value == 3.5
+
+
+@pytest.mark.parametrize("sbp, shapes", [("B", [[2], [3]]), ("B", [[2, 1], [2]]), ("P", [[2, 2], [2, 3]])])
+def test_local_tensors_of_different_shapes_along_a_broadcast_or_partial_axis_are_refused_on_every_rank(sbp, shapes):
+    """OneFlow's check_meta_consistency: to_global(B or P) from local tensors whose shapes differ per rank is an
+    error on every rank (it gave every rank rank 0's tensor, silently)."""
+    def body():
+        x = flow.ones(*shapes[flow.env.get_rank()])
+        with pytest.raises(ShapeError, match="must be|different numbers of dims|cannot form") as caught:
+            x.to_global(flow.placement("cpu", [0, 1]), {"B": B, "P": P}[sbp])
+        return str(caught.value)
+
+    first, second = run(body, world_size=2)
+    assert first == second   # the same report on every rank

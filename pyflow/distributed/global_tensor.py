@@ -142,6 +142,13 @@ def _logical_shape(shapes: dict, placement: Placement, nd: tuple) -> tuple:
             raise ShapeError(f"to_global: the ranks' local shapes {listed} cannot form one logical tensor with sbp "
                              f"{nd}: sizes of tensors in dimension(s) {dims} must be the same or match the balanced "
                              "split distribution, and every other dimension the same")
+    for r in placement.flat_ranks:   # along a B axis every rank's tensor must be the same shape (OneFlow's
+        want = piece_shape(tuple(logical), nd, placement.hierarchy, coords(r))   # check_meta_consistency)
+        if tuple(shapes[r]) != want:
+            everyone = {q: list(shapes[q]) for q in placement.flat_ranks}
+            raise ShapeError(f"to_global: rank {r}'s local tensor has shape {list(shapes[r])}, but with sbp {nd} "
+                             f"its piece must be {list(want)} (every rank's: {everyone}); along a broadcast axis "
+                             "the ranks must hold tensors of one shape")
     return tuple(logical)
 
 
