@@ -386,3 +386,27 @@ def test_local_tensors_of_different_shapes_along_a_broadcast_or_partial_axis_are
 
     first, second = run(body, world_size=2)
     assert first == second   # the same report on every rank
+
+
+def test_a_local_index_or_value_meeting_a_global_tensor_is_made_broadcast_so_the_ranks_agree():
+    """Indexing a global tensor with a local index (or writing a local value into it) that differs per rank
+    gave a "global" result whose ranks disagreed; now the local tensor is made global as to_global(B) makes it
+    (rank 0's values, every rank's shape checked), so every rank computes the same logical tensor."""
+    a = np.arange(8.0).reshape(4, 2)
+
+    def body():
+        r = flow.env.get_rank()
+        x = flow.tensor(a, placement=flow.placement("cpu", [0, 1]), sbp=S(0))
+        picked = x[flow.tensor([r, 3])]
+        masked = x[flow.tensor([True, r == 1, False, True])]
+        y = x.clone()
+        y[flow.tensor([r])] = flow.tensor([[-1.0, -2.0 - r]])
+        return picked.numpy(), masked.numpy(), y.numpy()
+
+    results = run(body, world_size=2)
+    for picked, masked, written in results:
+        np.testing.assert_array_equal(picked, a[[0, 3]])
+        np.testing.assert_array_equal(masked, a[[0, 3]])
+        want = a.copy()
+        want[0] = [-1.0, -2.0]
+        np.testing.assert_array_equal(written, want)

@@ -77,6 +77,19 @@ def _wrap_results(result, placement):
     return result
 
 
+def _consistent_index(index, placement):
+    """The index of a global tensor, the same on every rank: each tensor in it made broadcast on the tensor's
+    placement (a local one as ``to_global(B)`` makes it: rank 0's values, once every rank's shape was checked),
+    then this rank's copy.  A local index that differed per rank gave a "global" result whose ranks disagreed."""
+    if isinstance(index, tuple):
+        return tuple(_consistent_index(item, placement) for item in index)
+    if not isinstance(index, Tensor):
+        return index
+    sbp = (_B,) * len(placement.hierarchy)
+    index = _broadcast(index) if index._global is not None else to_global(index, placement, sbp)
+    return to_local(index) if placement.has(env.get_rank()) else _ghost(index)
+
+
 def _on_broadcast(method, name: str):
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
@@ -86,6 +99,8 @@ def _on_broadcast(method, name: str):
         if lazy is not None:
             return method(lazy, *args, **kwargs)
         placement = self._global.placement
+        if name == "__getitem__":
+            args = (_consistent_index(args[0], placement),)
         if placement.has(env.get_rank()):
             return _wrap_results(method(to_local(_broadcast(self)), *args, **kwargs), placement)
         with no_instructions(f"{name} of a global tensor on rank {env.get_rank()}, outside its placement"):
@@ -157,14 +172,17 @@ def _setitem(method):
         if self._global is None:
             return method(self, index, value)
         placement = self._global.placement
+        index = _consistent_index(index, placement)
+        if isinstance(value, Tensor):   # the same value on every rank, as the index (a local one: rank 0's)
+            value = _consistent_index(value, placement)
         whole = _broadcast(self)
         if whole is self:  # already broadcast: write its pieces directly
             if placement.has(env.get_rank()):
-                method(to_local(self), index, to_local(value) if isinstance(value, Tensor) else value)
+                method(to_local(self), index, value)
             return None
         if placement.has(env.get_rank()):
             updated = to_local(whole).clone()
-            method(updated, index, to_local(_broadcast(value)) if isinstance(value, Tensor) else value)
+            method(updated, index, value)
         else:
             updated = None
         result = make_global(updated, placement, whole._global.sbp, self.shape, self.dtype)
