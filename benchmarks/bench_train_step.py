@@ -14,7 +14,14 @@ the step), and the times are the median over ``--steps`` steps after
 It also counts the VM instructions one pyflow step issues (with ``flow.trace()``),
 by phase, and divides the step time by that count.
 
-    python benchmarks/bench_train_step.py [--steps 50] [--warmup 10] [--batch 64] [--hidden 128]
+Its last section asks whether compiling pays off: the training step of an MLP of depth 8 (64 -> 128 x 7
+-> 10) and of an MLP 784 -> 256 -> 10 as a compiled ``nn.Graph`` against the same step eager (the steps
+alternate, so the machine's load hits both alike), the same Plan on the sequential interpreter (no
+actors: what the Plan itself costs), the Python calls one graph call makes (cProfile), and the actor
+runtime's own rate: acts per second of a 16-stage pipeline Plan whose acts cost nothing (the best of
+three runs).  It prints ratios only; nothing is asserted about times.
+
+    python benchmarks/bench_train_step.py [--steps 50] [--warmup 10] [--batch 64] [--hidden 128] [--graph-only]
 """
 
 from __future__ import annotations
@@ -118,13 +125,158 @@ def torch_steps(model: nn.Module, data, hidden: int) -> tuple[list[float], list[
     return times, losses
 
 
+# --- nn.Graph against eager: does compiling pay off? ----------------------------------------------------------
+
+GRAPH_CASES = (("MLP depth 8", 64, [128] * 7, 10), ("MLP 784-256-10", 784, [256], 10))
+
+
+def mlp(features: int, hidden: list, classes: int) -> nn.Module:
+    """Linear + ReLU per hidden width, then a Linear to ``classes``: ``len(hidden) + 1`` Linear layers."""
+    flow.manual_seed(0)
+    layers, width = [], features
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    return nn.Sequential(*layers, nn.Linear(width, classes))
+
+
+def graph_and_eager_steps(case, batch: int, steps: int) -> tuple:
+    """Seconds per training step (each ending with ``loss.item()``) of the same MLP, as a compiled
+    ``nn.Graph`` (its first call, the compile, not timed) on the actor runtime and on the sequential
+    interpreter, and eagerly; returns (graph, sequential, eager, the graph)."""
+    _, features, hidden, classes = case
+    rng = np.random.default_rng(1)
+    data = [(flow.tensor(rng.normal(size=(batch, features)).astype(np.float32)),
+             flow.tensor(rng.integers(0, classes, size=batch).astype(np.int64))) for _ in range(steps + 1)]
+    loss_fn = nn.CrossEntropyLoss()
+    model = mlp(features, hidden, classes)
+    optimizer = flow.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+
+    class TrainStep(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.add_optimizer(optimizer)
+
+        def build(self, x, y):
+            loss = loss_fn(self.model(x), y)
+            loss.backward()
+            return loss
+
+    graph = TrainStep()
+    graph(*data[0]).item()   # trace + compile + the runtime's start
+    eager_model = mlp(features, hidden, classes)
+    eager_opt = flow.optim.SGD(eager_model.parameters(), lr=LR, momentum=MOMENTUM)
+
+    def eager_step(x, y):
+        eager_opt.zero_grad()
+        loss = loss_fn(eager_model(x), y)
+        loss.backward()
+        eager_opt.step()
+        loss.item()
+
+    eager_step(*data[0])
+    graph_times, sequential_times, eager_times = [], [], []
+    for x, y in data[1:]:   # alternately, so that a change in the machine's load hits all alike
+        start = time.perf_counter()
+        graph(x, y).item()
+        graph_times.append(time.perf_counter() - start)
+        graph.executor = "sequential"   # the same Plan, no actors: the sequential interpreter (run_plan.py)
+        start = time.perf_counter()
+        graph(x, y).item()
+        sequential_times.append(time.perf_counter() - start)
+        graph.executor = None
+        start = time.perf_counter()
+        eager_step(x, y)
+        eager_times.append(time.perf_counter() - start)
+    return graph_times, sequential_times, eager_times, graph
+
+
+def python_calls_per_graph_call(graph, x, y, calls: int = 5) -> tuple[int, int]:
+    """(Python function calls per ``graph(x, y).item()``, tasks of the Plan), counted by cProfile.
+
+    cProfile sees one thread, so the graph runs with ``executor = "deterministic"`` here: its actors act on
+    this thread, and the count is the whole runtime's work per call (the VM's worker threads, which run the
+    kernels, are not counted: eager ops cost them the same)."""
+    import cProfile
+    import pstats
+
+    graph.executor = "deterministic"
+    try:
+        graph(x, y).item()   # a new runtime, on this thread
+        graph(x, y).item()
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(calls):
+            graph(x, y).item()
+        profile.disable()
+    finally:
+        graph.executor = None
+    return pstats.Stats(profile).total_calls // calls, len(graph.plan.tasks)
+
+
+def zero_cost_acts_per_second(calls: int = 300, stages: int = 16) -> dict[str, float]:
+    """Acts per second of the actor runtime itself: a hand-made linear pipeline Plan (``pipeline.py``) of
+    ``stages`` tick tasks whose acts cost nothing, run deterministically (every actor on one thread, the
+    caller's) and threaded (a thread per stage)."""
+    from pyflow.runtime import Runtime
+    from pyflow.runtime.pipeline import linear_pipeline_plan
+
+    def zero_cost(plan, task, ins, outs, j, call):
+        return outs
+
+    plan = linear_pipeline_plan([f"stage{i}" for i in range(stages)], regst_num=2)
+    rates = {}
+    for mode, deterministic in (("one thread (deterministic)", True), (f"threaded ({stages + 1} threads)", False)):
+        best = float("inf")
+        for _ in range(3):   # the best of three: the machine's other load only ever slows a run down
+            with Runtime(plan, deterministic=deterministic, act_fn=zero_cost, max_calls_in_flight=4,
+                         timeline=0) as runtime:
+                runtime.launch([]).result()   # warm
+                start = time.perf_counter()
+                handles = [runtime.launch([]) for _ in range(calls)]
+                for handle in handles:
+                    handle.result()
+                best = min(best, time.perf_counter() - start)
+        rates[mode] = calls * len(plan.tasks) / best
+    return rates
+
+
+def graph_report(steps: int, batch: int) -> None:
+    """Print the section: graph / eager per training step, Python calls per call, the runtime's acts/s."""
+    print(f"\nnn.Graph vs eager, one training step (batch {batch}, SGD momentum, each step ends with loss.item()), "
+          f"median of {steps} steps")
+    print(f"  {'model':16} {'graph ms':>9} {'eager ms':>9} {'graph/eager':>12} {'sequential/eager':>17} {'tasks':>6} "
+          f"{'Python calls / graph call':>26}")
+    for case in GRAPH_CASES:
+        graph_times, sequential_times, eager_times, graph = graph_and_eager_steps(case, batch, steps)
+        g_ms, e_ms = statistics.median(graph_times) * 1e3, statistics.median(eager_times) * 1e3
+        s_ms = statistics.median(sequential_times) * 1e3
+        rng = np.random.default_rng(2)
+        x = flow.tensor(rng.normal(size=(batch, case[1])).astype(np.float32))
+        y = flow.tensor(rng.integers(0, case[3], size=batch).astype(np.int64))
+        calls, tasks = python_calls_per_graph_call(graph, x, y)
+        graph._close_runtime()
+        print(f"  {case[0]:16} {g_ms:9.2f} {e_ms:9.2f} {g_ms / e_ms:12.2f} {s_ms / e_ms:17.2f} {tasks:6} {calls:26,}")
+    print("  (targets: graph/eager <= 0.8, stretch 0.5; sequential: the same Plan on the sequential interpreter, no "
+          "actors: the floor the runtime can reach;\n   Python calls counted by cProfile with the graph's actors "
+          "on the caller's thread, executor='deterministic')")
+    for mode, rate in zero_cost_acts_per_second().items():
+        print(f"  actor runtime, zero-cost acts, {mode:28}: {rate:10,.0f} acts/s  (target >= 100,000 on one thread)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--graph-only", action="store_true", help="only the nn.Graph vs eager section")
     args = parser.parse_args()
+    if args.graph_only:
+        graph_report(args.steps, args.batch)
+        flow.vm.shutdown()
+        return
     data = batches(args.warmup + args.steps, args.batch)
 
     def median_ms(times):
@@ -172,6 +324,7 @@ def main() -> None:
     print(f"  per op ({ops} instructions that are not release_tensor): {median_ms(threaded) / ops * 1e3:.0f} us "
           f"threaded, {median_ms(stepped) / ops * 1e3:.0f} us step-through "
           "(benchmarks/bench_eager_ops.py times one small op alone)")
+    graph_report(args.steps, args.batch)
     flow.vm.shutdown()
 
 

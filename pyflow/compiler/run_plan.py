@@ -49,7 +49,7 @@ from pyflow.framework.op_registry import get_op
 from pyflow.framework.tensor import Tensor, _StorageHandle, _Version
 from pyflow.vm.eager_blob_object import EagerBlobObject
 
-__all__ = ["run_plan", "act", "act_input", "is_input_wise", "CallContext", "call_context", "chunk_tensors",
+__all__ = ["run_plan", "act", "make_act", "act_table", "act_input", "is_input_wise", "CallContext", "call_context", "chunk_tensors",
            "make_chunks", "planned_tensor", "produced_regsts"]
 
 
@@ -152,61 +152,120 @@ def act(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
     per produced regst, the tensor its memory is (planned regsts) or ``None``.  Returns
     the tensor each produced regst is after this act (for an alias, variable or input
     regst: the tensor it stands for).  The sequential interpreter and the actor runtime
-    both run tasks through this one function.
+    both run tasks through this one definition: ``make_act(plan, task)`` (the runtime makes it
+    once per task and keeps it; here it is made for the one act).
     """
+    return make_act(plan, task)(ins, outs, j, call)
+
+
+def act_table(plan, tasks):
+    """An ``act`` for the actor runtime that runs each of ``tasks`` with its ``make_act``, made now, once per
+    task: at every act, one dict look-up by task id."""
+    acts = {task.task_id: make_act(plan, task) for task in tasks}
+
+    def act_of(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
+        return acts[task.task_id](ins, outs, j, call)
+    return act_of
+
+
+def make_act(plan, task):
+    """``task``'s act as a function ``(ins, outs, j, call) -> list``, with what the Plan fixed decided now.
+
+    Which input slot feeds which argument, the op's attributes and keyword arguments, the outputs it writes
+    into its inputs (``_out_into``), whether it updates a copy of an input: all of it is the same at every
+    act, so the actor runtime asks once per task when it starts (OneFlow's actors hold their kernels) and
+    an act only binds this call's tensors and issues its ops.  A task no act can be made for fails when it
+    acts (the runtime names the actor then), not when the runtime starts.
+    """
+    try:
+        return _make_act(plan, task)
+    except Exception as error:  # noqa: BLE001 - raised by the act, as before acts were made up front
+        def failing(ins, outs, j, call):
+            raise error
+        return failing
+
+
+def _make_act(plan, task):
     op_type, op_inputs, attrs = plan.op_attrs[task.op_name]
-    args = [ins[f"in_{i}"] if isinstance(x, str) else x for i, x in enumerate(op_inputs)]
-    kind = task.kind
-    outs = list(outs)
+    kind, name = task.kind, task.op_name
+    # per argument: ("in_i", None) to take from the consumed regsts, or (None, constant)
+    arg_spec = [(f"in_{i}", None) if isinstance(x, str) else (None, x) for i, x in enumerate(op_inputs)]
+
+    def bind(ins: dict) -> list:
+        return [ins[key] if key is not None else x for key, x in arg_spec]
+
     if kind == "tick":
-        return outs
+        return lambda ins, outs, j, call: list(outs)
     if kind == "variable":
-        tensor = to_local(call.variables[task.op_name])   # a global variable: this rank's piece
-        if task.op_name in call.feeds:   # a learning rate, a step count: this call's value
-            tensor.fill_(call.feeds[task.op_name])
-        return [tensor]
+        def variable(ins, outs, j, call):
+            tensor = to_local(call.variables[name])   # a global variable: this rank's piece
+            if name in call.feeds:   # a learning rate, a step count: this call's value
+                tensor.fill_(call.feeds[name])
+            return [tensor]
+        return variable
     if kind == "input":
-        return [to_local(call.inputs[attrs["index"]])]
+        index = attrs["index"]
+        return lambda ins, outs, j, call: [to_local(call.inputs[index])]
     if kind == "repeat" or op_type == "to_global":   # the same memory, passed on
-        return [args[0]]
+        return lambda ins, outs, j, call: [bind(ins)[0]]
     if kind == "output":   # a fresh tensor: the regst's memory is the runtime's, the value is the caller's
-        desc = call.output_layouts.get(attrs["index"])
-        piece = args[0].clone()
-        call.outputs[attrs["index"]] = piece if desc is None else make_global(piece, *desc)
-        return [piece]   # (the output regst is that tensor: its consumers hear once it is written)
+        index = attrs["index"]
+
+        def output(ins, outs, j, call):
+            desc = call.output_layouts.get(index)
+            piece = bind(ins)[0].clone()
+            call.outputs[index] = piece if desc is None else make_global(piece, *desc)
+            return [piece]   # (the output regst is that tensor: its consumers hear once it is written)
+        return output
     if kind == "boxing":
-        return [run_boxing_task(op_type, args, outs[0] if outs else None, attrs)]
+        return lambda ins, outs, j, call: [run_boxing_task(op_type, bind(ins), outs[0] if outs else None, attrs)]
     if kind == "unpack":
-        b = outs[0].shape[0]
-        apply("contiguous", [args[0].narrow(0, j * b, b)], out=[outs[0]])
-    elif kind == "acc":
-        if j == 0:
-            apply("contiguous", [args[0]], out=[outs[0]])
-        else:
-            apply("add", [outs[0], args[0]], out=[outs[0]])
-    elif kind == "pack":
-        b = args[0].shape[0] if args[0].shape else 1
-        piece = outs[0].narrow(0, j * b, b).view(*args[0].shape)
-        apply("contiguous", [args[0]], out=[piece])
-    elif op_type == "view":
-        (x,) = args
-        if "_perm" in attrs:   # a global blob's split piece: permute the piece's own dims
-            view = x.permute(*attrs["_perm"])
-        else:
-            view = x._view(attrs["shape"], attrs["strides"], x._blob.offset + attrs["offset"])   # offset: relative
-        apply("contiguous", [view], out=[outs[0]])
-    else:
-        into = attrs.get("_out_into", ())
-        kwargs = {k: v for k, v in attrs.items() if not k.startswith("_")}
-        n_in = len(op_inputs) - len(into)
-        targets = [args[n_in + list(into).index(i)] if i in into else outs[i] for i in range(len(outs))]
-        k = get_op(op_type).updates_input
+        def unpack(ins, outs, j, call):
+            b = outs[0].shape[0]
+            apply("contiguous", [bind(ins)[0].narrow(0, j * b, b)], out=[outs[0]])
+            return list(outs)
+        return unpack
+    if kind == "acc":
+        def acc(ins, outs, j, call):
+            x = bind(ins)[0]
+            if j == 0:
+                apply("contiguous", [x], out=[outs[0]])
+            else:
+                apply("add", [outs[0], x], out=[outs[0]])
+            return list(outs)
+        return acc
+    if kind == "pack":
+        def pack(ins, outs, j, call):
+            x = bind(ins)[0]
+            b = x.shape[0] if x.shape else 1
+            apply("contiguous", [x], out=[outs[0].narrow(0, j * b, b).view(*x.shape)])
+            return list(outs)
+        return pack
+    if op_type == "view":
+        def view(ins, outs, j, call):
+            (x,) = bind(ins)
+            if "_perm" in attrs:   # a global blob's split piece: permute the piece's own dims
+                seen = x.permute(*attrs["_perm"])
+            else:
+                seen = x._view(attrs["shape"], attrs["strides"], x._blob.offset + attrs["offset"])   # relative
+            apply("contiguous", [seen], out=[outs[0]])
+            return list(outs)
+        return view
+    into = list(attrs.get("_out_into", ()))
+    kwargs = {k: v for k, v in attrs.items() if not k.startswith("_")}
+    n_in = len(op_inputs) - len(into)
+    into_arg = {i: n_in + into.index(i) for i in into}   # output i written into that argument (a variable)
+    k = get_op(op_type).updates_input
+
+    def compute(ins, outs, j, call):
+        args = bind(ins)
+        targets = [args[into_arg[i]] if i in into_arg else outs[i] for i in range(len(outs))]
         if k is not None and targets:   # the op writes only parts of input k: it starts as a copy of it
             apply("contiguous", [args[k]], out=[targets[0]])
             args[k] = targets[0]
         results = apply(op_type, args[:n_in], out=targets or None, **kwargs)
-        return list(results) if results is not None else outs
-    return outs
+        return list(results) if results is not None else list(outs)
+    return compute
 
 
 _INPUT_WISE = {"concat": None, "add": 2, "assemble": 2}   # boxing kind -> the input count it must have (None: any)

@@ -24,12 +24,12 @@ class ActorMsgBus:
 
     def __init__(self):
         self._thread_of: dict[int, object] = {}   # actor id -> the Thread that owns it
+        # ``thread_of(actor_id)``: the Thread of an actor.  Every message sent asks, so it is the dict's own
+        # look-up (no Python function around it)
+        self.thread_of = self._thread_of.__getitem__
 
     def add_route(self, actor_id: int, thread) -> None:
         self._thread_of[actor_id] = thread
-
-    def thread_of(self, actor_id: int):
-        return self._thread_of[actor_id]
 
     def send(self, msg, from_thread=None) -> None:
         """Deliver ``msg``; ``from_thread`` is the sender's Thread (None: not an actor thread)."""

@@ -40,16 +40,17 @@ from __future__ import annotations
 from pyflow.compiler.run_plan import make_chunks, planned_tensor
 from pyflow.errors import GraphError
 
-__all__ = ["Regst", "RegstMgr", "memory_fits"]
+__all__ = ["Regst", "RegstMgr", "memory_fits", "requests_by_regst"]
 
 
 class Regst:
     """One in-flight copy of a regst desc: its tensor, the piece it holds, who still reads it."""
 
-    __slots__ = ("desc", "index", "tensor", "piece", "readers_left", "pinned_input")
+    __slots__ = ("desc", "producer", "index", "tensor", "piece", "readers_left", "pinned_input")
 
     def __init__(self, desc, index: int, tensor=None):
         self.desc = desc                  # the compiler's RegstDesc
+        self.producer = desc.producer     # the actor it goes back to (read for every message: a plain field)
         self.index = index                # which copy (0 .. regst num - 1)
         self.tensor = tensor              # a planned view, or what the last act made it (None: ctrl)
         self.piece = None                 # (call, j) while it is in flight, else None
@@ -61,20 +62,27 @@ class Regst:
         """How many consumers still read it (0: free, back with its producer)."""
         return len(self.readers_left)
 
-    @property
-    def producer(self) -> int:
-        return self.desc.producer
-
     def __repr__(self) -> str:
         state = f"piece {self.piece}, reading count {self.reading_count}" if self.piece is not None else "free"
         return f"<Regst {self.desc.lbn}#{self.index} ({state})>"
 
 
-def _room_missing(plan, desc) -> str | None:
-    """Why ``plan.memory`` cannot hold planned regst ``desc`` (``size x regst num`` bytes), or None."""
+def requests_by_regst(plan) -> dict:
+    """``plan.memory``'s requests keyed by regst id: one pass over them, so checking every regst is linear in
+    the plan (a scan of every request per regst was quadratic: ~3 s of start-up at a 3,990-task plan)."""
+    found: dict = {}
+    for request in plan.memory.requests:
+        found.setdefault(request.regst_id, request)   # the first one, as a scan would find
+    return found
+
+
+def _room_missing(plan, desc, requests: dict) -> str | None:
+    """Why ``plan.memory`` cannot hold planned regst ``desc`` (``size x regst num`` bytes), or None.
+
+    ``requests``: ``requests_by_regst(plan)``, made once by the caller (an O(1) look-up per regst)."""
     if desc.inplace_of is not None:
         return None   # it lives in its root's request
-    request = next((r for r in plan.memory.requests if r.regst_id == desc.id), None)
+    request = requests.get(desc.id)
     need = desc.nbytes * desc.max_regst_num
     if request is not None and request.size >= need:
         return None
@@ -84,17 +92,18 @@ def _room_missing(plan, desc) -> str | None:
 
 def memory_fits(plan) -> bool:
     """Does ``plan.memory`` hold every planned regst, each copy of it (False: regst nums edited since)?"""
-    return not any(_room_missing(plan, d) for d in plan.regsts.values() if d.mem == "planned")
+    requests = requests_by_regst(plan)
+    return not any(_room_missing(plan, d, requests) for d in plan.regsts.values() if d.mem == "planned")
 
 
-def _check_room(plan, desc) -> None:
+def _check_room(plan, desc, requests: dict) -> None:
     """The memory plan must give ``desc`` its ``size x regst num`` bytes (an inplace output: its root's)."""
     if desc.inplace_of is not None:
         if desc.max_regst_num != 1:
             raise GraphError(f"plan {plan.job_name}: regst {desc.lbn} is written in place but has regst num "
                              f"{desc.max_regst_num}; only regst num 1 can be inplace")
         return
-    missing = _room_missing(plan, desc)
+    missing = _room_missing(plan, desc, requests)
     if missing is not None:
         raise GraphError(f"plan {plan.job_name}: {missing} for it; after editing regst nums, plan the memory "
                          "again (pyflow.compiler.plan.replan_memory)")
@@ -109,9 +118,10 @@ class RegstMgr:
         self.plan = plan
         self.chunks = make_chunks(plan, rank)   # one uint8 tensor per device of this rank (its own, not run_plan's)
         self._regsts: dict[int, list[Regst]] = {}
+        requests = requests_by_regst(plan)
         for desc in descs:
             if desc.mem == "planned":
-                _check_room(plan, desc)
+                _check_room(plan, desc, requests)
             copies = []
             for i in range(desc.max_regst_num):   # regst num 0 is allowed: that producer can never act
                 tensor = planned_tensor(plan, self.chunks, desc, copy=i) if desc.mem == "planned" else None

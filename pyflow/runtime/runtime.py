@@ -30,8 +30,9 @@ so tests can try many interleavings and replay any of them.
 **Watchdog** (``watchdog.py``): a thread notices when calls are in flight, no device
 work is pending, and no actor acted for ``hang_timeout`` seconds
 (``PYFLOW_HANG_TIMEOUT``, default 60).  It stops the runtime with a
-``RuntimeHangError`` naming every waiting actor and the regst desc it waits for.  In
-deterministic mode an empty pool with a call unfinished is reported at once.
+``RuntimeHangError`` naming every waiting actor and the regst desc it waits for.  A caller
+waiting here blocks on ``changed`` (notified by what it waits for) and reports a hang itself the
+same way.  In deterministic mode an empty pool with a call unfinished is reported at once.
 
 **Ranks**: a Runtime runs the tasks of the rank that makes it (``rank_plan.py``); in a
 world of several ranks each rank makes its own, and they meet through send / recv /
@@ -52,7 +53,8 @@ import weakref
 
 from pyflow import env
 from pyflow.compiler.plan import replan_memory
-from pyflow.compiler.run_plan import CallContext, act
+from pyflow.compiler import run_plan
+from pyflow.compiler.run_plan import CallContext, act, act_table
 from pyflow.errors import OpError, RuntimeHangError
 from pyflow.runtime.call import CallHandle, check_inputs, frontier_tasks, new_context
 from pyflow.runtime.comm_net import CommOrder
@@ -62,7 +64,7 @@ from pyflow.runtime.rank_plan import rank_plan
 from pyflow.runtime.regst import RegstMgr, memory_fits
 from pyflow.runtime.thread import DeterministicThread, ThreadMgr
 from pyflow.runtime.timeline import ActRecord, plot, report_to_tracers, save_chrome_trace
-from pyflow.runtime.watchdog import Watchdog, default_hang_timeout, hang_report
+from pyflow.runtime.watchdog import Watchdog, default_hang_timeout, hang_report, wait_until
 from pyflow.vm import add_sync_hook, current_vm
 
 __all__ = ["Runtime", "CallHandle"]
@@ -90,18 +92,21 @@ class Runtime:
         self.deterministic, self.seed = deterministic, seed
         self.max_calls_in_flight = max_calls_in_flight
         self.hang_timeout = hang_timeout if hang_timeout is not None else default_hang_timeout()
-        self.act_fn = act_fn or act
         self._timeline: collections.deque = collections.deque(maxlen=timeline)
         if not memory_fits(plan):   # regst nums edited by hand: plan its memory, and the guards, again
             plan = replan_memory(plan)
         self.plan, mine, self.source_id, self.sink_id = rank_plan(plan, self.rank, max_calls_in_flight)
         self.comm_order = CommOrder(self.plan, [t.task_id for t in mine])
+        self.act_fn = act_fn or act   # (``act`` looked up now: a test may replace this module's)
+        if self.act_fn is run_plan.act:   # the compiler's act, made once per task now (OneFlow's kernels)
+            self.act_fn = act_table(self.plan, mine)
         self.error: BaseException | None = None
         self.closed = False
         self.actors: dict = {}
         self._calls: dict[int, CallHandle] = {}
         self._next_call = 0
         self._lock = threading.Lock()
+        self.changed = threading.Condition()   # notified when what a waiting caller looks at changes (_notify)
         self._progress = time.monotonic()
         self._callbacks = 0
         self._exited = 0
@@ -174,7 +179,8 @@ class Runtime:
         return self.launch(inputs).result()
 
     def call_context(self, index: int) -> CallContext:
-        return self.handle(index).context
+        handle = self._calls.get(index)   # (every act asks: one look-up)
+        return handle.context if handle is not None else self.handle(index).context
 
     def handle(self, index: int) -> CallHandle:
         """The handle of call ``index`` while it is in flight."""
@@ -188,6 +194,7 @@ class Runtime:
         with self._lock:
             handle = self._calls.pop(index)
         handle._finish(handle.context.results())
+        self._notify()
 
     def calls_in_flight(self) -> list[int]:
         with self._lock:
@@ -204,15 +211,19 @@ class Runtime:
     def on_constructed(self, actor) -> None:
         with self._lock:
             self.actors[actor.actor_id] = actor
-            if len(self.actors) == self._task_count:
-                self._all_built.set()
+            if len(self.actors) != self._task_count:
+                return
+            self._all_built.set()
+        self._notify()
 
     def on_actor_exit(self, actor) -> None:
         with self._lock:
             self._exited += 1
             self._progress = time.monotonic()
-            if self._exited == self._task_count:
-                self._all_exited.set()
+            if self._exited != self._task_count:
+                return
+            self._all_exited.set()
+        self._notify()
 
     def record_act(self, actor, piece: tuple, start: float, end: float, consumed: list, produced: list) -> None:
         """An actor acted: progress for the watchdog, the call's frontier, a record for the timeline and for
@@ -221,10 +232,14 @@ class Runtime:
         if actor.actor_id in self.frontier and actor.acts == (piece[0] + 1) * actor.acts_per_call:
             with self._lock:   # its last act of this call: its ops on the caller's memory are issued
                 handle = self._calls.get(piece[0])
+                issued = False
                 if handle is not None:
                     handle.frontier_left -= 1
                     if not handle.frontier_left:
                         handle._issued.set()
+                        issued = True
+            if issued:
+                self._notify()
         vm = current_vm()
         tracing = vm is not None and vm.tracers
         if self._timeline.maxlen == 0 and not tracing:
@@ -266,8 +281,15 @@ class Runtime:
             self._calls.clear()
         for handle in handles:
             handle._finish(error=error)
+        self._notify()
         if self.thread_mgr is not None:
             self.thread_mgr.stop()
+
+    def _notify(self) -> None:
+        """Wake every caller blocked in ``_wait`` to look again (never called holding ``_lock``: a waiter
+        holds ``changed`` while its predicate takes ``_lock``)."""
+        with self.changed:
+            self.changed.notify_all()
 
     # --- timeline ---------------------------------------------------------------------------------
 
@@ -378,19 +400,9 @@ class Runtime:
             raise TimeoutError(f"call {handle.index} of {self.plan.job_name} is not done after {timeout} s")
 
     def _wait(self, predicate, what: str) -> None:
-        """Threaded mode: wait until ``predicate()``; RuntimeHangError if nothing moves for the timeout."""
-        progress = self._progress
-        since = time.monotonic()
-        while not predicate():
-            if self.error is not None:
-                raise self.error
-            time.sleep(0.001)
-            if self._progress != progress:
-                progress, since = self._progress, time.monotonic()
-            elif time.monotonic() - since > self.hang_timeout and self._callbacks == 0:
-                error = RuntimeHangError(self.hang_report(time.monotonic() - since, what))
-                self.fail(error)
-                raise error
+        """Threaded mode: block until ``predicate()``, never polling (``watchdog.wait_until``: woken by
+        ``_notify``); RuntimeHangError naming ``what`` if nothing moves for the hang timeout."""
+        wait_until(self, predicate, what)
 
     def hang_report(self, idle: float, what: str) -> str:
         """Every waiting actor and the regst desc it waits for (``watchdog.hang_report``)."""

@@ -15,16 +15,27 @@ something and cannot act, and why, in the seed's terms:
 
 A deterministic runtime needs no watchdog: when no message is left and its call is not
 done, it reports at once.
+
+**Waiting without polling** (``wait_until``): a caller waiting for the runtime (its actors
+built, a call issued, the calls in flight finished, every actor exited) blocks on the
+runtime's ``changed`` condition, which the runtime notifies whenever one of those things
+happens (and when it fails).  It never sleeps a fixed time in a loop: it wakes when it has something to look
+at, or when the hang timeout would be reached.  Then it does what the watchdog does: if no
+actor acted for ``hang_timeout`` seconds and no device work is pending, it stops the runtime
+with the same ``RuntimeHangError``, naming what it waited for.  (A poll with
+``time.sleep(0.001)`` spent 54% of a graph call's caller time asleep and 44% on the lock the
+predicate takes.)
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 from pyflow.errors import RuntimeHangError
 
-__all__ = ["Watchdog", "hang_report", "default_hang_timeout"]
+__all__ = ["Watchdog", "hang_report", "default_hang_timeout", "wait_until"]
 
 
 def default_hang_timeout() -> float:
@@ -54,6 +65,30 @@ def hang_report(runtime, idle: float, what: str) -> str:
         idle_actors = [f"{a.op_name!r} ({a.actor_id})" for a in runtime.actors.values() if not a.exited]
         lines.append(f"  none holds a piece; live actors: {', '.join(idle_actors)}")
     return "\n".join(lines)
+
+
+def wait_until(runtime, predicate, what: str) -> None:
+    """Block until ``predicate()`` (read under ``runtime.changed``, which every change it may depend on
+    notifies); raise the runtime's error if it stopped, or stop it with a ``RuntimeHangError`` naming ``what``
+    if no actor acted for ``runtime.hang_timeout`` seconds while no device work was pending."""
+    started = time.monotonic()
+    with runtime.changed:
+        while not predicate():
+            if runtime.error is not None:
+                raise runtime.error
+            idle = time.monotonic() - max(runtime._progress, started)   # _progress: when an actor last acted
+            if idle < runtime.hang_timeout:     # wake at a notify, or when the hang timeout would be reached
+                timeout = runtime.hang_timeout - idle
+            elif runtime._callbacks > 0:        # device work pending (a long kernel is no hang): look again later
+                timeout = min(runtime.hang_timeout, 1.0)
+            else:
+                error = RuntimeHangError(hang_report(runtime, idle, what))
+                break
+            runtime.changed.wait(min(max(timeout, 0.01), 3600.0))   # (a bounded wait: the timeout may be inf)
+        else:
+            return
+    runtime.fail(error)
+    raise error
 
 
 class Watchdog:
