@@ -79,8 +79,8 @@ def test_in_a_graph_a_global_tensor_moves_devices_and_a_global_made_in_build_is_
     """OneFlow's graph tests: ``x.to("cuda")`` of a global tensor inside ``build`` is a ``to_global`` onto the
     same ranks' cuda devices (it failed: 'the output on cpu:0 is not on the op's device cuda:0'), and a global
     ``flow.ones(placement=, sbp=)`` made inside ``build`` is made eagerly and read as a variable (it failed in
-    the matmul's actor: 'NoneType' object has no attribute 'device').  (Both at once, the variable itself
-    moved to cuda inside build, still fails in the actor runtime: an open finding.)"""
+    the matmul's actor: 'NoneType' object has no attribute 'device'); and both at once (an eager global made
+    in build, moved there: its .to ran the eager boxing under the tracer, a variable of lazy pieces)."""
     a = np.arange(12, dtype=np.float32).reshape(4, 3)
 
     def body():
@@ -94,12 +94,17 @@ def test_in_a_graph_a_global_tensor_moves_devices_and_a_global_made_in_build_is_
             def build(self, x):
                 return x @ flow.ones(3, 2, placement=cpu, sbp=B)
 
-        x = flow.tensor(a, placement=cpu, sbp=S(0))
-        moved, made = Moved()(x), MadeInBuild()(x)
-        return moved.placement.type, moved.dtype, moved.numpy(), made.numpy()
+        class Both(flow.nn.Graph):
+            def build(self, x):
+                return x.to(where_to) @ flow.ones(3, 2, placement=cpu, sbp=B).to(where_to)
 
-    for kind, dtype, moved, made in run(body, world_size=2):
-        assert kind == where_to and dtype == np.float64
+        x = flow.tensor(a, placement=cpu, sbp=S(0))
+        moved, made, both = Moved()(x), MadeInBuild()(x), Both()(x)
+        return moved.placement.type, moved.dtype, moved.numpy(), made.numpy(), both.placement.type, both.numpy()
+
+    for kind, dtype, moved, made, both_kind, both in run(body, world_size=2):
+        assert kind == both_kind == where_to and dtype == np.float64
         np.testing.assert_array_equal(moved, a * 2)
         np.testing.assert_allclose(made, a @ np.ones((3, 2)), rtol=1e-6)
+        np.testing.assert_allclose(both, a @ np.ones((3, 2)), rtol=1e-6)
 

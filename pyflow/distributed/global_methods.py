@@ -153,7 +153,7 @@ def _to(method):
             info = result._global
             if kind != info.placement.type:
                 target = Placement(kind, info.placement.ranks)
-                result = to_global(result, target, info.sbp)
+                result = _to_global(result, target, info.sbp)   # inside build: its lazy twin's to_global
         return result
     return wrapper
 
