@@ -91,7 +91,7 @@ def run(fn, world_size: int, args=(), timeout: float | None = None) -> list:
             finally:
                 world.finish(rank)
                 try:
-                    vm.shutdown()
+                    vm.shutdown(release_held=True)   # the rank ended: its tensors are nobody's now
                 except BaseException as error:  # noqa: BLE001
                     errors.setdefault(rank, error)
 

@@ -236,7 +236,7 @@ def _several(t: Tensor, index):
         raise IndexOutOfRangeError(f"{place}: too many indices ({len(items)}) for a tensor of rank {t.ndim}")
     items += [slice(None)] * (t.ndim - len(items))
     dims = [d for d, item in enumerate(items) if not isinstance(item, slice)]
-    indices = []
+    checked = []   # every index checked (type, mask, range on the host, shapes) before anything is issued
     for d in dims:
         item = items[d]
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, (numbers.Integral, Tensor, list, np.ndarray,
@@ -248,17 +248,18 @@ def _several(t: Tensor, index):
                                     "mask.nonzero() to turn it into integer indices")
         if isinstance(one.source, np.ndarray):
             _place(t, [slice(None)] * d + [one], one)   # indices on the host: checked now
+        checked.append((d, one, () if isinstance(item, numbers.Integral) else tuple(one.source.shape)))
+    try:
+        shape = tuple(np.broadcast_shapes(*[s for _, _, s in checked]))
+    except ValueError:
+        raise ShapeError(f"{place}: the index tensors' shapes {[list(s) for _, _, s in checked]} do not "
+                         "broadcast together") from None
+    indices = []
+    for d, one, one_shape in checked:
         source = one.source if isinstance(one.source, Tensor) else tensor(one.source.astype(DEFAULT_INT),
                                                                            device=t.device)
-        if isinstance(item, numbers.Integral):
-            source = source.reshape(())
-        source = source.to(t.device, DEFAULT_INT)
+        source = source.reshape(one_shape).to(t.device, DEFAULT_INT)
         indices.append(where(source < 0, source + t.shape[d], source))
-    try:
-        shape = tuple(np.broadcast_shapes(*[tuple(i.shape) for i in indices]))
-    except ValueError:
-        raise ShapeError(f"{place}: the index tensors' shapes {[list(i.shape) for i in indices]} do not "
-                         "broadcast together") from None
     linear = indices[0]
     for d, i in zip(dims[1:], indices[1:]):
         linear = linear * t.shape[d] + i

@@ -120,11 +120,14 @@ def sync_mode(enabled: bool = True):
     vm.raise_failures()
 
 
-def shutdown(at_exit: bool = False) -> None:
+def shutdown(at_exit: bool = False, release_held: bool = False) -> None:
     """Finish all work, stop the VM's threads and destroy its ep streams (a later op starts a new VM).
 
     Failures no read and no ``flow.sync()`` reported are printed to stderr; at
     interpreter exit they also make the exit status 1 (``pyflow/_exit.py``).
+    ``release_held``: also give back the memory of tensors still alive (a rank that
+    ended: its tensors are nobody's now, though an exception's frames may keep them);
+    otherwise a tensor outlives its VM and the next VM uses it.
     """
     ctx = env.current()
     with _vm_lock:
@@ -134,7 +137,7 @@ def shutdown(at_exit: bool = False) -> None:
     try:
         _drain(vm, "shutdown")
     finally:
-        unseen = vm.shutdown()
+        unseen = vm.shutdown(release_held=release_held)
         report_unseen(unseen)
         if at_exit and unseen:
             _exit.mark_unseen_failures(len(unseen))

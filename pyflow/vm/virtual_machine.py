@@ -352,10 +352,11 @@ class VirtualMachine(WaitingMixin):
     def ep_streams(self) -> list:
         return [s for stream in list(self._streams.values()) for s in stream.ep_streams()]
 
-    def shutdown(self, timeout: float = 10.0) -> list:
+    def shutdown(self, timeout: float = 10.0, release_held: bool = False) -> list:
         """Stop the scheduler and workers and destroy the ep streams (after draining).
 
         Returns the failures nobody saw (every thread's); the caller reports them.
+        ``release_held``: give back the memory of tensors still alive too (``_free_the_rest``).
         """
         if self.closed:
             return []
@@ -371,18 +372,19 @@ class VirtualMachine(WaitingMixin):
                     stream.ep_device.destroy_stream(ep_stream)
                 except Exception:  # noqa: BLE001 - op errors were kept as failures already
                     pass
-        self._free_the_rest()
+        if release_held:
+            self._free_the_rest()
         for allocator in self._allocators.values():
             allocator.shrink()
         return self.take_failures()
 
     def _free_the_rest(self) -> None:
-        """Give back the memory of every storage still held: no instruction of this VM will run again.
+        """Give back the memory of every storage still held (a rank's VM, when the rank ends).
 
-        Tensors can outlive their VM: a failed rank's exception keeps its frames, and so its tensors, alive
-        in the caller.  Their releases would be issued by a VM that no longer runs (30 failed ranks kept
-        180 MiB), so the memory goes back now; such a tensor cannot be read afterwards anyway (the VM is
-        shut down)."""
+        A failed rank's exception keeps its frames, and so its tensors, alive in the caller.  Their
+        releases would be issued by a VM that no longer runs (30 failed ranks kept 180 MiB), so the memory
+        goes back now.  Only for a rank: in the user's own thread a tensor may outlive its VM and be used
+        by the next one."""
         storages = [ref.__callback__.args[0] for ref in list(self._watched.values())
                     if ref.__callback__ is not None]
         self._watched.clear()
