@@ -131,32 +131,13 @@ class LazyTensor(Tensor):
         return self._trace.to_global(self, placement, sbp)
 
     def to(self, *where, **kwargs) -> "LazyTensor":
-        """A global lazy tensor ``.to("cuda")``: a ``to_global`` onto the same ranks' devices of that type (as
-        eagerly, ``distributed/global_methods.py``); a dtype: a cast.  A local one: the local ``to``."""
+        """A global lazy tensor ``.to("cuda")`` / ``.to(dtype)``: as an eager global one
+        (``distributed.global_methods.global_to``); a local one: the local ``to``."""
         if not self.is_global:
             return Tensor.to(self, *where, **kwargs)
-        from pyflow.device import Device
-        from pyflow.framework.placement import placement as Placement
+        from pyflow.distributed.global_methods import global_to
 
-        device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
-        for value in where:
-            if isinstance(value, Tensor):
-                dtype = value.dtype
-            elif isinstance(value, (str, Device)):
-                device = value
-            else:
-                dtype = value
-        result = self if dtype is None else self._cast(dtype)
-        if device is not None and Device(device).type != self.placement.type:
-            result = result.to_global(Placement(Device(device).type, self.placement.ranks), result.sbp)
-        return result
-
-    def _cast(self, dtype) -> "LazyTensor":
-        from pyflow.framework.dtypes import as_dtype
-        from pyflow.framework.interpreter import apply
-
-        dtype = as_dtype(dtype, f"to (of {self!r})")
-        return self if dtype == self.dtype else apply("cast", [self], dtype=dtype)[0]
+        return global_to(self, *where, **kwargs)
 
     def to_local(self) -> "LazyTensor":
         raise GraphError(f"to_local() of {self!r} at {user_line()}: inside nn.Graph.build a global tensor stays "

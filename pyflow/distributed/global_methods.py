@@ -32,7 +32,7 @@ from pyflow.framework.sbp import SbpParallel
 from pyflow.framework.tensor import Tensor
 from pyflow.vm import no_instructions
 
-__all__ = ["install"]
+__all__ = ["install", "global_to"]
 
 _B = SbpParallel("broadcast")
 _ON_BROADCAST = ("view", "reshape", "flatten", "unsqueeze", "squeeze", "expand", "expand_as", "narrow", "split",
@@ -138,24 +138,27 @@ def _to(method):
     def wrapper(self, *where, **kwargs):
         if self._global is None:
             return method(self, *where, **kwargs)
-        device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
-        kwargs.pop("copy", None), kwargs.pop("non_blocking", None)
-        for value in where:
-            if isinstance(value, Tensor):
-                dtype = value.dtype
-            elif isinstance(value, (str, Device)):
-                device = value
-            else:
-                dtype = value
-        result = self if dtype is None else _cast(self, dtype)
-        if device is not None:
-            kind = Device(device).type
-            info = result._global
-            if kind != info.placement.type:
-                target = Placement(kind, info.placement.ranks)
-                result = _to_global(result, target, info.sbp)   # inside build: its lazy twin's to_global
-        return result
+        return global_to(self, *where, **kwargs)
     return wrapper
+
+
+def global_to(x: Tensor, *where, **kwargs) -> Tensor:
+    """``x.to(...)`` of a global tensor (eager, or lazy inside ``nn.Graph.build``): a dtype is a cast; a
+    device type is a ``to_global`` onto the same ranks' devices of that type (the SBP kept)."""
+    device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+    kwargs.pop("copy", None), kwargs.pop("non_blocking", None)
+    for value in where:
+        if isinstance(value, Tensor):
+            dtype = value.dtype
+        elif isinstance(value, (str, Device)):
+            device = value
+        else:
+            dtype = value
+    result = x if dtype is None else _cast(x, dtype)
+    if device is not None and Device(device).type != result.placement.type:
+        target = Placement(Device(device).type, result.placement.ranks)
+        result = result.to_global(target, result.sbp)   # a lazy tensor's own to_global inside build
+    return result
 
 
 def _cast(x: Tensor, dtype) -> Tensor:
