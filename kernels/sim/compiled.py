@@ -404,13 +404,9 @@ def _drive(module, grid, block, dynshared, args, report, where, cancel) -> int:
             return cpu_runtime.CANCELLED
         here = machine.scope
         if op == scopes.GRID:   # every block of the grid is here, and no thread has gone
-            live = alive.reshape(blocks, threads).any(axis=1)
-            if here.size and not alive.all():
-                report[0], report[3] = cpu_runtime.GRID_EXIT, node
-                return cpu_runtime.GRID_EXIT
-            if here.size and here.size != live.sum():
-                report[0], report[3], report[4] = cpu_runtime.GRID_PARTIAL, node, here.size
-                return cpu_runtime.GRID_PARTIAL
+            code = grid_machine.check_grid_barrier(here, alive, threads, report, node)
+            if code != cpu_runtime.OK:
+                return code
             machine.take(here)
             continue
         it = machine.counter if op == scopes.ASSIGN else 0
@@ -419,15 +415,9 @@ def _drive(module, grid, block, dynshared, args, report, where, cancel) -> int:
         if code != cpu_runtime.OK:
             return code
         if op == scopes.GROUP:   # each group's blocks got here together, as many as its members
-            slots, members = results // cpu_runtime.GROUP_KEY, results % cpu_runtime.GROUP_KEY
-            for slot in np.unique(slots[results != -1]):
-                group = (slots == slot) & (results != -1)
-                wrong = group & (members != group.sum())
-                if wrong.any():
-                    k = int(np.argmax(wrong))
-                    report[0], report[1], report[3] = cpu_runtime.GROUP_MISMATCH, here[k], node
-                    report[4], report[5] = members[k], group.sum()
-                    return cpu_runtime.GROUP_MISMATCH
+            code = grid_machine.check_group_barrier(here, results, report, node)
+            if code != cpu_runtime.OK:
+                return code
         machine.take(results, bounds, live)
 
 

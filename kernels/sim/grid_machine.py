@@ -39,9 +39,10 @@ import numpy as np
 from numba import njit
 
 from . import scopes
-from .cpu_runtime import BROKE, CONTINUED, FELL_THROUGH
+from .cpu_runtime import (BROKE, CONTINUED, FELL_THROUGH, GRID_EXIT, GRID_PARTIAL, GROUP_KEY, GROUP_MISMATCH,
+                          OK)
 
-__all__ = ["OPS", "encode", "new_state", "step", "take"]
+__all__ = ["OPS", "encode", "new_state", "step", "take", "check_grid_barrier", "check_group_barrier"]
 
 # the opcodes, in this order; the first six need the threads (step returns at them)
 OPS = (scopes.RUN, scopes.TEST, scopes.FOR_BOUNDS, scopes.ASSIGN, scopes.GRID, scopes.GROUP, scopes.END,
@@ -171,3 +172,38 @@ def take(code, st, scope, values, waiting, flags, ranges, counter, results, boun
             scope[k] = False
         i += 1
     st[0] += 1
+
+@_JIT
+def check_grid_barrier(here, alive, threads, report, node):
+    """A grid barrier reached by the blocks ``here``: every block of the grid must be there and no thread
+    gone (a GPU would hang).  ``OK``, or the launch result with ``report`` filled in."""
+    if here.shape[0] == 0:
+        return OK
+    if not alive.all():
+        report[0], report[3] = GRID_EXIT, node
+        return GRID_EXIT
+    live = 0
+    for b in range(alive.shape[0] // threads):
+        live += alive[b * threads:(b + 1) * threads].any()
+    if here.shape[0] != live:
+        report[0], report[3], report[4] = GRID_PARTIAL, node, here.shape[0]
+        return GRID_PARTIAL
+    return OK
+
+
+@_JIT
+def check_group_barrier(here, results, report, node):
+    """A group barrier: each block's ``results`` is ``slot * GROUP_KEY + members`` (-1: no thread left); the
+    blocks of each slot that got here together must be as many as its ``members``."""
+    for i in range(here.shape[0]):
+        if results[i] == -1:
+            continue
+        slot, members = results[i] // GROUP_KEY, results[i] % GROUP_KEY
+        count = 0
+        for j in range(here.shape[0]):
+            count += results[j] != -1 and results[j] // GROUP_KEY == slot
+        if members != count:
+            report[0], report[1], report[3] = GROUP_MISMATCH, here[i], node
+            report[4], report[5] = members, count
+            return GROUP_MISMATCH
+    return OK

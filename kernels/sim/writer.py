@@ -386,7 +386,6 @@ class _ModuleWriter:
         out(f"def cu_drive({', '.join(state + tail)}):")
         with out:
             out('"""The launch: every node the control code reaches, for every live thread of its scope."""')
-            out("cu_nb = cu_scope.shape[0]")
             out("cu_nt = cu_bdx * cu_bdy * cu_bdz")
             out("cu_none3 = np.zeros((0, 3), np.int64)")
             with out.block("while True:"):
@@ -397,16 +396,10 @@ class _ModuleWriter:
                     out("return cu_rt.CANCELLED")
                 out("cu_node, cu_flag = cu_code[cu_st[0], 1], cu_code[cu_st[0], 3]")
                 out("cu_S = np.flatnonzero(cu_scope)")
-                with out.block("if cu_op == cu_gm.GRID:   # every block of the grid is here, and no thread has gone"):
-                    out("cu_live = 0")
-                    with out.block("for cu_b in range(cu_nb):"):
-                        out("cu_live += cu_alive[cu_b * cu_nt:(cu_b + 1) * cu_nt].any()")
-                    with out.block("if cu_S.shape[0] and not cu_alive.all():"):
-                        out("cu_report[0], cu_report[3] = cu_rt.GRID_EXIT, cu_node")
-                        out("return cu_rt.GRID_EXIT")
-                    with out.block("if cu_S.shape[0] and cu_S.shape[0] != cu_live:"):
-                        out("cu_report[0], cu_report[3], cu_report[4] = cu_rt.GRID_PARTIAL, cu_node, cu_S.shape[0]")
-                        out("return cu_rt.GRID_PARTIAL")
+                with out.block("if cu_op == cu_gm.GRID:   # grid_machine.check_grid_barrier"):
+                    out("cu_code_ = cu_gm.check_grid_barrier(cu_S, cu_alive, cu_nt, cu_report, cu_node)")
+                    with out.block("if cu_code_ != cu_rt.OK:"):
+                        out("return cu_code_")
                     out(f"cu_gm.take({', '.join(state)}, cu_S, cu_none3, cu_scope)")
                     out("continue")
                 out("cu_it = cu_counter[cu_st[2] - 1, 0] if cu_op == cu_gm.ASSIGN else 0")
@@ -416,19 +409,10 @@ class _ModuleWriter:
                 out(f"cu_code_, cu_res, cu_bounds, cu_lv = cu_run({args})")
                 with out.block("if cu_code_ != cu_rt.OK:"):
                     out("return cu_code_")
-                with out.block("if cu_op == cu_gm.GROUP:   # each group's blocks got here together, as many as its "
-                               "members"):
-                    with out.block("for cu_i in range(cu_S.shape[0]):"):
-                        with out.block("if cu_res[cu_i] == -1:"):
-                            out("continue")
-                        out("cu_slot, cu_members = cu_res[cu_i] // cu_rt.GROUP_KEY, cu_res[cu_i] % cu_rt.GROUP_KEY")
-                        out("cu_count = 0")
-                        with out.block("for cu_j in range(cu_S.shape[0]):"):
-                            out("cu_count += cu_res[cu_j] != -1 and cu_res[cu_j] // cu_rt.GROUP_KEY == cu_slot")
-                        with out.block("if cu_members != cu_count:"):
-                            out("cu_report[0], cu_report[1], cu_report[3] = cu_rt.GROUP_MISMATCH, cu_S[cu_i], cu_node")
-                            out("cu_report[4], cu_report[5] = cu_members, cu_count")
-                            out("return cu_rt.GROUP_MISMATCH")
+                with out.block("if cu_op == cu_gm.GROUP:"):
+                    out("cu_code_ = cu_gm.check_group_barrier(cu_S, cu_res, cu_report, cu_node)")
+                    with out.block("if cu_code_ != cu_rt.OK:"):
+                        out("return cu_code_")
                 out(f"cu_gm.take({', '.join(state)}, cu_res, cu_bounds, cu_lv)")
         out()
 
