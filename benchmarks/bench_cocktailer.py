@@ -52,7 +52,7 @@ from pyflow.cocktailer.optimize_recursion import unroll_recursion
 from pyflow.cocktailer.random_programs import build, inputs, random_description
 from pyflow.kernels import backend
 from pyflow.kernels.backend import cuda
-from pyflow.models import LSTM, NASRNN, RAE, Attention, BlockDrop, Seq2seq, SkipNet
+from pyflow.models import NASRNN, RAE, Attention, BlockDrop, Seq2seq, SkipNet, StackedLSTM
 
 
 def balanced_tree(leaves: int):
@@ -92,7 +92,7 @@ def counts(sizes: dict) -> None:
     """Launches, host syncs and barriers per call, host vs compiled executor."""
     print("== per-call counts (host executor vs compiled executor) ==")
     rng = np.random.default_rng(0)
-    lstm = LSTM(sizes["input"], sizes["hidden"], sizes["layers"], **sizes["options"])
+    lstm = StackedLSTM(sizes["input"], sizes["hidden"], sizes["layers"], **sizes["options"])
     x = rng.standard_normal((sizes["seq"], sizes["batch"], sizes["input"])).astype(np.float32)
     out_h = lstm(x, mode="host")
     host = lstm.last_compiled
@@ -172,7 +172,7 @@ def tensor_counts(sizes: dict) -> None:
 
     print("== per-call counts through pyflow.Tensors (cuda): one VM instruction per call ==")
     rng = np.random.default_rng(0)
-    lstm = LSTM(sizes["input"], sizes["hidden"], sizes["layers"], **sizes["options"])
+    lstm = StackedLSTM(sizes["input"], sizes["hidden"], sizes["layers"], **sizes["options"])
     nasrnn = NASRNN(sizes["input"], sizes["hidden"], **sizes["options"])
     x = rng.standard_normal((sizes["seq"], sizes["batch"], sizes["input"])).astype(np.float32)
     models = [(f"LSTM L{sizes['layers']} H{sizes['hidden']} seq{sizes['seq']} b{sizes['batch']}", lstm,
@@ -209,7 +209,7 @@ def upload_counts(sizes: dict) -> None:
     left, right, is_leaf = balanced_tree(sizes["leaves"])
     inp = rng.standard_normal((len(left), sizes["dim"])).astype(np.float32)
     models = [(f"LSTM L{sizes['layers']} H{sizes['hidden']} seq{sizes['seq']} b{sizes['batch']}",
-               LSTM(sizes["input"], sizes["hidden"], sizes["layers"], **sizes["options"]), (x,)),
+               StackedLSTM(sizes["input"], sizes["hidden"], sizes["layers"], **sizes["options"]), (x,)),
               (f"RAE dim{sizes['dim']} {len(left)} nodes", RAE(sizes["dim"], **sizes["options"]),
                (left, right, is_leaf, inp)),
               (f"NASRNN H{sizes['hidden']} seq{sizes['seq']} b{sizes['batch']}",
@@ -333,7 +333,7 @@ def lstm_latency(warmup: int, repeats: int, opts: dict) -> None:
     dev = torch.device("cuda")
     L, H, S = 10, 256, 64
     for batch in (1, 64):
-        lstm = LSTM(H, H, L, **opts)
+        lstm = StackedLSTM(H, H, L, **opts)
         rng = np.random.default_rng(0)
         x = rng.standard_normal((S, batch, H)).astype(np.float32)
         dev_args = [cuda.to_device(a) for a in lstm.program_inputs(x)]

@@ -157,8 +157,19 @@ class ArgumentValueError(PyflowError, ValueError):
     ``groups=2`` for a Conv2d, an input of the wrong rank."""
 
 
-class StateDictError(PyflowError, KeyError):
-    """A state dict whose keys do not match the module's: lists the missing and the unexpected keys."""
+class StateDictError(PyflowError, KeyError, ValueError):
+    """A state dict that does not fit: missing or unexpected keys, wrong shapes, values that are not numbers.
+
+    Raised by ``nn.Module.load_state_dict`` and by the models' ``load_state_dict`` (``pyflow/models/``).
+    A KeyError, as a missing or unexpected key is a failed lookup, and a ValueError, as a wrong shape
+    is a bad value: ``except KeyError`` and ``except ValueError`` both catch it (as ``AxisError`` above
+    is both an IndexError and a ValueError, like numpy's).
+
+    >>> issubclass(StateDictError, KeyError) and issubclass(StateDictError, ValueError)
+    True
+    >>> str(StateDictError("missing keys ['bias']"))   # unquoted, unlike a plain KeyError
+    "missing keys ['bias']"
+    """
 
     def __str__(self) -> str:   # KeyError would print the message in quotes
         return str(self.args[0]) if self.args else ""

@@ -39,7 +39,7 @@ import pytest
 import pyflow as flow
 import pyflow.cocktailer as ck
 from pyflow.errors import DTypeError, LaunchConfigError, ShapeError, StackOverflowError
-from pyflow.models import LSTM, RAE
+from pyflow.models import RAE, StackedLSTM
 
 # ---- 1. names -----------------------------------------------------------------------
 
@@ -382,8 +382,8 @@ def test_while_loop_max_iters_must_be_an_int_at_least_zero(max_iters, error):
     (lambda: ck.trace(lambda h: h, ck.spec(2), chunk=4.0), DTypeError, "trace: chunk must be an int, got 4.0"),
     (lambda: ck.trace(lambda h: h, ck.spec(2), chunk=True), DTypeError, "trace: chunk must be an int, got True"),
     (lambda: ck.trace(lambda h: h, ck.spec(2), tile=64), ShapeError, r"trace: tile must be an int in 1..32"),
-    (lambda: LSTM(2.0, 3), DTypeError, "LSTM: input_size must be an int, got 2.0"),
-    (lambda: LSTM(2, True), DTypeError, "LSTM: hidden_size must be an int, got True"),
+    (lambda: StackedLSTM(2.0, 3), DTypeError, "StackedLSTM: input_size must be an int, got 2.0"),
+    (lambda: StackedLSTM(2, True), DTypeError, "StackedLSTM: hidden_size must be an int, got True"),
     (lambda: RAE(True), DTypeError, "RAE: dim must be an int, got True"),
     (lambda: RAE(2, tile=4.0), DTypeError, "tile an int in 1..32"),
     (lambda: RAE(2, threads=2).check_tree([0], [0], [1], np.ones((1, 2)), True), DTypeError, "root must be an int"),
@@ -413,9 +413,9 @@ def test_compile_options_must_be_ints_in_range(option, value, error):
 def test_other_misuse_is_a_pyflow_error_at_the_call(fresh_vm):
     with pytest.raises(ck.TraceError, match="compile: expected a Program"):
         ck.compile(lambda h: h)
-    with pytest.raises(ck.TraceError, match="cond: the predicate is a Tensor"):
+    with pytest.raises(ck.TraceError, match="cond: the predicate is a TracedTensor"):
         trace_h(lambda h, f: ck.cond(f, lambda: h, lambda: ck.tanh(h)), ck.spec(2), ck.spec(1, dtype="int64"))
-    with pytest.raises(ck.TraceError, match="for_loop: the trip count is a Tensor"):
+    with pytest.raises(ck.TraceError, match="for_loop: the trip count is a TracedTensor"):
         trace_h(lambda h, n: ck.for_loop(n, body, h), ck.spec(2), ck.spec(1, dtype="int64"))
     with pytest.raises(ck.TraceError, match="returns must be a TensorSpec"):
         ck.function(returns=4)

@@ -42,7 +42,7 @@ import pyflow.cocktailer as ck
 from pyflow.cocktailer.launch import arena_layout
 from pyflow.device import StreamType, ep
 from pyflow.errors import DeviceError, DTypeError, IterationLimitError, OpError
-from pyflow.models import LSTM, NASRNN
+from pyflow.models import NASRNN, StackedLSTM
 from pyflow.kernels.backend import is_gpu
 from pyflow.vm.policies import LaunchProgram
 from tests.helpers_devices import EMULATED_STREAMS
@@ -142,7 +142,7 @@ def test_step_through_mode_runs_the_call_on_the_callers_thread():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", MODES)
 def test_lstm_takes_and_returns_tensors_equal_to_the_array_path(mode, device):
-    model = LSTM(3, 4, num_layers=2, threads=4, chunk=4, tile=4)
+    model = StackedLSTM(3, 4, num_layers=2, threads=4, chunk=4, tile=4)
     rng = np.random.default_rng(4)
     x, h0, c0 = (rng.standard_normal(s).astype(np.float32) for s in ((3, 2, 3), (2, 2, 4), (2, 2, 4)))
     out, (h_n, c_n) = model(x, h0, c0, mode=mode)
@@ -339,7 +339,7 @@ def test_a_call_on_tensors_is_one_vm_instruction(mode):
 
 
 def test_a_compiled_lstm_call_on_tensors_is_one_instruction_one_launch_no_host_sync():
-    model = LSTM(3, 4, num_layers=2, threads=4, chunk=4, tile=4)
+    model = StackedLSTM(3, 4, num_layers=2, threads=4, chunk=4, tile=4)
     x = np.random.default_rng(6).standard_normal((3, 2, 3)).astype(np.float32)
     c = model.compiled_for(3, 2, "compiled")
     out, names = traced_call(c, [flow.tensor(a, device="cuda") for a in model.program_inputs(x)])

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyflow.errors import IndexOutOfRangeError, ShapeError, StackOverflowError
-from pyflow.models import LSTM, RAE, StateDictError
+from pyflow.models import RAE, StackedLSTM, StateDictError
 from pyflow.models.rae import TreeError
 
 # host and compiled executors are compared bit for bit: both on one simulator tier (tests/conftest.py)
@@ -104,7 +104,7 @@ def left_chain(depth):
     return left, right, is_leaf
 
 
-# ---- LSTM ---------------------------------------------------------------------------------
+# ---- StackedLSTM --------------------------------------------------------------------------
 
 
 @settings(max_examples=5)
@@ -113,7 +113,7 @@ def left_chain(depth):
 def test_lstm_matches_nn_lstm_semantics_and_host_equals_compiled(seq, batch, input_size, hidden, layers, blocks,
                                                                  given_state, seed):
     rng = np.random.default_rng(seed)
-    model = LSTM(input_size, hidden, layers, blocks=blocks, **TINY)
+    model = StackedLSTM(input_size, hidden, layers, blocks=blocks, **TINY)
     state = random_lstm_state(rng, input_size, hidden, layers)
     model.load_state_dict(state)
     x = rng.standard_normal((seq, batch, input_size)).astype(np.float32)
@@ -132,7 +132,7 @@ def test_lstm_matches_nn_lstm_semantics_and_host_equals_compiled(seq, batch, inp
 
 def test_lstm_compiled_is_one_launch_without_host_syncs():
     seq, layers = 3, 2
-    model = LSTM(2, 3, layers, blocks=2, **TINY)
+    model = StackedLSTM(2, 3, layers, blocks=2, **TINY)
     x = np.ones((seq, 1, 2), np.float32)
     model(x, mode="compiled")
     compiled = model.last_compiled
@@ -148,7 +148,7 @@ def test_lstm_compiled_is_one_launch_without_host_syncs():
 
 def test_one_trace_serves_any_weights_and_is_cached_per_shape():
     rng = np.random.default_rng(3)
-    model = LSTM(2, 3, 1, blocks=2, **TINY)
+    model = StackedLSTM(2, 3, 1, blocks=2, **TINY)
     x = rng.standard_normal((2, 1, 2)).astype(np.float32)
     first, _ = model(x)
     compiled = model.last_compiled
@@ -165,7 +165,7 @@ def test_one_trace_serves_any_weights_and_is_cached_per_shape():
 
 def test_lstm_unbatched_input_is_batch_of_one():
     rng = np.random.default_rng(4)
-    model = LSTM(3, 2, 2, blocks=1, **TINY)
+    model = StackedLSTM(3, 2, 2, blocks=1, **TINY)
     x = rng.standard_normal((2, 3)).astype(np.float32)
     h0 = rng.standard_normal((2, 2)).astype(np.float32)
     out, (h_n, c_n) = model(x, h0=h0)
@@ -178,7 +178,7 @@ def test_lstm_matches_torch():
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     reference = torch.nn.LSTM(3, 4, num_layers=2)
-    model = LSTM(3, 4, 2, blocks=3, **TINY)
+    model = StackedLSTM(3, 4, 2, blocks=3, **TINY)
     model.load_state_dict(reference.state_dict())
     x = torch.randn(3, 2, 3)
     h0, c0 = torch.randn(2, 2, 4), torch.randn(2, 2, 4)
@@ -190,7 +190,7 @@ def test_lstm_matches_torch():
 
 
 def test_lstm_state_dict_round_trips():
-    model = LSTM(2, 3, 2, **TINY)
+    model = StackedLSTM(2, 3, 2, **TINY)
     state = random_lstm_state(np.random.default_rng(5), 2, 3, 2)
     model.load_state_dict(state)
     back = model.state_dict()
@@ -205,11 +205,11 @@ def test_lstm_state_dict_round_trips():
     (lambda d: d.update(bias_ih_l0=np.zeros((3, 4))), "'bias_ih_l0' has shape (3, 4), expected (12,)"),
 ])
 def test_bad_lstm_state_dict_names_the_problem_and_changes_nothing(change, message):
-    model = LSTM(2, 3, 2, **TINY)
+    model = StackedLSTM(2, 3, 2, **TINY)
     before = model.state_dict()
     state = random_lstm_state(np.random.default_rng(6), 2, 3, 2)
     change(state)
-    with pytest.raises(StateDictError, match=r"LSTM\.load_state_dict") as info:
+    with pytest.raises(StateDictError, match=r"StackedLSTM\.load_state_dict") as info:
         model.load_state_dict(state)
     assert message in str(info.value)
     after = model.state_dict()
@@ -217,7 +217,7 @@ def test_bad_lstm_state_dict_names_the_problem_and_changes_nothing(change, messa
 
 
 def test_lstm_rejects_bad_inputs_before_running():
-    model = LSTM(2, 3, 1, **TINY)
+    model = StackedLSTM(2, 3, 1, **TINY)
     with pytest.raises(ShapeError, match="input must be"):
         model(np.ones((2, 1, 5), np.float32))
     with pytest.raises(ShapeError, match="h0 must be"):
@@ -225,7 +225,7 @@ def test_lstm_rejects_bad_inputs_before_running():
     with pytest.raises(ValueError, match="mode must be one of"):
         model(np.ones((2, 1, 2), np.float32), mode="eager")
     with pytest.raises(ValueError, match="threads"):
-        LSTM(2, 3, threads=0)
+        StackedLSTM(2, 3, threads=0)
     with pytest.raises(ValueError, match="tile an int in 1..32"):
         RAE(2, tile=64)
 

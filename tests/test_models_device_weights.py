@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 import pyflow as flow
 from pyflow.device.ep import base as ep_base
-from pyflow.models import LSTM, NASRNN, RAE, Attention, BlockDrop, Seq2seq, SkipNet
+from pyflow.models import NASRNN, RAE, Attention, BlockDrop, Seq2seq, SkipNet, StackedLSTM
 from pyflow.models.device_weights import DeviceWeights, freeze
 
 TINY = {"threads": 4, "chunk": 4, "tile": 4}
@@ -56,7 +56,7 @@ def h2d(monkeypatch):
             continue   # (the simulator never loads the GPU's ep)
         module = importlib.import_module(f"pyflow.device.ep.{name}")
         for cls in vars(module).values():
-            if inspect.isclass(cls) and issubclass(cls, ep_base.Stream) and "memcpy_h2d" in vars(cls):
+            if inspect.isclass(cls) and issubclass(cls, ep_base.EpStream) and "memcpy_h2d" in vars(cls):
                 def spy(self, dst, src, original=vars(cls)["memcpy_h2d"]):
                     copies.append(src.nbytes)
                     return original(self, dst, src)
@@ -77,7 +77,7 @@ def _tree():
 
 def lstm():
     x = np.random.default_rng(0).standard_normal((3, 2, 3)).astype(np.float32)
-    return LSTM(3, 4, num_layers=2, **TINY), (x,), {}, 5 + 2   # 5 weights, the zero h0 and c0
+    return StackedLSTM(3, 4, num_layers=2, **TINY), (x,), {}, 5 + 2   # 5 weights, the zero h0 and c0
 
 
 def rae():
@@ -126,7 +126,7 @@ MODELS = {"lstm": lstm, "rae": rae, "nasrnn": nasrnn, "attention": attention, "s
 
 
 def flat(out) -> list:
-    """A model's outputs as a flat list of numpy arrays (LSTM's ``(out, (h, c))`` included)."""
+    """A model's outputs as a flat list of numpy arrays (StackedLSTM's ``(out, (h, c))`` included)."""
     items = out if isinstance(out, tuple) else (out,)
     result = []
     for item in items:

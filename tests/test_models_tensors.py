@@ -1,6 +1,6 @@
 """Attention, Seq2seq, BlockDrop and SkipNet on ``pyflow.Tensor`` s: tensors in, tensors out (issue 17).
 
-As for ``LSTM`` and ``NASRNN`` (``test_cocktailer_tensors.py``): a model called with
+As for ``StackedLSTM`` and ``NASRNN`` (``test_cocktailer_tensors.py``): a model called with
 tensors runs its program as one VM instruction (``cocktailer/launch.py``) and returns
 tensors on the inputs' device, bitwise equal to the numpy path's arrays, in both
 executors and on "cpu" and "cuda" (the simulator).  Numpy in still gives numpy out.

@@ -27,7 +27,7 @@ from pyflow.device import StreamType
 from pyflow.errors import OpError, OutOfMemoryError, SlowInstructionWarning, VMHangError
 from pyflow.framework.interpreter import apply
 from pyflow.framework.op_registry import OP_REGISTRY, OpDef, TensorMeta, get_op
-from pyflow.vm.stream import Stream as VmStream
+from pyflow.vm.stream import VmStream
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KiB = 1024

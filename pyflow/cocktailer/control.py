@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pyflow.cocktailer.checks import static_int
 from pyflow.cocktailer.ir import Block, Branch, Const, Loop, Scalar, Var
-from pyflow.cocktailer.trace import (Tensor, TraceError, _as_tuple, _copy_into, _current, _float, _int_scalar,
+from pyflow.cocktailer.trace import (TracedTensor, TraceError, _as_tuple, _copy_into, _current, _float, _int_scalar,
                                      _tensor)
 from pyflow.errors import ShapeError
 
@@ -37,7 +37,7 @@ def _loop_state(init: tuple, what: str):
         ref = _float(_tensor(v, what), what)
         state = t.new_ref(ref.shape, ref.dtype)
         _copy_into(state, ref, f"{what}: loop-carried input")
-        states.append(Tensor(state))
+        states.append(TracedTensor(state))
     return states
 
 
@@ -67,8 +67,8 @@ def for_loop(trip, body, *init):
         raise TraceError("for_loop: needs at least one loop-carried tensor")
     if isinstance(trip, Scalar):
         _int_scalar(trip, "for_loop: the trip count")
-    elif isinstance(trip, Tensor):
-        raise TraceError("for_loop: the trip count is a Tensor; use an int, or a device Scalar (n[0].item())")
+    elif isinstance(trip, TracedTensor):
+        raise TraceError("for_loop: the trip count is a TracedTensor; use an int, or a device Scalar (n[0].item())")
     else:
         trip = Const(static_int(trip, "for_loop: the trip count"))
     states = _loop_state(init, "for_loop")
@@ -82,7 +82,7 @@ def for_loop(trip, body, *init):
     finally:
         t.loop_depth -= 1
     t.emit(loop)
-    return _unwrap(tuple(Tensor(s.ref) for s in states), len(states) == 1)
+    return _unwrap(tuple(TracedTensor(s.ref) for s in states), len(states) == 1)
 
 
 def while_loop(cond_fn, body, *init, max_iters: int = 10_000):
@@ -113,7 +113,7 @@ def while_loop(cond_fn, body, *init, max_iters: int = 10_000):
     finally:
         t.loop_depth -= 1
     t.emit(loop)
-    return _unwrap(tuple(Tensor(s.ref) for s in states), len(states) == 1)
+    return _unwrap(tuple(TracedTensor(s.ref) for s in states), len(states) == 1)
 
 
 def cond(pred, then_fn, else_fn, *operands):
@@ -122,8 +122,8 @@ def cond(pred, then_fn, else_fn, *operands):
     ``pred`` is a device Scalar (a Python bool traces only the branch it picks).
     """
     t = _current()
-    if isinstance(pred, Tensor):
-        raise TraceError("cond: the predicate is a Tensor; use a device Scalar (t.item(), "
+    if isinstance(pred, TracedTensor):
+        raise TraceError("cond: the predicate is a TracedTensor; use a device Scalar (t.item(), "
                          "sum_rows(h).item() > 0) or a Python bool")
     if not isinstance(pred, Scalar):
         return (then_fn if pred else else_fn)(*operands)
@@ -150,4 +150,4 @@ def cond(pred, then_fn, else_fn, *operands):
             for o, r in zip(outs, results_of[id(block)]):
                 _copy_into(o, r, "cond output")
     t.emit(branch)
-    return _unwrap(tuple(Tensor(o) for o in outs), len(outs) == 1)
+    return _unwrap(tuple(TracedTensor(o) for o in outs), len(outs) == 1)

@@ -39,7 +39,7 @@ import math
 
 from pyflow.cocktailer.checks import static_int
 from pyflow.cocktailer.ir import TensorRef
-from pyflow.cocktailer.trace import Tensor, TraceError, _current, _emit_op, _float, _same_dtype, _tensor
+from pyflow.cocktailer.trace import TracedTensor, TraceError, _current, _emit_op, _float, _same_dtype, _tensor
 from pyflow.errors import ShapeError
 from pyflow.kernels.conv import conv2d_output_shape, pool2d_output_shape
 from pyflow.kernels.utask.gating import make_policy_row_utask, make_skip_action_utask, residual_gate_utask
@@ -57,7 +57,7 @@ def _nchw(op: str, x) -> TensorRef:
     return ref
 
 
-def conv2d(x, weight, *, stride: int = 1, padding: int = 0) -> Tensor:
+def conv2d(x, weight, *, stride: int = 1, padding: int = 0) -> TracedTensor:
     """``F.conv2d(x, weight, stride=stride, padding=padding)`` without a bias; square kernels only."""
     op = "conv2d"
     t = _current()
@@ -73,10 +73,10 @@ def conv2d(x, weight, *, stride: int = 1, padding: int = 0) -> Tensor:
              (out, x, w, batch, c_in, height, width, c_out, w.shape[2], stride, padding, h_out, w_out, t.chunk),
              [(x, None), (w, None)], [(out, ("elementwise", t.chunk))],
              f"{out!r} = conv2d({x!r}, {w!r}, stride={stride}, padding={padding})")
-    return Tensor(out)
+    return TracedTensor(out)
 
 
-def batch_norm(x, mean, var, weight, bias, *, eps: float = 1e-5, relu: bool = False) -> Tensor:
+def batch_norm(x, mean, var, weight, bias, *, eps: float = 1e-5, relu: bool = False) -> TracedTensor:
     """``nn.BatchNorm2d`` in eval mode (running ``mean``/``var``, affine ``weight``/``bias``), then ReLU if ``relu``."""
     op = "batch_norm"
     t = _current()
@@ -94,10 +94,10 @@ def batch_norm(x, mean, var, weight, bias, *, eps: float = 1e-5, relu: bool = Fa
              (out, x, *stats, channels, x.shape[2] * x.shape[3], x.size, t.chunk),
              [(x, ew)] + [(s, None) for s in stats], [(out, ew)],
              f"{out!r} = {'relu(' if relu else ''}batch_norm({x!r}){')' if relu else ''}")
-    return Tensor(out)
+    return TracedTensor(out)
 
 
-def _pool(op: str, kind: str, x, kernel, stride, padding, channels) -> Tensor:
+def _pool(op: str, kind: str, x, kernel, stride, padding, channels) -> TracedTensor:
     t = _current()
     x = _nchw(op, x)
     kernel = static_int(kernel, f"{op}: kernel", low=1)
@@ -112,15 +112,15 @@ def _pool(op: str, kind: str, x, kernel, stride, padding, channels) -> Tensor:
              [(x, None)], [(out, ("elementwise", t.chunk))],
              f"{out!r} = {op}({x!r}, {kernel}, stride={stride}, padding={padding})"
              + (f", zero channels to {out_channels}" if out_channels > c_in else ""))
-    return Tensor(out)
+    return TracedTensor(out)
 
 
-def max_pool2d(x, kernel: int, stride: int | None = None, padding: int = 0) -> Tensor:
+def max_pool2d(x, kernel: int, stride: int | None = None, padding: int = 0) -> TracedTensor:
     """``F.max_pool2d`` (square window; ``stride`` None: the window)."""
     return _pool("max_pool2d", "max", x, kernel, stride, padding, None)
 
 
-def avg_pool2d(x, kernel: int, stride: int | None = None, *, channels: int | None = None) -> Tensor:
+def avg_pool2d(x, kernel: int, stride: int | None = None, *, channels: int | None = None) -> TracedTensor:
     """``F.avg_pool2d`` (no padding), with zero channels appended up to ``channels`` (None: x's)."""
     return _pool("avg_pool2d", "avg", x, kernel, stride, 0, channels)
 
@@ -137,7 +137,7 @@ def block_policy(probs):
     _emit_op(op, make_policy_row_utask(p.dtype), f"policy_row_utask_{p.dtype}", blocks,
              (policy, counts, p, batch, blocks), [(p, None)], [(policy, None), (counts, None)],
              f"{policy!r}, {counts!r} = (transpose({p!r}) >= 0.5), row sums")
-    return Tensor(policy), Tensor(counts)
+    return TracedTensor(policy), TracedTensor(counts)
 
 
 def skip_action(h, weight, bias, offset):
@@ -155,10 +155,10 @@ def skip_action(h, weight, bias, offset):
              (mask, total, h, w, b, off, batch, hidden), [(h, None), (w, None), (b, None), (off, None)],
              [(mask, None), (total, None)],
              f"{mask!r}, {total!r} = sigmoid({h!r} @ {w!r} + {b!r}) > 0.5, sum(mask + {off!r})")
-    return Tensor(mask), Tensor(total)
+    return TracedTensor(mask), TracedTensor(total)
 
 
-def residual_gate(fx, residual, mask) -> Tensor:
+def residual_gate(fx, residual, mask) -> TracedTensor:
     """``relu(residual + fx) * m + residual * (1 - m)``, ``m = mask[b]`` for sample ``b`` (the first axis)."""
     op = "residual_gate"
     t = _current()
@@ -172,7 +172,7 @@ def residual_gate(fx, residual, mask) -> Tensor:
     _emit_op(op, residual_gate_utask, "residual_gate_utask", ceil_div(fx.size, t.chunk),
              (out, fx, r, m, fx.size, math.prod(fx.shape[1:]), t.chunk), [(fx, ew), (r, ew), (m, None)],
              [(out, ew)], f"{out!r} = relu({r!r} + {fx!r}) * {m!r} + {r!r} * (1 - {m!r})")
-    return Tensor(out)
+    return TracedTensor(out)
 
 
 def parameter_views(flat, layout: dict) -> dict:
@@ -190,5 +190,5 @@ def parameter_views(flat, layout: dict) -> dict:
         start, shape = int(start), tuple(int(d) for d in shape)
         if start < 0 or start + math.prod(shape) > ref.size:
             raise TraceError(f"{op}: {name!r} at {start} with shape {shape} does not fit in {ref.size} elements")
-        views[name] = Tensor(TensorRef(ref.buffer, shape, ref.offset + start, ref.bounds), flat.readonly)
+        views[name] = TracedTensor(TensorRef(ref.buffer, shape, ref.offset + start, ref.bounds), flat.readonly)
     return views

@@ -24,7 +24,7 @@ import functools
 
 from pyflow.cocktailer.ir import Block, Buffer, Call, FunctionCall, FunctionDef, Offset, TensorRef, Var
 from pyflow.cocktailer.names import readable_name, sanitize
-from pyflow.cocktailer.trace import (FLOAT_DTYPES, Tensor, TensorSpec, TraceError, _copy_into, _current, _float,
+from pyflow.cocktailer.trace import (FLOAT_DTYPES, TracedTensor, TensorSpec, TraceError, _copy_into, _current, _float,
                                      _Frame, _int_argument, _param_names, _tensor, _Trace)
 from pyflow.errors import DTypeError, ShapeError
 
@@ -66,10 +66,10 @@ class Function:
             result = TensorRef(fdef.stack, fdef.result_shape, Offset(None, 0))
         t.emit(Call(fdef, args, result))
         if caller is not None and caller.fn is fdef:
-            return Tensor(result)
+            return TracedTensor(result)
         out = t.new_ref(fdef.result_shape, fdef.dtype)
         _copy_into(out, result, f"result of {fdef.name}")
-        return Tensor(out)
+        return TracedTensor(out)
 
     def _definition(self, t: _Trace, n_args: int) -> FunctionDef:
         fdef = t.definitions.get(self)

@@ -12,7 +12,7 @@ its output and appends a ``UOperator`` whose uTasks call a device function from
   each matrix of ``cache`` (a KV cache write; ``row`` may be a device Scalar, e.g.
   the loop counter); ``into=x`` alone overwrites ``x`` (a loop's state, no copy).
   Either way ``into`` is written in place: the op returns its new version and the
-  old Tensor is stale, as with ``ops.update``.  uTasks: one output tile each
+  old TracedTensor is stale, as with ``ops.update``.  uTasks: one output tile each
   (``kernels/utask/batched.py``); reads and writes cross blocks (pattern None).
 * ``nasrnn_cell(ih, hh, c) -> (c_new, m_new)``: the fused NASRNN cell
   (``kernels/utask/nasrnn.py``); elementwise in ``c`` and its outputs (so a copy of
@@ -44,7 +44,7 @@ import numbers
 from pyflow.cocktailer.checks import static_int
 from pyflow.cocktailer.control import _loop_state, _unwrap, _write_back
 from pyflow.cocktailer.ir import Block, Const, Loop, Scalar, TensorRef, Var
-from pyflow.cocktailer.trace import (Tensor, TraceError, _as_tuple, _current, _emit_op, _float, _int_argument,
+from pyflow.cocktailer.trace import (TracedTensor, TraceError, _as_tuple, _current, _emit_op, _float, _int_argument,
                                      _same_dtype, _tensor)
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels import scalar_ops
@@ -78,7 +78,7 @@ def _overlaps(x: TensorRef, y: TensorRef) -> bool:
     return rx is None or ry is None or (rx[0] < ry[1] and ry[0] < rx[1])
 
 
-def batched_matmul(a, b, *, transpose_b: bool = False, into=None, at=None) -> Tensor:
+def batched_matmul(a, b, *, transpose_b: bool = False, into=None, at=None) -> TracedTensor:
     """``a @ b`` (``b.T`` per matrix with ``transpose_b``) over broadcast batch dims; see the module doc.
 
     a (*A, M, K), b (*B, K, N) (or (*B, N, K)) -> (*batch, M, N) with batch the longer
@@ -149,7 +149,7 @@ def batched_matmul(a, b, *, transpose_b: bool = False, into=None, at=None) -> Te
     if into is not None:
         target._use(op)
         target._stale_by = f"{op}(into=...)"
-    return Tensor(result)
+    return TracedTensor(result)
 
 
 def nasrnn_cell(ih, hh, c):
@@ -167,10 +167,10 @@ def nasrnn_cell(ih, hh, c):
     _emit_op(op, nasrnn_cell_utask, "nasrnn_cell_utask", ceil_div(n, t.chunk), (c_out, m_out, ih, hh, c, n, t.chunk),
              [(ih, None), (hh, None), (c, ew)], [(c_out, ew), (m_out, ew)],
              f"{c_out!r}, {m_out!r} = nasrnn_cell({ih!r}, {hh!r}, {c!r})")
-    return Tensor(c_out), Tensor(m_out)
+    return TracedTensor(c_out), TracedTensor(m_out)
 
 
-def scaled_softmax_rows(x, scale: float) -> Tensor:
+def scaled_softmax_rows(x, scale: float) -> TracedTensor:
     """``softmax(scale * x)`` over the last axis (``scale`` a Python number, fixed at trace time)."""
     op = "scaled_softmax_rows"
     t = _current()
@@ -184,13 +184,13 @@ def scaled_softmax_rows(x, scale: float) -> Tensor:
     fn = make_scaled_softmax_row_utask(float(scale), src.dtype)
     _emit_op("softmax_rows", fn, f"scaled_softmax_row_{src.dtype}", rows, (out, src, rows, width),
              [(src, None)], [(out, None)], f"{out!r} = softmax({float(scale)!r} * {src!r})")
-    return Tensor(out)
+    return TracedTensor(out)
 
 
 # ---- Seq2seq ------------------------------------------------------------------------------
 
 
-def embedding(weight, ids) -> Tensor:
+def embedding(weight, ids) -> TracedTensor:
     """``weight[ids]``: weight (V, D), ids (R,) token ids held as floats on the device -> (R, D).
 
     An id outside ``[0, V)`` gives a row of NaN (the uTask never reads outside ``weight``).
@@ -207,10 +207,10 @@ def embedding(weight, ids) -> Tensor:
     _emit_op(op, embedding_utask, "embedding_utask", ceil_div(rows * dim, t.chunk),
              (out, w, tok, rows, dim, vocab, t.chunk), [(w, None), (tok, None)], [(out, ew)],
              f"{out!r} = {w!r}[{tok!r}]")
-    return Tensor(out)
+    return TracedTensor(out)
 
 
-def argmax_sum_rows(x, y) -> Tensor:
+def argmax_sum_rows(x, y) -> TracedTensor:
     """Per row of ``x + y`` (same shapes, (..., W)), the first index of the maximum, as a float: (...)."""
     op = "argmax_sum_rows"
     t = _current()
@@ -222,16 +222,16 @@ def argmax_sum_rows(x, y) -> Tensor:
     out = t.new_ref(a.shape[:-1], a.dtype)
     _emit_op(op, make_argmax_sum_row_utask(a.dtype), f"argmax_sum_row_{a.dtype}", rows, (out, a, b, rows, width),
              [(a, None), (b, None)], [(out, None)], f"{out!r} = argmax({a!r} + {b!r})")
-    return Tensor(out)
+    return TracedTensor(out)
 
 
-def max_rows_into(x, into) -> Tensor:
+def max_rows_into(x, into) -> TracedTensor:
     """``ops.max_rows(x)`` written into ``into`` in place (a loop's state: no copy); returns its new version.
 
     x (..., W) with W >= 1, into (...): a while loop's condition computed at the end
     of the body, where its one uTask's write is covered by the barrier the body
     already has, instead of being copied into the state (which would need one more).
-    The old ``into`` Tensor is stale afterwards, as with ``ops.update``.
+    The old ``into`` TracedTensor is stale afterwards, as with ``ops.update``.
     """
     op = "max_rows_into"
     _current()   # (raises outside a trace)
@@ -249,7 +249,7 @@ def max_rows_into(x, into) -> Tensor:
     _emit_op("max_rows", make_reduce_row_utask(scalar_ops.maximum, src.dtype), f"max_row_{src.dtype}", rows,
              (out, src, rows, width), [(src, None)], [(out, None)], f"{out!r} = max_rows({src!r})  # in place")
     target._stale_by = f"{op}(into=...)"
-    return Tensor(out)
+    return TracedTensor(out)
 
 
 def gate_lstm_cell(ih, hh, b_ih, b_hh, c):
@@ -269,7 +269,7 @@ def gate_lstm_cell(ih, hh, b_ih, b_hh, c):
              (h_out, c_out, ih, hh, b_ih, b_hh, c, batch, hidden, t.chunk),
              [(ih, None), (hh, None), (b_ih, None), (b_hh, None), (c, ew)], [(h_out, ew), (c_out, ew)],
              f"{h_out!r}, {c_out!r} = gate_lstm_cell({ih!r}, {hh!r}, {b_ih!r}, {b_hh!r}, {c!r})")
-    return Tensor(h_out), Tensor(c_out)
+    return TracedTensor(h_out), TracedTensor(c_out)
 
 
 def while_loop_counted(cond_fn, body, *init, max_iters: int = 10_000):
@@ -304,4 +304,4 @@ def while_loop_counted(cond_fn, body, *init, max_iters: int = 10_000):
     finally:
         t.loop_depth -= 1
     t.emit(loop)
-    return _unwrap(tuple(Tensor(s.ref) for s in states), len(states) == 1)
+    return _unwrap(tuple(TracedTensor(s.ref) for s in states), len(states) == 1)

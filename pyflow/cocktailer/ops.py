@@ -1,6 +1,6 @@
 """The ops of the front end (seed 001): each checks shapes at trace time and emits one UOperator.
 
-An op takes traced ``Tensor``s, checks shapes and dtypes *now* (a ``ShapeError``
+An op takes ``TracedTensor``s, checks shapes and dtypes *now* (a ``ShapeError``
 names the op and the shapes), allocates its output in the arena (or the current
 recursive frame) and appends a ``UOperator`` whose uTasks call a device function
 from ``kernels/utask/``.  Each ``UOperator`` also lists what its uTasks read and
@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from pyflow.cocktailer.ir import TensorRef
-from pyflow.cocktailer.trace import (FLOAT_DTYPES, Tensor, TraceError, _copy_into, _current, _emit_op, _float,
+from pyflow.cocktailer.trace import (FLOAT_DTYPES, TracedTensor, TraceError, _copy_into, _current, _emit_op, _float,
                                      _same_dtype, _tensor)
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels import scalar_ops
@@ -35,7 +35,7 @@ _UNARY = {"tanh": scalar_ops.tanh, "sigmoid": scalar_ops.sigmoid, "relu": scalar
 _BINARY = {"add": scalar_ops.add, "sub": scalar_ops.sub, "mul": scalar_ops.mul, "maximum": scalar_ops.maximum}
 
 
-def _unary(name: str, x, out: TensorRef | None = None) -> Tensor:
+def _unary(name: str, x, out: TensorRef | None = None) -> TracedTensor:
     t = _current()
     src = _float(_tensor(x, name), name)
     out = out if out is not None else t.new_ref(src.shape, src.dtype)
@@ -43,10 +43,10 @@ def _unary(name: str, x, out: TensorRef | None = None) -> Tensor:
     fn = make_elementwise_utask(_UNARY[name]).map
     _emit_op(name, fn, f"{name}_map", ceil_div(src.size, t.chunk), (out, src, src.size, t.chunk),
              [(src, ew)], [(out, ew)], f"{out!r} = {name}({src!r})")
-    return Tensor(out)
+    return TracedTensor(out)
 
 
-def _binary(name: str, a, b) -> Tensor:
+def _binary(name: str, a, b) -> TracedTensor:
     t = _current()
     a, b = _float(_tensor(a, name), name), _float(_tensor(b, name), name)
     _same_dtype(name, a, b)
@@ -63,7 +63,7 @@ def _binary(name: str, a, b) -> Tensor:
     else:
         raise ShapeError(f"{name}: shapes {a.shape} and {b.shape} do not match (nor is the second a "
                          f"row of the first)")
-    return Tensor(out)
+    return TracedTensor(out)
 
 
 def tanh(x): return _unary("tanh", x)
@@ -77,14 +77,14 @@ def mul(a, b): return _binary("mul", a, b)
 def maximum(a, b): return _binary("maximum", a, b)
 
 
-def copy(x) -> Tensor:
+def copy(x) -> TracedTensor:
     """A fresh copy of ``x``."""
     return _unary("identity", x)
 
 
 
 
-def zeros(*shape, dtype="float32") -> Tensor:
+def zeros(*shape, dtype="float32") -> TracedTensor:
     """A new tensor of zeros (a fill operator)."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
@@ -95,14 +95,14 @@ def zeros(*shape, dtype="float32") -> Tensor:
     ew = ("elementwise", t.chunk)
     _emit_op("zeros", make_elementwise_utask(zero).map, "zero_map", ceil_div(out.size, t.chunk),
              (out, out, out.size, t.chunk), [], [(out, ew)], f"{out!r} = 0")
-    return Tensor(out)
+    return TracedTensor(out)
 
 
 def _rows(ref: TensorRef) -> int:
     return math.prod(ref.shape[:-1])
 
 
-def linear(x, weight, bias=None) -> Tensor:
+def linear(x, weight, bias=None) -> TracedTensor:
     """``x @ weight.T + bias`` (nn.Linear): x (..., K), weight (N, K), bias (N,) -> (..., N)."""
     t = _current()
     x, w = _float(_tensor(x, "linear"), "linear"), _float(_tensor(weight, "linear"), "linear")
@@ -120,10 +120,10 @@ def linear(x, weight, bias=None) -> Tensor:
     reads = [(x, None), (w, None)] + ([(b, None)] if b is not None else [])
     _emit_op("linear", fn, name, ceil_div(M, t.tile) * ceil_div(N, t.tile), args, reads, [(out, None)],
              f"{out!r} = {x!r} @ {w!r}.T" + (f" + {b!r}" if b is not None else ""))
-    return Tensor(out)
+    return TracedTensor(out)
 
 
-def matmul(a, b) -> Tensor:
+def matmul(a, b) -> TracedTensor:
     """``a @ b``: a (M, K) or (batch, M, K), b (K, N) or (batch, K, N)."""
     t = _current()
     a, b = _float(_tensor(a, "matmul"), "matmul"), _float(_tensor(b, "matmul"), "matmul")
@@ -137,10 +137,10 @@ def matmul(a, b) -> Tensor:
     fn = make_matmul_utask(t.tile, a.dtype, transpose_b=False, bias=False)
     _emit_op("matmul", fn, f"matmul_t{t.tile}_{a.dtype}", batch * ceil_div(M, t.tile) * ceil_div(N, t.tile),
              (out, a, b, M, N, K, batch), [(a, None), (b, None)], [(out, None)], f"{out!r} = {a!r} @ {b!r}")
-    return Tensor(out)
+    return TracedTensor(out)
 
 
-def _row_op(op: str, x, keep_width: bool) -> Tensor:
+def _row_op(op: str, x, keep_width: bool) -> TracedTensor:
     t = _current()
     src = _float(_tensor(x, op), op)
     if not src.shape or src.shape[-1] == 0:
@@ -154,20 +154,20 @@ def _row_op(op: str, x, keep_width: bool) -> Tensor:
         fn, fn_name = make_reduce_row_utask(combine, src.dtype), f"{op[:-5]}_row_{src.dtype}"
     _emit_op(op, fn, fn_name, rows, (out, src, rows, width), [(src, None)], [(out, None)],
              f"{out!r} = {op}({src!r})")
-    return Tensor(out)
+    return TracedTensor(out)
 
 
-def sum_rows(x) -> Tensor:
+def sum_rows(x) -> TracedTensor:
     """The sum of each row (last axis): (..., W) -> (...)."""
     return _row_op("sum_rows", x, False)
 
 
-def max_rows(x) -> Tensor:
+def max_rows(x) -> TracedTensor:
     """The max of each row (last axis)."""
     return _row_op("max_rows", x, False)
 
 
-def softmax_rows(x) -> Tensor:
+def softmax_rows(x) -> TracedTensor:
     """Stable softmax of each row (last axis)."""
     return _row_op("softmax_rows", x, True)
 
@@ -186,10 +186,10 @@ def lstm_cell(gx, gh, c):
     _emit_op("lstm_cell", lstm_cell_utask, "lstm_cell_utask", ceil_div(B * H, t.chunk),
              (h_out, c_out, gx, gh, c, B, H, t.chunk), [(gx, None), (gh, None), (c, ew)],
              [(h_out, ew), (c_out, ew)], f"{h_out!r}, {c_out!r} = lstm_cell({gx!r}, {gh!r}, {c!r})")
-    return Tensor(h_out), Tensor(c_out)
+    return TracedTensor(h_out), TracedTensor(c_out)
 
 
-def cat(tensors) -> Tensor:
+def cat(tensors) -> TracedTensor:
     """Concatenate along the first axis.  Adjacent views of one buffer are joined without a copy."""
     t = _current()
     refs = [_float(_tensor(x, "cat"), "cat") for x in tensors]
@@ -204,16 +204,16 @@ def cat(tensors) -> Tensor:
                    and r.offset.const == first.offset.const + sum(q.size for q in refs[:k])
                    for k, r in enumerate(refs))
     if adjacent:
-        return Tensor(TensorRef(first.buffer, shape, first.offset))
+        return TracedTensor(TensorRef(first.buffer, shape, first.offset))
     out = t.new_ref(shape, first.dtype)
     position = 0
     for r in refs:
         _copy_into(TensorRef(out.buffer, r.shape, out.offset + position), r, "cat")
         position += r.size
-    return Tensor(out)
+    return TracedTensor(out)
 
 
-def update(x, index, value) -> Tensor:
+def update(x, index, value) -> TracedTensor:
     """``x`` with row ``index`` replaced by ``value``, written in place; returns the new version."""
     x = _tensor(x, "update")
     if x.readonly:
@@ -225,4 +225,4 @@ def update(x, index, value) -> Tensor:
     _copy_into(row.ref, v, "update")
     x._use("update")
     x._stale_by = "update"
-    return Tensor(x.ref)
+    return TracedTensor(x.ref)

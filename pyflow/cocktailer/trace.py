@@ -9,7 +9,7 @@
 
     program = ck.trace(rnn, ck.spec(4, 8), ck.spec(5, 4, 8), ck.spec(8, 8), ck.spec(8))
 
-Arguments are symbolic ``Tensor``s: every op checks shapes *now* (a ``ShapeError``
+Arguments are symbolic ``TracedTensor``s: every op checks shapes *now* (a ``ShapeError``
 names the op and the shapes) and appends a ``UOperator`` to the statement being
 traced.  Control flow takes Python functions and traces each body once:
 ``for_loop``, ``while_loop``, ``cond`` (``control.py``), ``function`` (a function
@@ -47,7 +47,7 @@ from pyflow.kernels.utask import CHUNK, TILE
 from pyflow.kernels.utask.elementwise import copy_utask
 from pyflow.kernels.utask.sizes import ceil_div
 
-__all__ = ["TraceError", "TensorSpec", "spec", "as_spec", "Tensor", "Program", "trace"]
+__all__ = ["TraceError", "TensorSpec", "spec", "as_spec", "TracedTensor", "Program", "trace"]
 
 FLOAT_DTYPES = (np.dtype("float32"), np.dtype("float64"))
 INDEX_DTYPES = (np.dtype("int32"), np.dtype("int64"))
@@ -193,7 +193,7 @@ def _current() -> _Trace:
 # ---- symbolic tensors -------------------------------------------------------------
 
 
-class Tensor:
+class TracedTensor:
     """A symbolic tensor of a program being traced (a ``TensorRef`` plus a version).
 
     ``update`` writes in place and returns the new version; using the old one
@@ -228,10 +228,10 @@ class Tensor:
         return self.ref
 
     def __repr__(self):
-        return f"Tensor(shape={self.shape}, dtype={self.dtype}, at {self.ref!r})"
+        return f"TracedTensor(shape={self.shape}, dtype={self.dtype}, at {self.ref!r})"
 
     # row views -----------------------------------------------------------------
-    def __getitem__(self, index) -> "Tensor":
+    def __getitem__(self, index) -> "TracedTensor":
         """``x[i]``: row ``i`` of the first axis, a view (``i`` an int or a device Scalar)."""
         ref = self._use("indexing")
         if not self.shape:
@@ -247,9 +247,9 @@ class Tensor:
                 raise ShapeError(f"index {i} out of range for a tensor of shape {self.shape}")
             offset = ref.offset + (i % self.shape[0]) * row
         bounds = ref.region if offset.dynamic is not None else None
-        return Tensor(TensorRef(ref.buffer, inner, offset, bounds), self.readonly)
+        return TracedTensor(TensorRef(ref.buffer, inner, offset, bounds), self.readonly)
 
-    def reshape(self, *shape) -> "Tensor":
+    def reshape(self, *shape) -> "TracedTensor":
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         shape = tuple(static_int(d, f"reshape: a size (shape {shape})", low=-1) for d in shape)
@@ -259,7 +259,7 @@ class Tensor:
                 shape = tuple(self.size // known if d == -1 else d for d in shape)
         if any(d < 0 for d in shape) or math.prod(shape) != self.size:
             raise ShapeError(f"reshape: cannot view {self.shape} ({self.size} elements) as {tuple(shape)}")
-        return Tensor(self._use("reshape").reshaped(shape), self.readonly)
+        return TracedTensor(self._use("reshape").reshaped(shape), self.readonly)
 
     def item(self) -> Scalar:
         """The tensor's single element as a device Scalar (for conditions, indices)."""
@@ -284,16 +284,16 @@ def _ops():
     return ops
 
 
-def _tensor(x, op: str) -> Tensor:
-    if not isinstance(x, Tensor):
+def _tensor(x, op: str) -> TracedTensor:
+    if not isinstance(x, TracedTensor):
         kind = type(x).__name__ if type(x).__module__ == "builtins" else f"{type(x).__module__}.{type(x).__name__}"
         hint = (" (an array or pyflow.Tensor from outside the program: pass it to trace as an input)"
                 if hasattr(x, "shape") else "")
-        raise TraceError(f"{op}: expected a traced Tensor, got {kind}{hint}")
+        raise TraceError(f"{op}: expected a TracedTensor, got {kind}{hint}")
     return x
 
 
-def _float(x: Tensor, op: str) -> TensorRef:
+def _float(x: TracedTensor, op: str) -> TensorRef:
     ref = x._use(op)
     if ref.dtype not in FLOAT_DTYPES:
         raise DTypeError(f"{op}: needs a float32/float64 tensor, got {ref.dtype} (int tables are only "
@@ -319,8 +319,9 @@ def _int_argument(x, what: str) -> Scalar:
     """An int (``static_int``) or an int device Scalar, as a Scalar."""
     if isinstance(x, Scalar):
         return _int_scalar(x, what)
-    if isinstance(x, Tensor):
-        raise TraceError(f"{what} is a Tensor; read its value as a device Scalar with t.item() or table[i].item()")
+    if isinstance(x, TracedTensor):
+        raise TraceError(f"{what} is a TracedTensor; read its value as a device Scalar with t.item() "
+                         "or table[i].item()")
     return Const(static_int(x, what, low=None))
 
 
@@ -347,11 +348,11 @@ def _copy_into(dst: TensorRef, src: TensorRef, why: str) -> None:
 
 
 def _as_tuple(result, what: str) -> tuple:
-    if isinstance(result, Tensor):
+    if isinstance(result, TracedTensor):
         return (result,)
-    if isinstance(result, (tuple, list)) and all(isinstance(r, Tensor) for r in result):
+    if isinstance(result, (tuple, list)) and all(isinstance(r, TracedTensor) for r in result):
         return tuple(result)
-    raise TraceError(f"{what} must return a Tensor or a tuple of Tensors, got {type(result).__name__}")
+    raise TraceError(f"{what} must return a TracedTensor or a tuple of them, got {type(result).__name__}")
 
 
 def _param_names(fn, n: int) -> list:
@@ -421,10 +422,10 @@ def trace(fn, *specs, chunk: int = CHUNK, tile: int = TILE, name: str | None = N
             buffer = Buffer(t.names.unique(f"in_{sanitize(pname, 'arg')}"), math.prod(s.shape), s.dtype, "input")
             t.buffers.append(buffer)
             inputs.append((pname, buffer, s))
-            args.append(Tensor(TensorRef(buffer, s.shape, Offset(None, 0)), readonly=True))
+            args.append(TracedTensor(TensorRef(buffer, s.shape, Offset(None, 0)), readonly=True))
         with t.block(body):
             results = fn(*args)
-            single = isinstance(results, Tensor)
+            single = isinstance(results, TracedTensor)
             results = _as_tuple(results, "the program")
             outputs = []
             for r in results:  # outputs get their own arena space (never an input, never aliased)

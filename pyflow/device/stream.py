@@ -3,8 +3,8 @@
 ``StreamMgr`` that hands out ``unique_stream_id``).
 
 A ``Stream`` here is a *description* (which device, what kind of work, which
-worker thread launches it); the VM turns each into a ``vm.Stream`` and, lazily, an
-``ep.Stream`` that really queues work (``pyflow.device.ep``).
+worker thread launches it); the VM turns each into a ``VmStream`` (``pyflow.vm.stream``)
+and that, lazily, into an ``EpStream`` that really queues work (``pyflow.device.ep``).
 
 Stream traits (each a pure function of the stream type and, where it matters,
 the device type; "gpu-like" means any device type except cpu)::

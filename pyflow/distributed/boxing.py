@@ -61,7 +61,7 @@ from pyflow.distributed.boxing_steps import (AllGather, AllReduce, AllToAll, Box
 from pyflow.framework.placement import placement as Placement
 from pyflow.framework.sbp import piece_slices
 
-__all__ = ["Layout", "BoxingContext", "Builder", "CHAIN", "choose", "run_plan"]
+__all__ = ["Layout", "BoxingContext", "Builder", "CHAIN", "choose", "run_boxing_steps"]
 
 
 # --- steps ---------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ class OnEachGroup(Step):
         sub_shape = tuple(s.stop - s.start for s in kept)
         sub_src, sub_dst = Layout(sub, (self.src.sbp[self.axis],)), Layout(sub, (self.dst.sbp[self.axis],))
         sub_ctx = BoxingContext(ctx.rank, sub_shape, ctx.dtype, ctx.what)
-        return run_plan(choose(sub_src, sub_dst, sub_shape).plan(sub_src, sub_dst, sub_shape), piece, sub_ctx)
+        return run_boxing_steps(choose(sub_src, sub_dst, sub_shape).plan(sub_src, sub_dst, sub_shape), piece, sub_ctx)
 
 
 
@@ -247,7 +247,7 @@ def choose(src: Layout, dst: Layout, shape: tuple) -> Builder:
     return next(b for b in CHAIN if b.can(src, dst, shape))
 
 
-def run_plan(steps: list, piece, ctx: BoxingContext):
+def run_boxing_steps(steps: list, piece, ctx: BoxingContext):
     """Run ``steps`` on this rank's ``piece``; its piece of the result (None off the destination)."""
     for step in steps:
         piece = step.run(piece, ctx)

@@ -9,7 +9,7 @@ collectives ``AllReduce``, ``ReduceScatter``, ``AllGather`` and ``AllToAll``
 (on the ccl stream), ``LocalSlice`` and ``LocalPartial`` (no transfer), and
 ``Exchange``, the generic route every pair of layouts can take.  The one step
 that recurses into the chain, ``OnEachGroup`` (N-D dim reduce), stays in
-``boxing.py`` beside ``choose`` and ``run_plan``.
+``boxing.py`` beside ``choose`` and ``run_boxing_steps``.
 
 >>> from pyflow import env
 >>> from pyflow.framework.placement import placement

@@ -30,7 +30,7 @@ import numpy as np
 
 from pyflow import env
 from pyflow.device import Device
-from pyflow.distributed.boxing import choose, run_plan
+from pyflow.distributed.boxing import choose, run_boxing_steps
 from pyflow.distributed.boxing_steps import BoxingContext, Layout
 from pyflow.distributed.ccl import collective, describe_call, exchange
 from pyflow.errors import ArgumentTypeError, DTypeError, ShapeError
@@ -112,7 +112,7 @@ def box(x: Tensor, dst: Layout, what: str) -> Tensor:
     ctx = BoxingContext(env.get_rank(), info.shape, x.dtype, what)
     plan = choose(src, dst, info.shape).plan(src, dst, info.shape)
     piece = to_local(x) if src.placement.has(ctx.rank) else None
-    return make_global(run_plan(plan, piece, ctx), dst.placement, dst.sbp, info.shape, x.dtype)
+    return make_global(run_boxing_steps(plan, piece, ctx), dst.placement, dst.sbp, info.shape, x.dtype)
 
 
 def _logical_shape(shapes: dict, placement: Placement, nd: tuple) -> tuple:

@@ -1,13 +1,13 @@
 """Models written as Cocktailer programs (seed 001, issues 5 and 17): the paper's seven models.
 
-LSTM, RAE, NASRNN, Attention, Seq2seq, BlockDrop and SkipNet.
+StackedLSTM (the paper's LSTM), RAE, NASRNN, Attention, Seq2seq, BlockDrop and SkipNet.
 
 Each model is a small class that holds its parameters as numpy arrays (loaded under
 PyTorch's names with ``load_state_dict``), traces itself into a ``cocktailer``
 program the first time it sees an input size, and runs that program with either
 executor:
 
-* ``LSTM`` (``lstm.py``): ``nn.LSTM`` semantics; a ``for_loop`` over time with two
+* ``StackedLSTM`` (``lstm.py``): ``nn.LSTM`` semantics; a ``for_loop`` over time with two
   matmuls and a fused cell per layer per step: the paper's loop case.
 * ``RAE`` (``rae.py``): a recursive autoencoder over a binary tree; a recursive
   function uTask: the paper's recursion case (its best speed-up, 8.22x).
@@ -35,13 +35,13 @@ read-only).  ``model.compiled_for(...)`` gives the ``cocktailer.Compiled`` objec
 (``source``, ``last_stats``) for benchmarks.
 """
 
+from pyflow.errors import StateDictError
 from pyflow.models.attention import Attention
 from pyflow.models.blockdrop import BlockDrop
-from pyflow.models.lstm import LSTM
+from pyflow.models.lstm import StackedLSTM
 from pyflow.models.nasrnn import NASRNN
 from pyflow.models.rae import RAE
 from pyflow.models.seq2seq import Seq2seq
 from pyflow.models.skipnet import SkipNet
-from pyflow.models.state_dict import StateDictError
 
-__all__ = ["LSTM", "RAE", "NASRNN", "Attention", "Seq2seq", "BlockDrop", "SkipNet", "StateDictError"]
+__all__ = ["StackedLSTM", "RAE", "NASRNN", "Attention", "Seq2seq", "BlockDrop", "SkipNet", "StateDictError"]

@@ -1,4 +1,4 @@
-"""A multi-layer LSTM (PyTorch ``nn.LSTM`` semantics) as ONE Cocktailer program (seed 001, issue 5).
+"""``StackedLSTM``: a multi-layer LSTM (``nn.LSTM`` semantics) as ONE Cocktailer program (seed 001, issue 5).
 
 The LSTM benchmark of the Cocktailer paper (10 layers, hidden 256, sequence 64) is
 the textbook case of dynamic control flow in a model: a loop over time, and inside
@@ -44,8 +44,8 @@ cached.  ``model.compiled_for(seq, batch, mode)`` returns the ``Compiled`` objec
 its ``source`` is the generated kernel and ``last_stats`` the counts of the last call.
 
     >>> import numpy as np
-    >>> from pyflow.models import LSTM
-    >>> model = LSTM(3, 2, num_layers=1, threads=4, chunk=4, tile=4)
+    >>> from pyflow.models import StackedLSTM
+    >>> model = StackedLSTM(3, 2, num_layers=1, threads=4, chunk=4, tile=4)
     >>> out, (h_n, c_n) = model(np.ones((2, 1, 3), np.float32))
     >>> out.shape, h_n.shape, c_n.shape
     ((2, 1, 2), (1, 1, 2), (1, 1, 2))
@@ -64,11 +64,11 @@ from pyflow.errors import DTypeError, ShapeError
 from pyflow.models.device_weights import DeviceWeights, freeze
 from pyflow.models.state_dict import as_input, check_state_dict
 
-__all__ = ["LSTM", "DEFAULT_THREADS", "DEFAULT_CHUNK", "DEFAULT_TILE", "check_options"]
+__all__ = ["StackedLSTM", "DEFAULT_THREADS", "DEFAULT_CHUNK", "DEFAULT_TILE", "check_options"]
 
 # Defaults chosen for the simulator, where every simulated thread costs real time
 # (a kernel's cost grows with blocks * threads): small blocks of 8 threads, and uTasks
-# big enough that a small model is a few dozen of them.  LSTM(32, 32, 2) over 4 steps
+# big enough that a small model is a few dozen of them.  StackedLSTM(32, 32, 2) over 4 steps
 # of batch 4: 0.9 s compiled with these, 2.9 s with threads 32, 5.4 s with 64.  On a
 # GPU take threads=256, chunk=256, tile=16 (pass them to the constructor).
 # ``blocks`` stays None: the co-resident limit, capped by the largest uTask count.
@@ -95,8 +95,11 @@ def _zeros(shape: tuple, dtype) -> np.ndarray:
     return freeze(np.zeros(shape, dtype))
 
 
-class LSTM:
+class StackedLSTM:
     """``nn.LSTM(input_size, hidden_size, num_layers)`` (bias, seq-first, unidirectional) on Cocktailer.
+
+    Its layers are stacked into one traced program (the paper's LSTM model); ``pyflow.nn.LSTM`` is
+    the eager module, which runs the same equations op by op.
 
     ``model(x, h0=None, c0=None, mode="compiled")`` with ``x`` (seq, batch, input_size)
     (or (seq, input_size), unbatched) returns ``(output, (h_n, c_n))``: output
@@ -120,13 +123,13 @@ class LSTM:
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, dtype="float32",
                  chunk: int = DEFAULT_CHUNK, tile: int = DEFAULT_TILE, seed: int = 0, **options):
         self.input_size, self.hidden_size, self.num_layers = (
-            static_int(value, f"LSTM: {name}", low=1)
+            static_int(value, f"StackedLSTM: {name}", low=1)
             for name, value in (("input_size", input_size), ("hidden_size", hidden_size), ("num_layers", num_layers)))
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype("float32"), np.dtype("float64")):
-            raise DTypeError(f"LSTM: dtype must be float32 or float64, got {self.dtype}")
+            raise DTypeError(f"StackedLSTM: dtype must be float32 or float64, got {self.dtype}")
         self.chunk, self.tile = chunk, tile
-        self.options = check_options("LSTM", chunk, tile, options)
+        self.options = check_options("StackedLSTM", chunk, tile, options)
         self._compiled: dict = {}       # (seq, batch, mode) -> Compiled
         self.last_compiled = None       # the Compiled of the last call (its last_stats, source)
         self.device_weights = DeviceWeights()   # the weights as tensors, per device (calls with tensors)
@@ -153,7 +156,7 @@ class LSTM:
         Raises ``StateDictError`` naming the missing keys, unexpected keys and wrong
         shapes; the model is unchanged then.
         """
-        p = check_state_dict("LSTM", state_dict, self.parameter_shapes(), self.dtype)
+        p = check_state_dict("StackedLSTM", state_dict, self.parameter_shapes(), self.dtype)
         L = self.num_layers
         # stacked per layer, so a layer's weight is a row view of one program input
         self.w_ih_first = p["weight_ih_l0"]
@@ -213,7 +216,7 @@ class LSTM:
     def compiled_for(self, seq: int, batch: int, mode: str = "compiled") -> ck.Compiled:
         """The cached ``Compiled`` program for ``(seq, batch, mode)`` (traced and compiled on first use)."""
         if mode not in MODES:
-            raise ValueError(f"LSTM: mode must be one of {MODES}, got {mode!r}")
+            raise ValueError(f"StackedLSTM: mode must be one of {MODES}, got {mode!r}")
         key = (int(seq), int(batch), mode)
         if key not in self._compiled:
             self._compiled[key] = ck.compile(self.program(seq, batch), mode=mode, **self.options)
@@ -228,14 +231,14 @@ class LSTM:
         """
         x = as_input(x, self.dtype)
         if x.ndim != 3 or x.shape[2] != self.input_size or x.shape[0] < 1 or x.shape[1] < 1:
-            raise ShapeError(f"LSTM: input must be (seq, batch, {self.input_size}) or (seq, {self.input_size}) "
+            raise ShapeError(f"StackedLSTM: input must be (seq, batch, {self.input_size}) or (seq, {self.input_size}) "
                              f"with seq, batch >= 1, got {x.shape}")
         state_shape = (self.num_layers, x.shape[1], self.hidden_size)
         states = []
         for name, state in (("h0", h0), ("c0", c0)):
             state = _zeros(state_shape, self.dtype) if state is None else as_input(state, self.dtype)
             if state.shape != state_shape:
-                raise ShapeError(f"LSTM: {name} must be (num_layers, batch, hidden_size) = {state_shape}, "
+                raise ShapeError(f"StackedLSTM: {name} must be (num_layers, batch, hidden_size) = {state_shape}, "
                                  f"got {state.shape}")
             states.append(state)
         return (x, *states, *self._weights())
@@ -258,5 +261,5 @@ class LSTM:
         return out, (h_n, c_n)
 
     def __repr__(self):
-        return (f"LSTM({self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
+        return (f"StackedLSTM({self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
                 f"dtype={self.dtype}, chunk={self.chunk}, tile={self.tile}, options={self.options})")

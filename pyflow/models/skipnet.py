@@ -87,13 +87,13 @@ from pyflow.cocktailer.checks import static_int
 from pyflow.cocktailer.conv_ops import (avg_pool2d, max_pool2d, parameter_views, residual_gate,
                                         skip_action)
 from pyflow.cocktailer.model_ops import batched_matmul, gate_lstm_cell
-from pyflow.errors import DTypeError, ShapeError
+from pyflow.errors import DTypeError, ShapeError, StateDictError
 from pyflow.models.blockdrop import (bn_shapes, check_resnet_state, conv_bn, init_resnet_parameters,
                                      pack_parameters, unpack_parameters)
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
 from pyflow.models.nasrnn import check_mode
 from pyflow.models.device_weights import DeviceWeights, freeze
-from pyflow.models.state_dict import StateDictError, as_input
+from pyflow.models.state_dict import as_input
 
 __all__ = ["SkipNet", "EXPANSION", "FORCE", "cond_control", "skipnet_barriers"]
 

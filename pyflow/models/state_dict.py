@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyflow.errors import PyflowError
+from pyflow.errors import StateDictError
 
-__all__ = ["StateDictError", "as_array", "as_input", "check_state_dict"]
-
-
-class StateDictError(PyflowError, ValueError):
-    """A state dict that does not fit a model: missing or unexpected keys, wrong shapes, not numbers."""
+__all__ = ["as_array", "as_input", "check_state_dict"]
 
 
 def as_array(value, dtype) -> np.ndarray:

@@ -6,7 +6,7 @@
                         RecordEvent, StreamWait, StreamRecordEvent/StreamWaitEvent, Barrier, Fuse,
                         LaunchLazyJob (an nn.Graph call), LaunchProgram (a Cocktailer program call)
 * ``eager_blob_object`` - TensorStorage and EagerBlobObject, what instructions touch
-* ``stream``          - vm.Stream (+ StreamPolicy::Run)
+* ``stream``          - VmStream, OneFlow's vm::Stream (+ StreamPolicy::Run)
 * ``thread_ctx``      - ThreadCtx, its worker loop, Notifier
 * ``engine``          - VirtualMachineEngine: the lists and the schedule() round
 * ``virtual_machine`` - VirtualMachine: scheduler thread, workers, errors

@@ -35,7 +35,7 @@ class Instruction:
     def __init__(self, stream, policy):
         self.serial = next(_serials)
         self.count = 1              # how many received instructions this stands for (fusion)
-        self.stream = stream        # vm.Stream
+        self.stream = stream        # a VmStream
         self.policy = policy
         self.in_edges: set = set()
         self.out_edges: set = set()

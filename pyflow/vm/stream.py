@@ -1,4 +1,4 @@
-"""Seeds 000/002: ``vm.Stream`` and its ``StreamPolicy``: where an instruction runs.
+"""Seeds 000/002: ``VmStream`` (OneFlow's ``vm::Stream``) and its ``StreamPolicy``: where an instruction runs.
 
 One vm stream exists per ``Stream`` symbol (device, stream type, thread uid).  It
 knows:
@@ -33,11 +33,11 @@ from pyflow.device import ep
 from pyflow.device.stream import StreamType, allocator_stream_type
 from pyflow.vm.dependence import LocalDepObject
 
-__all__ = ["Stream"]
+__all__ = ["VmStream"]
 
 
-class Stream:
-    """The VM's side of one stream symbol."""
+class VmStream:
+    """The VM's side of one stream symbol (OneFlow ``vm::Stream``)."""
 
     def __init__(self, vm, symbol, thread_ctx):
         self.vm = vm
@@ -122,4 +122,4 @@ class Stream:
             raise
 
     def __repr__(self) -> str:
-        return f"<vm.Stream {self.name}>"
+        return f"<VmStream {self.name}>"

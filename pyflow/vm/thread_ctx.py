@@ -117,7 +117,7 @@ def run_instruction(instruction) -> None:
     """
     try:
         instruction.stream.run(instruction)
-    except Exception:  # noqa: BLE001 - Stream.run already failed the members that did not finish
+    except Exception:  # noqa: BLE001 - VmStream.run already failed the members that did not finish
         pass
     finally:
         instruction.launched_at = time.perf_counter()

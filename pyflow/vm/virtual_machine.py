@@ -54,7 +54,7 @@ from pyflow.errors import OutOfMemoryError, VMThreadError
 from pyflow.vm import interrupts
 from pyflow.vm.engine import VirtualMachineEngine
 from pyflow.vm.failure import Failure, first_failure
-from pyflow.vm.stream import Stream
+from pyflow.vm.stream import VmStream
 from pyflow.vm.thread_ctx import Notifier, ThreadCtx, run_instruction
 from pyflow.vm.waiting import _EVENT_POLL_SECONDS, _IDLE_POLL_SECONDS, WaitingMixin
 
@@ -111,7 +111,7 @@ class VirtualMachine(WaitingMixin):
 
     # --- shared objects -------------------------------------------------------------
 
-    def get_vm_stream(self, symbol) -> Stream:
+    def get_vm_stream(self, symbol) -> VmStream:
         """The vm stream of a stream symbol (created on first use)."""
         stream = self._streams.get(symbol)
         if stream is None:
@@ -122,7 +122,7 @@ class VirtualMachine(WaitingMixin):
                     ctx = self._thread_ctxs.get(key)
                     if ctx is None and symbol.stream_type is not StreamType.barrier:
                         ctx = self._thread_ctxs[key] = ThreadCtx(key, self._on_launched, self._on_thread_error)
-                    stream = self._streams[symbol] = Stream(self, symbol, ctx)
+                    stream = self._streams[symbol] = VmStream(self, symbol, ctx)
         return stream
 
     def allocator(self, device, kind: StreamType) -> CachingAllocator:

@@ -27,7 +27,7 @@ import threading
 
 from pyflow.device.device import Device as DeviceSymbol
 from pyflow.device.device import DeviceLike, DeviceType
-from pyflow.device.ep.base import Device, Event, RawBuffer, Stream
+from pyflow.device.ep.base import Device, EpStream, Event, RawBuffer
 from pyflow.device.ep.cpu import CpuDevice
 from pyflow.device.ep.emulated import EmulatedDevice, emulation, emulation_settings, shutdown_all_streams
 from pyflow.errors import BackendError, DeviceError
@@ -35,7 +35,7 @@ from pyflow.kernels.backend import is_gpu
 
 __all__ = [
     "Device",
-    "Stream",
+    "EpStream",
     "Event",
     "RawBuffer",
     "get_device",

@@ -31,7 +31,7 @@ from pyflow.device.device import Device as DeviceSymbol
 from pyflow.device.device import DeviceType
 from pyflow.errors import DoubleFreeError, InvalidFreeError
 
-__all__ = ["RawBuffer", "LiveBuffers", "Device", "Stream", "Event", "view_extent", "numpy_view"]
+__all__ = ["RawBuffer", "LiveBuffers", "Device", "EpStream", "Event", "view_extent", "numpy_view"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -91,7 +91,7 @@ class Event(abc.ABC):
         """Block the calling thread until ``query_done()`` is true."""
 
 
-class Stream(abc.ABC):
+class EpStream(abc.ABC):
     """An in-order queue of work on one device (OneFlow ``ep::Stream``).
 
     Work launched on one stream runs in launch order; work on different streams
@@ -165,7 +165,7 @@ class Device(abc.ABC):
 
     def __init__(self, device: DeviceSymbol) -> None:
         self.device = device
-        self._streams: list[Stream] = []
+        self._streams: list[EpStream] = []
         self._stream_serial = itertools.count()
 
     def _name_and_serial(self, name: str | None) -> tuple[str, int]:
@@ -184,7 +184,7 @@ class Device(abc.ABC):
         return self.device.index
 
     @abc.abstractmethod
-    def create_stream(self, name: str | None = None, inline: bool = False) -> Stream:
+    def create_stream(self, name: str | None = None, inline: bool = False) -> EpStream:
         """A new stream on this device; ``name`` defaults to ``stream<n>``.
 
         ``inline=True`` asks for a stream whose work runs on the caller's thread when
@@ -193,7 +193,7 @@ class Device(abc.ABC):
         """
 
     @abc.abstractmethod
-    def destroy_stream(self, stream: Stream) -> None:
+    def destroy_stream(self, stream: EpStream) -> None:
         """Finish the stream's queued work and release it; raises its pending error."""
 
     @abc.abstractmethod

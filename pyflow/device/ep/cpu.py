@@ -126,7 +126,7 @@ class CpuEvent(base.Event):
         """Nothing to wait for."""
 
 
-class CpuStream(base.Stream):
+class CpuStream(base.EpStream):
     """A CPU stream: ``launch`` runs the work now, on the caller's thread."""
 
     def __init__(self, device: "CpuDevice", name: str) -> None:
@@ -205,7 +205,7 @@ class CpuDevice(HostMemoryDevice):
         self._streams.append(stream)
         return stream
 
-    def destroy_stream(self, stream: base.Stream) -> None:
+    def destroy_stream(self, stream: base.EpStream) -> None:
         """Mark the stream destroyed and raise its pending error, if any."""
         if stream in self._streams:
             self._streams.remove(stream)

@@ -61,7 +61,7 @@ class CudaEvent(base.Event):
             self.native.synchronize()
 
 
-class CudaStream(base.Stream):
+class CudaStream(base.EpStream):
     """A ``cuda.stream()``; kernels launched with ``native`` are queued on it."""
 
     def __init__(self, device: "CudaDevice", name: str) -> None:
@@ -160,7 +160,7 @@ class CudaDevice(base.Device):
             self._streams.append(stream)
         return stream
 
-    def destroy_stream(self, stream: base.Stream) -> None:
+    def destroy_stream(self, stream: base.EpStream) -> None:
         """Synchronise the stream and drop it (numba frees it when unreferenced)."""
         with self._lock:
             if stream in self._streams:

@@ -124,7 +124,7 @@ _STOP = None  # the sentinel that ends a worker loop
 _live_streams: "weakref.WeakSet[EmulatedStream]" = weakref.WeakSet()
 
 
-class EmulatedStream(base.Stream):
+class EmulatedStream(base.EpStream):
     """A worker thread named ``pyflow-ep-<device>-<name>`` running queued tasks in order.
 
     A task's exception is kept (task name + stream name) and raised by the next
@@ -303,7 +303,7 @@ class EmulatedDevice(HostMemoryDevice):
             self._streams.append(stream)
         return stream
 
-    def destroy_stream(self, stream: base.Stream) -> None:
+    def destroy_stream(self, stream: base.EpStream) -> None:
         """Drain and join the stream's worker; raise its pending error, if any."""
         with self._lock:
             if stream in self._streams:
