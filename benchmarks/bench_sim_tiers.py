@@ -248,14 +248,14 @@ def rae_reference(rae, left, right, is_leaf, inp):
 
 
 def cocktailer(args) -> None:
-    from pyflow.models import LSTM, RAE
+    from pyflow.models import RAE, StackedLSTM
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_cocktailer import balanced_tree
 
     layers, hidden, seq = (2, 32, 8) if args.quick else tuple(int(v) for v in args.lstm.split(","))
     say(f"== Cocktailer, compiled executor, in the simulator's compiled tier ==")
-    lstm = LSTM(hidden, hidden, layers, threads=64)
+    lstm = StackedLSTM(hidden, hidden, layers, threads=64)
     x = np.random.default_rng(3).standard_normal((seq, 1, hidden)).astype(np.float32)
     with sim.configure(tier="compiled"):
         first, median = timed(lambda: lstm(x, mode="compiled"), max(1, args.repeats // 2))

@@ -432,12 +432,13 @@ def test_failures_nobody_saw_are_printed_at_exit_and_the_exit_status_is_1():
     result = _run_script("""
         import pyflow as flow
         from pyflow.framework.interpreter import apply
-        from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
+        from pyflow.framework.op_registry import BROADCAST_ONLY, NO_BACKWARD, OpDef, TensorMeta, register_op
 
         def launch(kernel, outputs, inputs, attrs, stream):
             raise ValueError("nobody reads me")
 
-        register_op(OpDef("never_read", lambda i, a: [TensorMeta(i[0].shape, i[0].dtype)], kernel="", launch=launch))
+        register_op(OpDef("never_read", lambda i, a: [TensorMeta(i[0].shape, i[0].dtype)], kernel="", launch=launch,
+                          sbp_signatures=BROADCAST_ONLY, backward=NO_BACKWARD))
         y = apply("never_read", [flow.ones(2)])[0]
         print("script done")
     """)

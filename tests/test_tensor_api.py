@@ -35,7 +35,7 @@ from pyflow.errors import (
     PyflowError,
     ShapeError,
 )
-from pyflow.framework.op_registry import OP_REGISTRY, OpDef, TensorMeta, register_op
+from pyflow.framework.op_registry import BROADCAST_ONLY, NO_BACKWARD, OP_REGISTRY, OpDef, TensorMeta, register_op
 from tests.helpers_devices import cuda_devices
 from tests.strategies import TARGETS, assert_close, to_host
 
@@ -663,7 +663,8 @@ def failing_op():
         raise Boom(f"{name} always fails")
 
     register_op(OpDef(name, lambda inputs, attrs: [TensorMeta(inputs[0].shape, inputs[0].dtype)],
-                      kernel="relu", launch=launch, doc="fails on purpose (test)"))
+                      kernel="relu", launch=launch, sbp_signatures=BROADCAST_ONLY, backward=NO_BACKWARD,
+                      doc="fails on purpose (test)"))
     try:
         yield name
     finally:

@@ -26,6 +26,7 @@ import collections
 from pyflow.autograd.graph import AccumulateGrad, edge_of, meta, requires_grad, zeros_at
 from pyflow.autograd.mode import is_grad_enabled, set_grad_enabled
 from pyflow.errors import AutogradError, ShapeError
+from pyflow.framework.op_registry import NO_BACKWARD
 
 __all__ = ["run_backward", "dual_sbp"]
 
@@ -138,7 +139,7 @@ def run_backward(roots, grads, retain_graph: bool, create_graph: bool, wanted=No
 
 
 def _run_rule(node, arrived: dict) -> list:
-    if node.rule is None:
+    if node.rule is NO_BACKWARD:
         raise AutogradError(f"op {node.op_name!r} has no backward rule: its inputs cannot get a gradient through it")
     grads = [arrived.get(k) for k in range(node.n_outputs)]
     if all(g is None for g in grads):

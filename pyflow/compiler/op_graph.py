@@ -39,9 +39,9 @@ import numpy as np
 from pyflow import env
 from pyflow.device import Device, DeviceType
 from pyflow.distributed.boxing_steps import Layout
-from pyflow.distributed.signatures import Signature, choose_signature
+from pyflow.distributed.signatures import choose_signature
 from pyflow.errors import CompileError
-from pyflow.framework.sbp import SbpParallel
+from pyflow.framework.sbp import SbpParallel, Signature
 
 __all__ = ["OpNode", "OpGraph", "infer_signature", "layout_of_blob", "placement_of", "UPDATE_OPS"]
 

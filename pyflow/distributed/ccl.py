@@ -32,7 +32,7 @@ from pyflow import env, vm
 from pyflow.device import Device, Stream, StreamType
 from pyflow.distributed.transport import CollectiveDesc
 from pyflow.framework.interpreter import apply
-from pyflow.framework.op_registry import OP_REGISTRY, OpDef, TensorMeta, register_op
+from pyflow.framework.op_registry import BROADCAST_ONLY, NO_BACKWARD, OP_REGISTRY, OpDef, TensorMeta, register_op
 from pyflow.vm.failure import issue_site
 from pyflow.vm.policies import InstructionPolicy
 
@@ -70,7 +70,8 @@ def _abandon(attrs, failure) -> None:
 
 if "collective" not in OP_REGISTRY:
     register_op(OpDef("collective", _infer, kernel="", launch=_launch, infer_device_and_stream=_device_and_stream,
-                      kernel_attrs=("call", "desc"), on_failed_inputs=_abandon,
+                      kernel_attrs=("call", "desc"), on_failed_inputs=_abandon, sbp_signatures=BROADCAST_ONLY,
+                      backward=NO_BACKWARD,
                       doc="a transport call (all-gather, all-reduce...) on the cpu ccl stream"))
 
 

@@ -21,18 +21,29 @@ An ``OpDef`` says everything the interpreter needs to run an op eagerly:
 * ``on_failed_inputs(attrs, failure)`` - what the op still owes others when an
   input failed and it cannot run (a collective tells its peers, so they do not
   wait for it); by default nothing;
-* ``sbp_signatures`` - room for the lazy compiler's SBP candidates (the eager
-  ones are in ``pyflow/distributed/signatures.py``);
+* ``sbp_signatures(shapes, out_shapes, attrs) -> [Signature]`` - the layouts the
+  op can run on piece by piece (OneFlow's ``GetSbpFn``; ``pyflow/framework/sbp.py``):
+  1-D candidates, ``shapes`` the inputs' logical shapes (None for Python
+  scalars); the all-broadcast one is implied.  ``BROADCAST_ONLY``: none but that.
+  The eager global interpreter and the lazy compiler both pick among them by
+  the cost model of ``pyflow/distributed/signatures.py``;
 * ``updates_input`` - the op writes only parts of its input ``k`` (``index_copy``,
   ``index_add``...): called with ``out=[input k]`` it changes it in place; called
   without ``out=``, it works on a copy of input ``k`` (the global interpreter
   runs ops that way, piece by piece);
 * ``backward(ctx, grads) -> input grads`` - the op's gradient, written with the
   public ops (``ctx.inputs``, ``ctx.outputs``, ``ctx.attrs``, ``ctx.needs_grad(i)``;
-  see ``pyflow/autograd/``); None: no gradient flows through the op.
+  see ``pyflow/autograd/``); ``NO_BACKWARD``: no gradient flows through the op.
+
+Every op must declare the last two (``register_op`` refuses one left out), so
+adding an op means deciding how it splits and how it differentiates, and a
+forgotten entry is an error at import, not a silently broadcast-only or
+non-differentiable op.
 
 >>> get_op("add").name, "matmul" in OP_REGISTRY
 ('add', True)
+>>> get_op("argmax").differentiable, get_op("cumsum").sbp_signatures
+(False, BROADCAST_ONLY)
 """
 
 from __future__ import annotations
@@ -42,7 +53,8 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["TensorMeta", "OpDef", "OP_REGISTRY", "register_op", "get_op", "default_launch"]
+__all__ = ["TensorMeta", "OpDef", "OP_REGISTRY", "register_op", "get_op", "default_launch", "BROADCAST_ONLY",
+           "NO_BACKWARD", "UNDECLARED"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +69,21 @@ def default_launch(kernel, outputs, inputs, attrs, stream) -> None:
     kernel(*outputs, *inputs, **attrs, stream=stream)
 
 
+class _Marker:
+    """A named value an OpDef field takes instead of a function (its repr is its name)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+UNDECLARED = _Marker("UNDECLARED")          # the default of the fields every op must declare
+BROADCAST_ONLY = _Marker("BROADCAST_ONLY")  # sbp_signatures: only the all-broadcast signature
+NO_BACKWARD = _Marker("NO_BACKWARD")        # backward: no gradient flows through the op
+
+
 @dataclasses.dataclass
 class OpDef:
     """One op: shape/dtype inference, its kernel, and how the interpreter places it."""
@@ -68,12 +95,12 @@ class OpDef:
     infer_device_and_stream: Callable | None = None
     mutable_inputs: tuple = ()
     on_failed_inputs: Callable | None = None
-    backward: Callable | None = None
+    backward: Callable | _Marker = UNDECLARED
     updates_input: int | None = None
     promote_inputs: tuple = ()
     floating: bool = False
     same_view_in_place: bool = False
-    sbp_signatures: object = None
+    sbp_signatures: Callable | _Marker = UNDECLARED
     kernel_attrs: tuple = ()  # the attrs passed on to the kernel (others only steer inference)
     doc: str = ""
 
@@ -81,14 +108,29 @@ class OpDef:
         if self.kernel is None:
             self.kernel = self.name
 
+    @property
+    def differentiable(self) -> bool:
+        """Does a gradient flow through the op (has it a backward rule)?"""
+        return self.backward is not NO_BACKWARD
+
 
 OP_REGISTRY: dict[str, OpDef] = {}
 
 
+_MUST_DECLARE = {   # field -> (its "none" marker, what to give)
+    "sbp_signatures": (BROADCAST_ONLY, "a function (shapes, out_shapes, attrs) -> [Signature]"),
+    "backward": (NO_BACKWARD, "a rule (ctx, grads) -> input grads"),
+}
+
+
 def register_op(op: OpDef) -> OpDef:
-    """Add ``op`` to the registry (names are unique)."""
+    """Add ``op`` to the registry (names are unique; ``sbp_signatures`` and ``backward`` declared)."""
     if op.name in OP_REGISTRY:
         raise ValueError(f"op {op.name!r} is registered twice")
+    for field, (none, what) in _MUST_DECLARE.items():
+        value = getattr(op, field)
+        if value is not none and (value is UNDECLARED or not callable(value)):
+            raise ValueError(f"op {op.name!r}: {field} is {value!r}; declare it: {what}, or {none!r}")
     OP_REGISTRY[op.name] = op
     return op
 

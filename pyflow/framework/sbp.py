@@ -13,12 +13,19 @@ On a 2-D hierarchy the axes apply in order, each splitting what the previous
 left: 13 rows as ``(split(0), split(0))`` on ``[[0, 1], [2, 3]]`` give rows 0-3,
 4-6, 7-9, 10-12.
 
+A **signature** says which SBPs an op's inputs may have and which its outputs
+then get (OneFlow's ``SbpSignature``): ``Signature((S(0), B), (S(0),))`` is a
+matmul split by rows.  Each op declares its own (``OpDef.sbp_signatures``, next
+to the op in ``pyflow/ops/``); ``S(d)``, ``B`` and ``P`` are the seeds' notation.
+
 >>> sbp.split(1), sbp.broadcast, sbp.partial_sum
 (sbp.split(dim=1), sbp.broadcast, sbp.partial_sum)
 >>> balanced_split(13, 4)
 [(0, 4), (4, 7), (7, 10), (10, 13)]
 >>> piece_slices((13, 2), (sbp.split(0), sbp.split(0)), (2, 2), (1, 0))
 (slice(7, 10, None), slice(0, 2, None))
+>>> print(Signature((S(1), S(0)), (P,)))
+(S(1), S(0)) -> P
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ import types
 
 from pyflow.errors import AxisError, ShapeError
 
-__all__ = ["SbpParallel", "sbp", "balanced_split", "piece_slices", "piece_shape", "as_nd_sbp"]
+__all__ = ["SbpParallel", "sbp", "S", "B", "P", "Signature", "balanced_split", "piece_slices", "piece_shape",
+           "as_nd_sbp"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +83,31 @@ def _split(dim: int) -> SbpParallel:
 # ``flow.sbp``: a namespace, as OneFlow's module
 sbp = types.SimpleNamespace(split=_split, broadcast=SbpParallel("broadcast"), partial_sum=SbpParallel("partial_sum"),
                             sbp=SbpParallel)
+
+
+# The seeds' notation, for writing signatures: S(d), B, P
+S = _split
+B = sbp.broadcast
+P = sbp.partial_sum
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """One SBP per input (None for a Python scalar) and one per output, on one hierarchy axis
+    (or, for an N-D hierarchy, a tuple of those per input and output)."""
+
+    inputs: tuple
+    outputs: tuple
+
+    def __str__(self) -> str:
+        def text(s):
+            if s is None:
+                return "-"
+            if isinstance(s, SbpParallel):
+                return s.short()
+            return s[0].short() if len(s) == 1 else "(" + ", ".join(x.short() for x in s) + ")"
+        outs = ", ".join(text(s) for s in self.outputs)
+        return f"({', '.join(text(s) for s in self.inputs)}) -> {outs if len(self.outputs) == 1 else f'({outs})'}"
 
 
 def as_nd_sbp(value, hierarchy: tuple, what: str = "sbp") -> tuple:

@@ -6,6 +6,9 @@ allocated on that device's compute stream, which owns the allocator, and the
 builder inserts the stream wait.  cuda -> cpu runs on the source device's
 device2host stream, into pinned host memory; every instruction there records an
 event, so the host knows when the data has landed.
+
+SBP: ``contiguous`` is elementwise (``elementwise_signatures``), and a copy of a
+partial sum is one; ``copy`` (a local move between devices) is broadcast only.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import numpy as np
 
 from pyflow.device import Device, DeviceType, Stream, StreamType, default_stream
 from pyflow.errors import DeviceError
-from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
+from pyflow.framework.op_registry import BROADCAST_ONLY, OpDef, TensorMeta, register_op
+from pyflow.framework.sbp import P
 from pyflow.kernels.layout import is_device_array
+from pyflow.ops.elementwise import elementwise_signatures
 
 __all__ = []
 
@@ -52,8 +57,10 @@ def _copy_rule(ctx, g):
     return [g.to(device=ctx.input_places[0])]
 
 
-register_op(OpDef("copy", _infer_same, kernel=None, launch=_launch_copy, backward=_copy_rule,
-                  infer_device_and_stream=_copy_device_and_stream,
+register_op(OpDef("copy", _infer_same, kernel=None, launch=_launch_copy, sbp_signatures=BROADCAST_ONLY,
+                  backward=_copy_rule, infer_device_and_stream=_copy_device_and_stream,
                   doc="copy to attrs['device'] (host2device / device2host streams)"))
-register_op(OpDef("contiguous", _infer_same, kernel="copy", backward=lambda ctx, g: [g],
-                  doc="a contiguous copy on the same device"))
+register_op(OpDef("contiguous", _infer_same, kernel="copy",
+                  # a copy of a partial sum is one (autograd clones gradients)
+                  sbp_signatures=elementwise_signatures(partial_sums=[(P,)]),
+                  backward=lambda ctx, g: [g], doc="a contiguous copy on the same device"))

@@ -7,7 +7,17 @@ the kernel runs, so a kernel only ever sees equal dtypes, and the kernel
 library's own rules (``kernels/ufuncs.py``) then give the result dtype of that one
 dtype.  ``floating`` ops (true division, ``sin``...) compute integers in float32.
 Every elementwise op may write the very view it reads (``x.add_(y)``).
-Each op's backward rule is below its inference (PyTorch's derivative formulas).
+Each op's backward rule is below its inference (PyTorch's derivative formulas);
+ops with integer or bool results say they have none.
+
+SBP (``elementwise_signatures``, OneFlow's broadcast-elementwise ``GetSbpFn``):
+the inputs split along the same output dim give an output split there (an
+input broadcast along that dim stays B); the linear ops also keep partial sums
+(``_PARTIAL_SUMS``).  ``fill`` and ``empty`` (sources) are broadcast only.
+
+>>> from pyflow.framework.op_registry import get_op
+>>> [str(sig) for sig in get_op("mul").sbp_signatures([(2, 3), (3,)], [(2, 3)], {})]
+['(S(0), B) -> S(0)', '(S(1), S(0)) -> S(1)', '(P, B) -> P', '(B, P) -> P']
 """
 
 from __future__ import annotations
@@ -16,12 +26,13 @@ from pyflow.errors import DTypeError, ShapeError
 from pyflow.framework import args
 from pyflow.framework.dtypes import BOOL, as_dtype, to_scalar
 from pyflow.framework.functional import where
-from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
+from pyflow.framework.op_registry import BROADCAST_ONLY, NO_BACKWARD, OpDef, TensorMeta, register_op
+from pyflow.framework.sbp import B, P, S, Signature
 from pyflow.kernels.elementwise import binary_result_dtype, unary_result_dtype
 from pyflow.kernels.layout import broadcast_shapes
 from pyflow.ops._grad import for_inputs
 
-__all__ = ["FLOAT_UNARY", "UNARY_OPS", "BINARY_OPS", "COMPARISONS", "LOGICAL_OPS"]
+__all__ = ["FLOAT_UNARY", "UNARY_OPS", "BINARY_OPS", "COMPARISONS", "LOGICAL_OPS", "elementwise_signatures"]
 
 FLOAT_UNARY = ("sigmoid", "tanh", "exp", "log", "sqrt", "sin", "cos")      # integers compute in float32
 UNARY_OPS = FLOAT_UNARY + ("neg", "abs", "relu", "floor", "ceil", "round", "sign", "isnan", "isinf",
@@ -95,6 +106,46 @@ def _launch_nothing(kernel, outputs, inputs, attrs, stream):
     """``empty``: the OpCall allocates the output when it is prepared; nothing is written."""
 
 
+# --- SBP signatures --------------------------------------------------------------------------------
+
+
+def elementwise_signatures(partial_sums=()):
+    """The SBP rule of a broadcasting elementwise op: for each output dim ``d``, the inputs with a dim
+    of the output's size there split along it and the others (broadcast along ``d``) B, giving S(d);
+    then one (inputs) -> P per entry of ``partial_sums`` (an SBP per input, P or B: the op is linear
+    in its P inputs).  A Python scalar is the same on every rank: it stands where a B may."""
+    def signatures(shapes, out_shapes, attrs) -> list:
+        (out,) = out_shapes
+        found = []
+        for d in range(len(out)):
+            ins = []
+            for shape in shapes:
+                if shape is None:
+                    ins.append(None)
+                    continue
+                k = d - (len(out) - len(shape))  # the input's own dim aligned with output dim d
+                ins.append(S(k) if k >= 0 and shape[k] == out[d] and out[d] != 1 else B)
+            if any(s is not None and s.is_split for s in ins):
+                found.append(Signature(tuple(ins), (S(d),)))
+        for rule in partial_sums:
+            if len(rule) == len(shapes) and all(s is not None or r.is_broadcast for s, r in zip(shapes, rule)):
+                found.append(Signature(tuple(None if s is None else r for s, r in zip(shapes, rule)), (P,)))
+        return found
+    return signatures
+
+
+_PARTIAL_SUMS = {   # the inputs that may be partial sums (the rest B): the op is linear in them
+    "add": [(P, P)], "sub": [(P, P)], "mul": [(P, B), (B, P)], "div": [(P, B)], "neg": [(P,)],
+}
+
+
+def _cast_signatures(shapes, out_shapes, attrs) -> list:
+    """A cast into a floating dtype keeps a partial sum one (autograd clones gradients); into an integer
+    dtype it does not: ``int(0.6) + int(0.6) != int(1.2)``."""
+    floating = as_dtype(attrs["dtype"], "cast").kind in "fc"
+    return elementwise_signatures([(P,)] if floating else ())(shapes, out_shapes, attrs)
+
+
 # --- backward rules (``pyflow/ops/_grad.py`` says what a rule is) --------------------------------------
 # g: the gradient of the op's output.  PyTorch's formulas, its choices at ties included.
 
@@ -118,6 +169,8 @@ _UNARY_RULES = {
     "sin": lambda ctx, g: [g * ctx.inputs[0].cos()],
     "cos": lambda ctx, g: [-(g * ctx.inputs[0].sin())],
     "floor": _zeros_rule, "ceil": _zeros_rule, "round": _zeros_rule, "sign": _zeros_rule,
+    "isnan": NO_BACKWARD, "isinf": NO_BACKWARD, "logical_not": NO_BACKWARD,   # bool results
+    "bitwise_not": NO_BACKWARD,   # integers and bools only
 }
 
 
@@ -158,6 +211,8 @@ _BINARY_RULES = {
     "min": _min_rule,
     "remainder": lambda ctx, g: for_inputs(ctx, g, lambda: -(g * ctx.inputs[0].floor_divide(ctx.inputs[1]))),
     "floor_divide": lambda ctx, g: for_inputs(ctx, lambda: g * 0.0, lambda: g * 0.0),
+    **dict.fromkeys(("bitwise_and", "bitwise_or", "bitwise_xor"), NO_BACKWARD),   # integers and bools only
+    **dict.fromkeys(COMPARISONS + LOGICAL_OPS, NO_BACKWARD),   # bool results
 }
 
 
@@ -194,22 +249,32 @@ def _cast_rule(ctx, g):
 _RULES = {**_UNARY_RULES, **_BINARY_RULES, "where": _where_rule, "clamp": _clamp_rule, "cast": _cast_rule}
 
 
+def _signatures(name):
+    return elementwise_signatures(_PARTIAL_SUMS.get(name, ()))
+
+
 for _name in UNARY_OPS:
     register_op(OpDef(_name, _unary(_name), promote_inputs=(0,), floating=_name in FLOAT_UNARY,
-                      same_view_in_place=True, backward=_RULES.get(_name), doc=f"elementwise {_name}"))
+                      same_view_in_place=True, sbp_signatures=_signatures(_name), backward=_RULES[_name],
+                      doc=f"elementwise {_name}"))
 for _name in BINARY_OPS + COMPARISONS:
     register_op(OpDef(_name, _binary(_name), promote_inputs=(0, 1), floating=_name == "div",
-                      same_view_in_place=True, backward=_RULES.get(_name),
+                      same_view_in_place=True, sbp_signatures=_signatures(_name), backward=_RULES[_name],
                       doc=f"elementwise {_name}, broadcasting, promoting"))
 for _name in LOGICAL_OPS:
-    register_op(OpDef(_name, _binary(_name), same_view_in_place=True, doc=f"elementwise {_name} (bool result)"))
-register_op(OpDef("where", _infer_where, promote_inputs=(1, 2), same_view_in_place=True, backward=_where_rule,
-                  doc="where(cond, a, b), broadcasting"))
+    register_op(OpDef(_name, _binary(_name), same_view_in_place=True, sbp_signatures=_signatures(_name),
+                      backward=_RULES[_name], doc=f"elementwise {_name} (bool result)"))
+register_op(OpDef("where", _infer_where, promote_inputs=(1, 2), same_view_in_place=True,
+                  sbp_signatures=_signatures("where"), backward=_where_rule, doc="where(cond, a, b), broadcasting"))
 register_op(OpDef("clamp", _infer_clamp, kernel=("max", "min"), launch=_launch_clamp, kernel_attrs=("bounds",),
-                  promote_inputs="all", same_view_in_place=True, backward=_clamp_rule,
+                  promote_inputs="all", same_view_in_place=True, sbp_signatures=_signatures("clamp"),
+                  backward=_clamp_rule,
                   doc="min(max(x, low), high); attrs['bounds'] names the bounds given ('min', 'max')"))
-register_op(OpDef("cast", _infer_cast, same_view_in_place=True, backward=_cast_rule, doc="convert to attrs['dtype']"))
+register_op(OpDef("cast", _infer_cast, same_view_in_place=True, sbp_signatures=_cast_signatures,
+                  backward=_cast_rule, doc="convert to attrs['dtype']"))
 register_op(OpDef("fill", _infer_source("fill"), launch=_launch_fill, kernel_attrs=("value",),
+                  sbp_signatures=BROADCAST_ONLY, backward=NO_BACKWARD,
                   doc="a new tensor of attrs shape/dtype filled with attrs['value'] (a source op)"))
 register_op(OpDef("empty", _infer_source("empty"), kernel="", launch=_launch_nothing,
+                  sbp_signatures=BROADCAST_ONLY, backward=NO_BACKWARD,
                   doc="a new, uninitialised tensor of attrs shape/dtype (a source op)"))

@@ -3,11 +3,17 @@
 Backward: for ``y = a @ b``, ``grad_a = g @ b^T`` and ``grad_b = a^T @ g`` on the
 last two dims, summed over the batch dims broadcasting added; a 1-D operand is
 first made a matrix (a row for ``a``, a column for ``b``), as matmul does.
+
+SBP (2-D): (S0, B) -> S0 (rows), (B, S1) -> S1 (columns), (S1, S0) -> P (the
+inner dim: each rank's product is one term of the sum), (P, B) -> P and
+(B, P) -> P (linear in each); batched: a batch dim split alike on both
+inputs (one broadcast along it stays B).  A 1-D operand: broadcast only.
 """
 
 from __future__ import annotations
 
 from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
+from pyflow.framework.sbp import B, P, S, Signature
 from pyflow.kernels.matmul import matmul_result_dtype, matmul_shape
 from pyflow.ops._grad import sum_to
 
@@ -17,6 +23,24 @@ __all__ = []
 def _infer_matmul(inputs, attrs):
     a, b = inputs
     return [TensorMeta(matmul_shape(a.shape, b.shape), matmul_result_dtype(a.dtype, b.dtype))]
+
+
+def _matmul_signatures(shapes, out_shapes, attrs) -> list:
+    a, b = shapes
+    if a is None or b is None or len(a) < 2 or len(b) < 2:
+        return []
+    if len(a) == 2 and len(b) == 2:
+        return [Signature((S(0), B), (S(0),)), Signature((B, S(1)), (S(1),)), Signature((S(1), S(0)), (P,)),
+                Signature((P, B), (P,)), Signature((B, P), (P,))]
+    (out,) = out_shapes
+    found = []
+    for d in range(len(out) - 2):  # batch dims split alike on both
+        ka, kb = d - (len(out) - len(a)), d - (len(out) - len(b))
+        sa = S(ka) if ka >= 0 and a[ka] == out[d] and out[d] != 1 else B
+        sb = S(kb) if kb >= 0 and b[kb] == out[d] and out[d] != 1 else B
+        if sa.is_split or sb.is_split:
+            found.append(Signature((sa, sb), (S(d),)))
+    return found
 
 
 def _matmul_rule(ctx, g):
@@ -33,4 +57,5 @@ def _matmul_rule(ctx, g):
     return grads
 
 
-register_op(OpDef("matmul", _infer_matmul, promote_inputs=(0, 1), backward=_matmul_rule, doc="a @ b"))
+register_op(OpDef("matmul", _infer_matmul, promote_inputs=(0, 1), sbp_signatures=_matmul_signatures,
+                  backward=_matmul_rule, doc="a @ b"))

@@ -11,13 +11,15 @@ and ``dim_gather`` add ``g`` back to where they read (``index_add`` /
 ``scatter_add``: an index read twice gets both); the in-place ops pass ``g`` to
 the target (``index_copy``: but not at the overwritten slices) and read the
 source's gradient at the indices.
+
+SBP: broadcast only (no split rules are declared for them yet).
 """
 
 from __future__ import annotations
 
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.framework.dtypes import names
-from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
+from pyflow.framework.op_registry import BROADCAST_ONLY, OpDef, TensorMeta, register_op
 from pyflow.kernels.dtypes import INDEX_DTYPES
 from pyflow.kernels.layout import normalize_axis
 
@@ -149,17 +151,18 @@ def _scatter_add_rule(ctx, g):
 
 
 register_op(OpDef("cat", _infer_cat, kernel="concat", launch=_launch_cat, kernel_attrs=("axis",),
-                  promote_inputs="all", backward=_cat_rule, doc="concatenate along attrs['axis'] (dtypes promoted)"))
-register_op(OpDef("index_select", _infer_index_select, kernel_attrs=("axis",), backward=_index_select_rule,
-                  doc="x[..., index, ...] along attrs['axis'] (a 1-D index)"))
-register_op(OpDef("dim_gather", _infer_dim_gather, kernel_attrs=("axis",), backward=_dim_gather_rule,
-                  doc="torch.gather: out[i][j] = x[index[i][j]][j] along attrs['axis']"))
+                  promote_inputs="all", sbp_signatures=BROADCAST_ONLY, backward=_cat_rule,
+                  doc="concatenate along attrs['axis'] (dtypes promoted)"))
+register_op(OpDef("index_select", _infer_index_select, kernel_attrs=("axis",), sbp_signatures=BROADCAST_ONLY,
+                  backward=_index_select_rule, doc="x[..., index, ...] along attrs['axis'] (a 1-D index)"))
+register_op(OpDef("dim_gather", _infer_dim_gather, kernel_attrs=("axis",), sbp_signatures=BROADCAST_ONLY,
+                  backward=_dim_gather_rule, doc="torch.gather: out[i][j] = x[index[i][j]][j] along attrs['axis']"))
 register_op(OpDef("index_copy", _infer_index_copy, launch=_launch_index_copy, kernel_attrs=("axis",),
-                  same_view_in_place=True, updates_input=0, backward=_index_copy_rule,
+                  same_view_in_place=True, updates_input=0, sbp_signatures=BROADCAST_ONLY, backward=_index_copy_rule,
                   doc="in place, with out=[target]: target[..., index[j], ...] = source[..., j, ...]"))
 register_op(OpDef("index_add", _infer_index_add, launch=_launch_index_copy, kernel_attrs=("axis",),
-                  same_view_in_place=True, updates_input=0, backward=_index_add_rule,
+                  same_view_in_place=True, updates_input=0, sbp_signatures=BROADCAST_ONLY, backward=_index_add_rule,
                   doc="in place, with out=[target]: target[..., index[j], ...] += source[..., j, ...]"))
 register_op(OpDef("scatter_add", _infer_scatter_add, launch=_launch_index_copy, kernel_attrs=("axis",),
-                  same_view_in_place=True, updates_input=0, backward=_scatter_add_rule,
+                  same_view_in_place=True, updates_input=0, sbp_signatures=BROADCAST_ONLY, backward=_scatter_add_rule,
                   doc="in place, with out=[target]: target[i][index[i][j]] += source[i][j] along attrs['axis']"))

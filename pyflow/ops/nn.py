@@ -11,13 +11,15 @@ each window chose) and ``avg_pool2d_backward`` (``g`` spread over each window).
 The gradient's shape is an attr (``input_size`` / ``weight_size``): a strided
 forward drops rows, so it cannot be told from ``g``'s shape.  The backward ops
 have no backward of their own (no second derivatives of conv and pooling).
+
+SBP: broadcast only (no split rules are declared for them yet).
 """
 
 from __future__ import annotations
 
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.framework.interpreter import apply
-from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
+from pyflow.framework.op_registry import BROADCAST_ONLY, NO_BACKWARD, OpDef, TensorMeta, register_op
 from pyflow.kernels.conv import conv2d_output_shape, pool2d_output_shape
 from pyflow.kernels.dtypes import FLOAT_DTYPES
 
@@ -89,16 +91,20 @@ def _avg_pool2d_rule(ctx, g):
 
 
 register_op(OpDef("conv2d", _infer_conv2d, launch=_launch_conv2d, kernel_attrs=("stride", "padding"),
-                  backward=_conv2d_rule,
+                  sbp_signatures=BROADCAST_ONLY, backward=_conv2d_rule,
                   doc="2-D convolution (cross-correlation), NCHW, weight (C_out, C_in, kH, kW), optional bias"))
 for _name, _rule in (("max_pool2d", _max_pool2d_rule), ("avg_pool2d", _avg_pool2d_rule)):
     register_op(OpDef(_name, _infer_pool(_name), kernel_attrs=("kernel_size", "stride", "padding"),
-                      backward=_rule, doc=f"{_name} over NCHW windows"))
+                      sbp_signatures=BROADCAST_ONLY, backward=_rule, doc=f"{_name} over NCHW windows"))
 register_op(OpDef("conv2d_backward_input", _infer_given_size("conv2d_backward_input", "input_size"),
-                  kernel_attrs=("stride", "padding"), doc="conv2d's input gradient from (g, weight)"))
+                  kernel_attrs=("stride", "padding"), sbp_signatures=BROADCAST_ONLY, backward=NO_BACKWARD,
+                  doc="conv2d's input gradient from (g, weight)"))
 register_op(OpDef("conv2d_backward_weight", _infer_given_size("conv2d_backward_weight", "weight_size"),
-                  kernel_attrs=("stride", "padding"), doc="conv2d's weight gradient from (x, g)"))
+                  kernel_attrs=("stride", "padding"), sbp_signatures=BROADCAST_ONLY, backward=NO_BACKWARD,
+                  doc="conv2d's weight gradient from (x, g)"))
 register_op(OpDef("max_pool2d_backward", _infer_given_size("max_pool2d_backward", "input_size"),
-                  kernel_attrs=("kernel_size", "stride", "padding"), doc="max_pool2d's input gradient from (x, g)"))
+                  kernel_attrs=("kernel_size", "stride", "padding"), sbp_signatures=BROADCAST_ONLY,
+                  backward=NO_BACKWARD, doc="max_pool2d's input gradient from (x, g)"))
 register_op(OpDef("avg_pool2d_backward", _infer_given_size("avg_pool2d_backward", "input_size"),
-                  kernel_attrs=("kernel_size", "stride", "padding"), doc="avg_pool2d's input gradient from g"))
+                  kernel_attrs=("kernel_size", "stride", "padding"), sbp_signatures=BROADCAST_ONLY,
+                  backward=NO_BACKWARD, doc="avg_pool2d's input gradient from g"))

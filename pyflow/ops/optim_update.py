@@ -56,7 +56,7 @@ tensor's local piece, all with one layout, as ``Optimizer.step`` does).  Inside
 ``nn.Graph.build`` (lazy mode) they only hand the call to ``apply``, which
 records it: nothing runs then, so there is nothing to bump or overlap.  Bad
 shapes and dtypes raise ``ShapeError`` / ``DTypeError`` naming the op, the
-input, its shape and dtype; the op has no gradient (``backward=None``).
+input, its shape and dtype; the op has no gradient (``backward=NO_BACKWARD``).
 
 >>> import pyflow as flow
 >>> w = flow.tensor([1.0, 2.0])
@@ -79,7 +79,7 @@ import numpy as np
 
 from pyflow.errors import ArgumentTypeError, AutogradError, DeviceError, DTypeError, ShapeError
 from pyflow.framework.args import describe
-from pyflow.framework.op_registry import OpDef, register_op
+from pyflow.framework.op_registry import BROADCAST_ONLY, NO_BACKWARD, OpDef, register_op
 
 __all__ = ["sgd_update", "momentum_update", "adam_update", "UPDATE_OPS"]
 
@@ -148,7 +148,8 @@ UPDATE_OPS = {spec.name: spec for spec in (SGD, MOMENTUM, ADAM)}
 
 for _spec in UPDATE_OPS.values():
     register_op(OpDef(_spec.name, _spec.infer, mutable_inputs=tuple(_spec.inputs.index(w) for w in _spec.written),
-                      kernel_attrs=_spec.required + tuple(_spec.optional), backward=None,
+                      kernel_attrs=_spec.required + tuple(_spec.optional), sbp_signatures=BROADCAST_ONLY,
+                      backward=NO_BACKWARD,
                       doc=f"fused optimizer update, in place, no outputs: {', '.join(_spec.written)} written"))
 
 

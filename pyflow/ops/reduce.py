@@ -9,7 +9,13 @@ Backward rules (below): a reduction's gradient is ``g`` put back on the reduced
 axes (kept as size 1) and expanded to the input's shape; ``max``/``min`` give it
 to the elements equal to the result, shared evenly at ties (``torch.amax``'s
 choice); softmax and log_softmax use their outputs; ``topk`` scatters ``g`` to
-the indices it chose.
+the indices it chose; ``argmax``/``argmin`` (integer results) have none.
+
+SBP: a reduction keeps a split of a kept dim (renumbered without the reduced
+ones unless ``keepdims``); ``reduce_sum`` of a dim split gives partial sums,
+and ``reduce_sum``/``reduce_mean`` keep P (they are linear).  ``softmax`` and
+``log_softmax`` keep a split of any dim but their axis.  ``cumsum`` and
+``topk``: broadcast only.
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ import numpy as np
 
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.framework.functional import where
-from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
-from pyflow.kernels.layout import normalize_axis
+from pyflow.framework.op_registry import BROADCAST_ONLY, NO_BACKWARD, OpDef, TensorMeta, register_op
+from pyflow.framework.sbp import P, S, Signature
+from pyflow.kernels.layout import normalize_axes, normalize_axis
 from pyflow.kernels.reduce import plan_reduce
 from pyflow.kernels.scan import cumsum_result_dtype
 from pyflow.ops._grad import keepdims_shape
@@ -70,6 +77,36 @@ def _infer_topk(inputs, attrs):
         raise ShapeError(f"topk: k={k} is out of range for dim {axis} of size {size} (valid: 0 to {size})")
     shape = x.shape[:axis] + (k,) + x.shape[axis + 1:]
     return [TensorMeta(shape, x.dtype), TensorMeta(shape, np.dtype(np.int64))]
+
+
+# --- SBP signatures -------------------------------------------------------------------------------
+
+
+def _reduction_signatures(name):
+    def signatures(shapes, out_shapes, attrs) -> list:
+        (shape,) = shapes
+        if shape is None:
+            return []
+        axes = normalize_axes(attrs.get("axis"), len(shape), name)
+        keep = attrs.get("keepdims", False)
+        found = []
+        for d in range(len(shape)):
+            if d in axes:
+                if name == "reduce_sum":
+                    found.append(Signature((S(d),), (P,)))
+            else:
+                out_d = d if keep else d - sum(1 for a in axes if a < d)
+                found.append(Signature((S(d),), (S(out_d),)))
+        if name in ("reduce_sum", "reduce_mean"):
+            found.append(Signature((P,), (P,)))
+        return found
+    return signatures
+
+
+def _softmax_signatures(shapes, out_shapes, attrs) -> list:
+    (shape,) = shapes
+    axis = attrs.get("axis", -1) % max(len(shape), 1)
+    return [Signature((S(d),), (S(d),)) for d in range(len(shape)) if d != axis]
 
 
 # --- backward rules --------------------------------------------------------------------------------
@@ -127,17 +164,19 @@ def _topk_rule(ctx, grads):
 
 
 _RULES = {"reduce_sum": _sum_rule, "reduce_mean": _mean_rule, "reduce_max": _extremum_rule,
-          "reduce_min": _extremum_rule, "softmax": _softmax_rule, "log_softmax": _log_softmax_rule,
-          "cumsum": _cumsum_rule, "topk": _topk_rule}
+          "reduce_min": _extremum_rule, "argmax": NO_BACKWARD, "argmin": NO_BACKWARD,
+          "softmax": _softmax_rule, "log_softmax": _log_softmax_rule}
 
 
 for _name in REDUCE_OPS:
-    register_op(OpDef(_name, _reduction(_name), kernel_attrs=("axis", "keepdims"), backward=_RULES.get(_name),
+    register_op(OpDef(_name, _reduction(_name), kernel_attrs=("axis", "keepdims"),
+                      sbp_signatures=_reduction_signatures(_name), backward=_RULES[_name],
                       doc=f"{_name} over attrs['axis'] (None: all), keepdims"))
 for _name in ("softmax", "log_softmax"):
-    register_op(OpDef(_name, _infer_softmax(_name), kernel_attrs=("axis",), backward=_RULES[_name],
-                      doc=f"{_name} along attrs['axis']"))
-register_op(OpDef("cumsum", _infer_cumsum, kernel_attrs=("axis",), backward=_cumsum_rule,
-                  doc="running sum along attrs['axis'] (integers sum in int64)"))
-register_op(OpDef("topk", _infer_topk, kernel_attrs=("k", "axis", "largest"), backward=_topk_rule,
+    register_op(OpDef(_name, _infer_softmax(_name), kernel_attrs=("axis",), sbp_signatures=_softmax_signatures,
+                      backward=_RULES[_name], doc=f"{_name} along attrs['axis']"))
+register_op(OpDef("cumsum", _infer_cumsum, kernel_attrs=("axis",), sbp_signatures=BROADCAST_ONLY,
+                  backward=_cumsum_rule, doc="running sum along attrs['axis'] (integers sum in int64)"))
+register_op(OpDef("topk", _infer_topk, kernel_attrs=("k", "axis", "largest"), sbp_signatures=BROADCAST_ONLY,
+                  backward=_topk_rule,
                   doc="the k largest (or smallest) elements along attrs['axis'], sorted, and their indices"))
