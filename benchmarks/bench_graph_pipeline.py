@@ -35,7 +35,7 @@ import numpy as np
 
 import pyflow as flow
 from pyflow import nn
-from pyflow.compiler.run_plan import act
+from pyflow.runtime.act import act
 
 from bench_pipeline import write_result   # (the script's folder is on sys.path)
 

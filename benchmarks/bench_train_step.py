@@ -181,7 +181,7 @@ def graph_and_eager_steps(case, batch: int, steps: int) -> tuple:
         start = time.perf_counter()
         graph(x, y).item()
         graph_times.append(time.perf_counter() - start)
-        graph.executor = "sequential"   # the same Plan, no actors: the sequential interpreter (run_plan.py)
+        graph.executor = "sequential"   # the same Plan, no actors: the sequential interpreter (runtime/sequential.py)
         start = time.perf_counter()
         graph(x, y).item()
         sequential_times.append(time.perf_counter() - start)

@@ -32,8 +32,8 @@ from pyflow import nn
 from pyflow.compiler.ids import TaskId, encode_task_id, per_rank_id
 from pyflow.compiler.memory import plan_memory
 from pyflow.compiler.op_graph import OpGraph
-from pyflow.compiler.plan import Plan, _GuardPlanner, _readers, _requests, make_plan, mem_guards, replan_memory
-from pyflow.compiler.run_plan import is_input_wise
+from pyflow.compiler.plan import (Plan, _GuardPlanner, _readers, _requests, is_input_wise, make_plan, mem_guards,
+                                  replan_memory)
 from pyflow.compiler.task_graph import GUARD_KEY, RegstDesc, TaskGraph, TaskNode, pieces_per_call
 from pyflow.device import DeviceType
 from pyflow.errors import CompileError

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import pyflow as flow
 from pyflow.errors import DeviceError, GraphError
+from pyflow.runtime.sequential import chunk_tensors
 
 from tests.test_compiler_boxing import CHOICES
 
@@ -202,7 +203,7 @@ def test_every_rank_compiles_one_plan_of_all_ranks_and_runs_its_own_tasks_in_its
         ranks = {t.rank for t in plan.tasks.values()}
         chunks = sorted(row["device"] for row in plan.memory_report())
         # the memory this rank made: the actor runtime's chunks (or the sequential interpreter's)
-        mine = set(g.runtime.regst_mgr.chunks if g.runtime is not None else plan._chunk_tensors)
+        mine = set(g.runtime.regst_mgr.chunks if g.runtime is not None else chunk_tensors(plan, flow.env.get_rank()))
         loaded = flow.compiler.plan.Plan.from_json(plan.to_json())
         return (out.numpy(), tuple(out.sbp), ranks, chunks, mine, flow.env.get_rank(), str(plan) == str(loaded),
                 plan.boxings)

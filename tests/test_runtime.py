@@ -23,12 +23,12 @@ from hypothesis import strategies as st
 import pyflow as flow
 from pyflow import nn
 from pyflow.compiler.plan import replan_memory
-from pyflow.compiler.run_plan import run_plan
 from pyflow.compiler.task_graph import RegstDesc
 from pyflow.errors import RuntimeHangError
 from pyflow.runtime import Runtime
 from pyflow.runtime.pipeline import linear_pipeline_plan, sleeping_act
 from pyflow.runtime.regst import RegstMgr, memory_fits
+from pyflow.runtime.sequential import run_plan
 
 OPS = ["relu", "tanh", "neg", "matmul", "add_w", "scale", "abs", "sigmoid"]
 
@@ -211,7 +211,7 @@ def test_no_producer_runs_more_than_regst_num_pieces_ahead(nums, costs):
         handles = [rt.launch([]) for _ in range(8)]
         for handle in handles:
             handle.result()
-        assert_back_pressure(rt.plan, rt.timeline())   # (the runtime's view: its sink's inputs take more)
+        assert_back_pressure(rt.plan, rt.timeline())   # (the Plan it ran, closed for 8 calls in flight)
     assert_all_regsts_back_and_actors_exited(rt)
 
 
@@ -238,7 +238,7 @@ def test_back_pressure_on_a_compiled_plan_with_more_regsts():
         handles = [rt.launch([x]) for _ in range(6)]
         for handle in handles:
             np.testing.assert_array_equal(handle.result()[0].numpy(), expected)
-        assert_back_pressure(rt.plan, rt.timeline())   # (the runtime's view: its sink's inputs take more)
+        assert_back_pressure(rt.plan, rt.timeline())   # (the Plan it ran, closed for 4 calls in flight)
 
 
 def test_seed_003_pipeline_overlaps_the_bottleneck_with_regst_num_2_and_not_with_1():
@@ -332,7 +332,7 @@ def test_an_exception_in_an_act_stops_the_runtime_and_names_the_op():
     def act_fn(plan, task, ins, outs, j, call):
         if task.op_name == "relu_0":
             raise ValueError("boom")
-        from pyflow.compiler.run_plan import act
+        from pyflow.runtime.act import act
         return act(plan, task, ins, outs, j, call)
 
     rt = Runtime(g.plan, g.job, act_fn=act_fn, hang_timeout=5)

@@ -107,9 +107,8 @@ def test_inputs_of_the_wrong_shape_dtype_or_count_are_clear_errors_before_anythi
     np.testing.assert_array_equal(g(flow.ones(2, 3)).numpy(), np.full((2, 3), 3.0, np.float32))
 
 
-def test_a_failing_act_raises_at_the_call_and_the_next_call_gets_a_fresh_runtime(monkeypatch):
-    import pyflow.runtime.runtime as runtime_module
-    from pyflow.compiler.run_plan import act
+def test_a_failing_act_raises_at_the_call_and_the_next_call_gets_a_fresh_runtime():
+    from pyflow.runtime.act import act
 
     g = _graph(lambda x: (x * 2.0).relu() + 1.0)
     g.executor = "sequential"
@@ -121,7 +120,7 @@ def test_a_failing_act_raises_at_the_call_and_the_next_call_gets_a_fresh_runtime
             raise ZeroDivisionError("relu exploded")
         return act(plan, task, ins, outs, j, call)
 
-    monkeypatch.setattr(runtime_module, "act", failing)
+    g.act_fn = failing
     first = None
     with pytest.raises(OpError, match=r"actor \d+ \(normal actor of op 'relu_0', task kind compute\) failed at "
                                       r"piece \(0, 0\): ZeroDivisionError: relu exploded") as caught:
@@ -132,7 +131,7 @@ def test_a_failing_act_raises_at_the_call_and_the_next_call_gets_a_fresh_runtime
     while cause.__cause__ is not None and not isinstance(cause, ZeroDivisionError):
         cause = cause.__cause__
     assert isinstance(cause, ZeroDivisionError)
-    monkeypatch.setattr(runtime_module, "act", act)
+    g.act_fn = None
     np.testing.assert_array_equal(g(flow.ones(2, 2)).numpy(), np.full((2, 2), 3.0, np.float32))
     assert first is None or (g.runtime is not first and first.closed)
     assert not [t for t in threading.enumerate() if first is not None and t in first.threads() and t.is_alive()]
@@ -288,7 +287,7 @@ def test_two_ranks_on_the_runtime_give_the_sequential_numbers_and_communicate_in
     """Each rank runs its own tasks on its own Runtime (threaded, or deterministic with a different random
     interleaving on each rank): losses and weights are the sequential interpreter's, bitwise, and every
     rank's send / recv / collective acts come in the same order (the Plan's)."""
-    from pyflow.compiler.run_plan import run_plan
+    from pyflow.runtime.sequential import run_plan
     from pyflow.runtime import Runtime
     from pyflow.runtime.comm_net import is_comm
 

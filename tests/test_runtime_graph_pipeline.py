@@ -17,8 +17,9 @@ import pytest
 
 import pyflow as flow
 from pyflow import nn
-from pyflow.compiler.run_plan import act, run_plan
 from pyflow.errors import OpError
+from pyflow.runtime.act import act
+from pyflow.runtime.sequential import run_plan
 from tests.test_runtime_graph import settle
 
 W = np.array([[1.0, -2.0, 0.5], [0.0, 1.0, 1.5], [2.0, 0.5, -1.0]], np.float32)
@@ -101,6 +102,8 @@ def test_calls_back_to_back_read_out_of_order_match_and_the_buffer_bounds_the_ca
     xs = _inputs(8)
     g(xs[0]).numpy()   # compile and warm up
     settle(g.runtime)
+    plan = g.plan
+    before = (plan.to_json(), sorted(vars(plan)))
     in_flight, ys = [], []
     for x in xs:
         ys.append(g(x))
@@ -115,6 +118,59 @@ def test_calls_back_to_back_read_out_of_order_match_and_the_buffer_bounds_the_ca
     sink = {r.call: r.end for r in timeline if r.op_name == "sink_tick"}
     assert all(source[n + buffer] >= sink[n] for n in sink if n + buffer in source)
     assert buffer == 1 or any(source[n + 1] < sink[n] for n in sink if n + 1 in source)   # calls overlapped
+    # the runtime ran the Plan the compiler closed for this buffer, and neither it nor run_plan edited it
+    assert g.runtime.plan is plan and plan.calls_in_flight == buffer
+    assert (plan.to_json(), sorted(vars(plan))) == before
+
+
+def test_each_ranks_calls_are_closed_by_its_ticks_in_the_compiled_plan_which_the_runtime_never_edits():
+    """S(0) on ranks 0 and 1 -> B on rank 0, outputs buffer 3: in ``g.plan`` as compiled, every task that reads
+    nothing (a recv) reads its rank's source tick's ctrl regst, every task nobody on its rank reads (a send)
+    makes a ctrl regst its rank's sink tick reads, and the sink's ctrl regsts have regst num 3.  Four calls
+    back to back on the actor runtime give the sequential interpreter's numbers, and the Plan after them is
+    the Plan before."""
+    S, B = flow.sbp.split, flow.sbp.broadcast
+
+    def body():
+        both, p0 = flow.placement("cpu", [0, 1]), flow.placement("cpu", [0])
+        xs = [flow.tensor(np.arange(12, dtype=np.float32).reshape(4, 3) + 10 * i, placement=both, sbp=S(0))
+              for i in range(4)]
+
+        class G(nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.config.set_outputs_buffer_size(3)
+
+            def build(self, x):
+                return ((x * 2.0).to_global(placement=p0, sbp=B) + 1.0).tanh()
+
+        g = G()
+        first = g(xs[0])
+        plan = g.plan
+        before = (plan.to_json(), sorted(vars(plan)))
+        ticks = {(t.rank, t.op_type): t.task_id for t in plan.tasks.values() if t.op_type.endswith("_tick")}
+        closed = []
+        for task in plan.tasks.values():
+            if task.op_type in ("source_tick", "sink_tick"):
+                continue
+            if task.op_type == "recv":
+                (start,) = task.consumed["ctrl"]
+                closed.append(plan.regsts[start].producer == ticks[task.rank, "source_tick"])
+            if task.op_type == "send":
+                end = plan.regsts[task.produced["ctrl"]]
+                closed.append(end.consumers == [ticks[task.rank, "sink_tick"]])
+        nums = {plan.regsts[rid].max_regst_num for t in plan.tasks.values() if t.op_type == "sink_tick"
+                for rid in t.consumed["ctrl"]}
+        ys = [first] + [g(x) for x in xs[1:]]
+        got = [y.numpy() for y in ys]   # numpy() of a global tensor: every rank
+        want = [run_plan(plan, [x], g.job)[0].numpy() for x in xs]
+        same = g.runtime.plan is plan and (plan.to_json(), sorted(vars(plan))) == before
+        return closed, nums, plan.calls_in_flight, same, got, want
+
+    for closed, nums, calls, same, got, want in flow.distributed.run(body, world_size=2):
+        assert closed and all(closed) and nums == {3} and calls == 3 and same
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_a_call_returns_before_it_is_over_and_numpy_waits_for_its_output():

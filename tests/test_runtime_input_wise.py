@@ -18,11 +18,12 @@ import pyflow as flow
 from pyflow.compiler.ids import TaskId, encode_task_id, per_rank_id
 from pyflow.compiler.memory import MemoryPlan
 from pyflow.compiler.plan import Plan, replan_memory
-from pyflow.compiler.run_plan import act, run_plan
 from pyflow.compiler.task_graph import RegstDesc, TaskNode
 from pyflow.device import DeviceType
 from pyflow.runtime import Runtime
+from pyflow.runtime.act import act
 from pyflow.runtime.msg import REGST
+from pyflow.runtime.sequential import run_plan
 from tests.test_runtime import assert_all_regsts_back_and_actors_exited
 
 

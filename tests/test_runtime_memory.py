@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 import pyflow as flow
 from pyflow import nn
 from pyflow.compiler.plan import mem_guards
-from pyflow.compiler.run_plan import run_plan
 from pyflow.compiler.task_graph import GUARD_KEY
 from pyflow.runtime import Runtime
+from pyflow.runtime.sequential import run_plan
 from tests.test_runtime import _graph as runtime_graph
 from tests.test_runtime import assert_all_regsts_back_and_actors_exited
 

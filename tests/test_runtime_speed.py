@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import pyflow as flow
 from pyflow import nn
-import pyflow.compiler.run_plan as run_plan_module
+import pyflow.runtime.act as act_module
 import pyflow.runtime.regst as regst_module
 import pyflow.runtime.runtime as runtime_module
 import pyflow.runtime.thread as thread_module
@@ -118,8 +118,8 @@ def test_the_deterministic_pool_hands_out_the_oldest_message_of_the_calls_allowe
 def test_the_runtime_makes_each_tasks_act_once_not_per_act(monkeypatch):
     g, x, expected = _compiled(lambda x: ((x * 2.0).relu() + 1.0).tanh())
     made = []
-    original = run_plan_module.make_act
-    monkeypatch.setattr(run_plan_module, "make_act", lambda plan, task: made.append(task.task_id) or
+    original = act_module.make_act
+    monkeypatch.setattr(act_module, "make_act", lambda plan, task: made.append(task.task_id) or
                         original(plan, task))
     with Runtime(g.plan, g.job) as rt:
         tasks = len(rt.actors)

@@ -32,7 +32,8 @@
 #
 # The code: `pyflow/graph/graph.py` (nn.Graph), `pyflow/compiler/` (`lazy.py`
 # tracing, `passes/`, `op_graph.py`, `task_graph.py`, `boxing/`, `plan.py`,
-# `memory.py`, `run_plan.py`).  The pictures need matplotlib
+# `memory.py`, `rank_ticks.py`), `pyflow/runtime/sequential.py` (the sequential
+# interpreter).  The pictures need matplotlib
 # (`pip install -e '.[trace]'`).
 
 # %%
@@ -219,7 +220,11 @@ def pipeline():
         f.write(plan.to_dot())   # boxing tasks are the salmon boxes; `dot -Tpng` draws it
     say(f"task graph (graphviz) written to {OUT}/plan_rank0.dot ({len(plan.to_dot().splitlines())} lines)")
 
-    # ## the light plan: one record per actor; here the send of stage 0's activation to rank 1
+    # ## the light plan: one record per actor; here the send of stage 0's activation to rank 1.
+    # Nothing on rank 0 reads what a send makes, so the Plan's last compile step (`rank_ticks.py`)
+    # gave it a ctrl regst that rank 0's sink tick reads: the call ends only after the send acted.
+    # Its regst num is the outputs buffer size (2 calls in flight); a recv, reading nothing, got the
+    # source tick's ctrl regst.  The runtime runs this Plan as it is.
     records = str(plan).split("actor id : ")
     send = next(r for r in records if "-send\n" in r.split(" name : ")[-1].split("  chain_id")[0] + "\n"
                 and " chain_id : 0/" in r)

@@ -329,7 +329,7 @@ for name, p in (("with the guards", plan), ("without them", without_guards(plan)
 # %%
 import time
 
-from pyflow.compiler.run_plan import act
+from pyflow.runtime.act import act
 
 w = flow.tensor(np.eye(3, dtype=np.float32))
 

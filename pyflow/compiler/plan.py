@@ -59,11 +59,10 @@ import json
 
 from pyflow.compiler.ids import decode_task_id
 from pyflow.compiler.memory import MemoryPlan, MemRequest, plan_memory
-from pyflow.compiler.run_plan import is_input_wise
 from pyflow.compiler.task_graph import GUARD_KEY, RegstDesc, TaskNode, add_mem_guards, pieces_per_call
 from pyflow.errors import CompileError
 
-__all__ = ["Plan", "make_plan", "replan_memory", "mem_guards", "GUARD_KEY"]
+__all__ = ["Plan", "make_plan", "replan_memory", "mem_guards", "is_input_wise", "GUARD_KEY"]
 
 
 @dataclasses.dataclass
@@ -79,6 +78,7 @@ class Plan:
     memory: MemoryPlan
     op_attrs: dict = dataclasses.field(default_factory=dict)   # op name -> (op type, inputs, attrs)
     boxings: list = dataclasses.field(default_factory=list)    # per boxed edge: lbn, consumer, builder, nodes
+    calls_in_flight: int = 0   # each rank's calls closed by its ticks for this many at once (rank_ticks.py; 0: not)
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -153,7 +153,7 @@ class Plan:
             "order": self.order, "loop": list(self.loop), "loop_times": self.loop_times,
             "memory": self.memory.to_dict(),
             "op_attrs": {k: [v[0], v[1], _jsonable(v[2])] for k, v in self.op_attrs.items()},
-            "boxings": self.boxings,
+            "boxings": self.boxings, "calls_in_flight": self.calls_in_flight,
         })
 
     @classmethod
@@ -164,7 +164,7 @@ class Plan:
                   for r in d["regsts"]}
         return cls(d["job_name"], tasks, regsts, d["order"], tuple(d["loop"]), d["loop_times"],
                    MemoryPlan.from_dict(d["memory"]), {k: tuple(v) for k, v in d["op_attrs"].items()},
-                   d.get("boxings", []))
+                   d.get("boxings", []), d.get("calls_in_flight", 0))
 
 
 def _jsonable(value):
@@ -262,6 +262,21 @@ def replan_memory(plan: Plan, algorithm: str = "best") -> Plan:
 
 
 # --- memory safety under the actor runtime (the module docstring's "Why sharing needs guards") -------------
+
+
+_INPUT_WISE = {"concat": None, "add": 2, "assemble": 2}   # boxing kind -> the input count it must have (None: any)
+
+
+def is_input_wise(task) -> bool:
+    """May ``task`` act one input at a time, in any order (a boxing concat; a two-input add or assemble)?
+
+    The runtime's InputWise actor acts so (its ``act_input``), and the guards rely on it: such a reader
+    holds no producer back (``_GuardPlanner._hold``)."""
+    if task.kind != "boxing" or task.op_type not in _INPUT_WISE:
+        return False
+    inputs = sum(key.startswith("in_") for key in task.consumed)
+    wanted = _INPUT_WISE[task.op_type]
+    return inputs >= 2 and (wanted is None or inputs == wanted)
 
 
 class _ByteHistory:

@@ -24,12 +24,13 @@ What happens at the first call (``g.debug(1)`` prints each step with its time):
    ``input`` ops, every eager tensor it touches (parameters, buffers, captured
    tensors) a ``variable`` op, every op call a Job op.
 2. **Compile** (``pyflow.compiler.compile_job``): the passes, the OpGraph (SBP), the
-   TaskGraph (boxing, copies), regsts and memory, the Plan (``g.plan``).
+   TaskGraph (boxing, copies), regsts and memory, the Plan (``g.plan``), each rank's calls
+   closed by its ticks for ``config.outputs_buffer_size`` calls in flight.
 3. **Run**: the Plan runs on the actor runtime (``pyflow/runtime``), one per graph, made
    at the first call and kept (closed when the graph is garbage-collected or at exit).
    ``g.executor`` (or ``PYFLOW_GRAPH_EXECUTOR``) picks ``"actors"`` (default),
    ``"deterministic"`` (the runtime on the caller's thread, for pdb) or ``"sequential"``
-   (the sequential Plan interpreter, ``pyflow/compiler/run_plan.py``).
+   (the sequential Plan interpreter, ``pyflow/runtime/sequential.py``).
 
 **A call, and successive calls pipelining** (OneFlow: "the outputs buffer size bounds how
 many calls run at once; ``numpy()`` of an output waits for just that call").  ``g(x)``:
@@ -77,14 +78,14 @@ import weakref
 from pyflow import vm
 from pyflow.compiler import compile_job
 from pyflow.compiler.job import Job
-from pyflow.compiler.lazy import LazyTensor, Tracer, tracing
-from pyflow.compiler.run_plan import run_plan
+from pyflow.compiler.lazy import LazyTensor, LazyTracer, tracing
 from pyflow.distributed.global_tensor import make_global, to_local
 from pyflow.errors import GraphError
 from pyflow.framework.creation import empty
 from pyflow.framework.tensor import Tensor
 from pyflow.nn.module import Module
 from pyflow.runtime import Runtime
+from pyflow.runtime.sequential import run_plan
 
 __all__ = ["Graph", "GraphModule", "GraphConfig"]
 
@@ -361,7 +362,7 @@ class Graph:
         job = Job(self.name)
         job.grad_acc_steps = self.config.gradient_accumulation_steps
         job.optimizers = list(self._optimizers)
-        tracer = Tracer(job)
+        tracer = LazyTracer(job)
         for member, proxy in self._members.items():
             for name, t in list(proxy._module.named_parameters()) + list(proxy._module.named_buffers()):
                 tracer.names[id(t)] = f"{member}.{name}"
@@ -381,7 +382,7 @@ class Graph:
         self._log(f"trace build ({len(job)} ops)", time.perf_counter() - start)
         if self._optimizers and job.loss_lbn is None:
             raise GraphError(f"nn.Graph {self.name} has an optimizer but build() called no loss.backward()")
-        self._plan = compile_job(job, tracer, log=self._log)
+        self._plan = compile_job(job, tracer, log=self._log, calls_in_flight=self.config.outputs_buffer_size)
         self._job = job
 
     def _after_call(self) -> None:

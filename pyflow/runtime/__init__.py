@@ -13,24 +13,26 @@ Map of the package (read in this order):
 * ``msg``         - ActorMsg: regst / eord / cmd
 * ``regst``       - Regst (one copy of a regst desc: tensor, piece id, reading count), RegstMgr
                     (every regst where the Plan's memory plan put it, bytes shared)
+* ``act``         - what a task does when its actor acts (OneFlow's kernel call on the regsts' blobs)
 * ``device_ctx``  - when an act's device work is done: the callback that sends its messages
 * ``actors/``     - the Actor state machine (``base``), the tick actors, Repeat/Unpack/Acc/Pack,
                     the actors of send / recv / collective tasks, InputWise (a boxing concat / add
                     acting on each piece as it arrives), the output actor (hands values over)
 * ``msg_bus``     - ActorMsgBus: a message to the thread that owns its actor
 * ``thread``      - Thread (channel + local queue + poll loop), ThreadMgr, deterministic mode
-* ``rank_plan``   - one rank's tasks of the Plan, every call closed by that rank's ticks
 * ``comm_net``    - talking to other ranks: the order send / recv / collective tasks act in
-* ``call``        - one call: its context, its inputs checked, its CallHandle, its frontier (what
+* ``call``        - one call: its CallContext, its inputs checked, its CallHandle, its frontier (what
                     must be issued before ``nn.Graph`` may return while the call still runs)
 * ``watchdog``    - the hang watchdog and the hang report
 * ``runtime``     - Runtime(plan): construct, launch calls, deterministic stepping, close
 * ``timeline``    - one record per act: Chrome trace, PNG, and the acts inside ``flow.trace()``
 * ``pipeline``    - seed 003's four-stage pipeline as a hand-made Plan (benchmarks, tutorial 8)
+* ``sequential``  - ``run_plan``: the sequential reference interpreter of a Plan (no actors)
 
 ``nn.Graph`` runs its Plan here (``pyflow/graph/graph.py``); what each task *does* is
-the compiler's ``act`` (``pyflow/compiler/run_plan.py``), shared with the sequential
-interpreter, so the two always agree.
+``act`` (``act.py``), shared with the sequential interpreter, so the two always agree.
+The runtime only reads the Plan: each rank's calls are closed by its ticks in the compiler
+(``pyflow/compiler/rank_ticks.py``), and a Runtime runs its rank's tasks of it.
 
 >>> import pyflow as flow
 >>> from pyflow import nn

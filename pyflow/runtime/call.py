@@ -2,10 +2,12 @@
 
 A call is what ``Graph.__call__`` (or ``Runtime.launch``) starts: one piece at the source
 tick, ``(call, 0)``, which the actors turn into k micro-batches and back.  Everything an
-act needs besides its regsts is the call's ``CallContext`` (``pyflow/compiler/run_plan.py``):
-the caller's inputs, this call's learning rate and step count (read when the call is
-registered, so calls in flight each keep their own), and where the outputs go.
+act needs besides its regsts is the call's ``CallContext``: the caller's inputs, this call's
+learning rate and step count (read when the call is registered, so calls in flight each keep
+their own), and where the outputs go.
 
+* ``CallContext``  - what a call's acts read and fill besides regsts; ``call_context(job, inputs)``
+  makes it for a compiled Job;
 * ``check_inputs`` - inputs that do not fit the Plan's input regsts are an error before
   anything runs (a compiled graph takes inputs like those it was traced with);
 * ``new_context``  - the call's context (a hand-made Plan without a Job gets an empty one);
@@ -33,16 +35,50 @@ op the caller issues next could otherwise be ordered before them:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
 
-from pyflow.compiler.run_plan import CallContext, call_context
+from pyflow.distributed.global_tensor import make_global
 from pyflow.errors import DeviceError, DTypeError, GraphError, ShapeError
 from pyflow.framework.tensor import Tensor
 from pyflow.runtime.comm_net import is_comm
 
-__all__ = ["CallHandle", "check_inputs", "new_context", "frontier_tasks"]
+__all__ = ["CallContext", "call_context", "CallHandle", "check_inputs", "new_context", "frontier_tasks"]
+
+
+@dataclasses.dataclass
+class CallContext:
+    """What one call of a Plan reads and fills besides its regsts."""
+
+    inputs: list                                  # the graph's eager inputs, by index
+    variables: dict                               # variable op name -> the eager tensor (job.variables)
+    outputs: dict = dataclasses.field(default_factory=dict)   # output index -> the value (a fresh tensor)
+    feeds: dict = dataclasses.field(default_factory=dict)     # variable op name -> its value for this call
+    output_layouts: dict = dataclasses.field(default_factory=dict)   # output index -> (placement, sbp, shape,
+    #                                                                   dtype) of a global output
+    output_count: int = 0
+
+    def results(self) -> list:
+        """The outputs in order; a global output this rank holds no piece of is an empty piece of it."""
+        for i, layout in self.output_layouts.items():
+            if i not in self.outputs:
+                self.outputs[i] = make_global(None, *layout)
+        return [self.outputs[i] for i in range(self.output_count)]
+
+
+def call_context(job, inputs: list) -> CallContext:
+    """The context of one call: its inputs, and this call's values of the job's feeds (lr, step...)."""
+    by_tensor = {id(t): name for name, t in job.variables.items()}
+    feeds = {by_tensor[id(t)]: value() for t, value in job.feeds if id(t) in by_tensor}
+    layouts = {}
+    for name in job.output_ops:
+        op = job.op(name)
+        desc = job.blobs[op.outputs[0]]
+        if desc.placement is not None:
+            layouts[op.attrs["index"]] = (desc.placement, tuple(desc.sbp), tuple(desc.shape), desc.dtype)
+    return CallContext(list(inputs), job.variables, {}, feeds, layouts, len(job.output_ops))
 
 
 class CallHandle:

@@ -25,7 +25,7 @@ act in whatever order their messages arrive:
   before anything it needs from this rank.
 * **A trigger.**  A ``recv`` reads no regst, so nothing would tell it that a call
   started, and a ``send`` makes nothing, so the sink tick would not wait for it:
-  ``rank_plan.py`` joins both to the rank's ticks.
+  the compiler's ``rank_ticks.py`` joins both to the rank's ticks.
 """
 
 from __future__ import annotations

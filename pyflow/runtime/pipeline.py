@@ -9,7 +9,7 @@ run more than regst-num pieces ahead.
 builds that Plan directly (no Job, no compiler passes): a source tick, one task per
 stage, a sink tick, joined by control regsts (no memory: only pieces and back
 pressure).  Every stage gets a thread of its own.  The tasks are of kind ``tick``, so
-the compiler's ``act`` does nothing for them; ``sleeping_act(costs)`` makes an ``act_fn``
+``act`` (``act.py``) does nothing for them; ``sleeping_act(costs)`` makes an ``act_fn``
 for ``Runtime(plan, act_fn=...)`` that spends ``costs[stage]`` seconds in each act
 (``time.sleep`` releases the GIL, like a kernel on a device or I/O).
 

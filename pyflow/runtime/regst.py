@@ -16,7 +16,7 @@ ahead of its slowest consumer (seed 003, 5.5.5).
 **RegstMgr** makes every Regst of the rank's tasks once, before anything runs (OneFlow
 allocates all memory when the runtime starts; running costs no allocation):
 
-* ``planned`` regsts live in one chunk per (rank, device) (``chunk_tensors``); copy
+* ``planned`` regsts live in one chunk per (rank, device) (``make_chunks``); copy
   i of a regst desc is the view ``planned_tensor(plan, chunks, desc, copy=i)``;
 * ``variable`` / ``input`` / ``alias`` / ``output`` regsts stand for memory that is
   not the runtime's (a parameter, the caller's input, another regst's memory, the
@@ -37,10 +37,14 @@ num`` bytes (its regst nums edited by hand) is planned again by the Runtime firs
 
 from __future__ import annotations
 
-from pyflow.compiler.run_plan import make_chunks, planned_tensor
-from pyflow.errors import GraphError
+import numpy as np
 
-__all__ = ["Regst", "RegstMgr", "memory_fits", "requests_by_regst"]
+from pyflow.errors import GraphError
+from pyflow.framework.creation import empty
+from pyflow.framework.tensor import Tensor, _Version
+from pyflow.vm.eager_blob_object import EagerBlobObject
+
+__all__ = ["Regst", "RegstMgr", "memory_fits", "requests_by_regst", "make_chunks", "planned_tensor"]
 
 
 class Regst:
@@ -65,6 +69,22 @@ class Regst:
     def __repr__(self) -> str:
         state = f"piece {self.piece}, reading count {self.reading_count}" if self.piece is not None else "free"
         return f"<Regst {self.desc.lbn}#{self.index} ({state})>"
+
+
+def make_chunks(plan, rank: int) -> dict:
+    """One new uint8 eager tensor per chunk of ``rank`` (``plan.memory.block_sizes`` bytes each)."""
+    mine = f"rank{rank}/"
+    return {key: empty(max(int(size), 1), dtype="uint8", device=key.split("/", 1)[1])
+            for key, size in plan.memory.block_sizes.items() if key.startswith(mine)}   # others: their rank's
+
+
+def planned_tensor(plan, chunks: dict, regst, copy: int = 0) -> Tensor:
+    """Copy ``copy`` of a planned regst (of its ``max_regst_num``): a view into its device's chunk."""
+    chunk = chunks[plan.chunk_key(regst)]
+    dtype = np.dtype(regst.dtype)
+    offset = plan.memory.offsets[plan.memory_root(regst).id] + copy * regst.nbytes   # inplace: the input's memory
+    blob = EagerBlobObject(chunk._blob.storage, regst.shape, dtype, None, offset // dtype.itemsize)
+    return Tensor._wrap(blob, chunk._handle, _Version())
 
 
 def requests_by_regst(plan) -> dict:
@@ -116,7 +136,7 @@ class RegstMgr:
         mine = set(task_ids)
         descs = [desc for desc in plan.regsts.values() if desc.producer in mine]
         self.plan = plan
-        self.chunks = make_chunks(plan, rank)   # one uint8 tensor per device of this rank (its own, not run_plan's)
+        self.chunks = make_chunks(plan, rank)   # one uint8 tensor per device of this rank (its own)
         self._regsts: dict[int, list[Regst]] = {}
         requests = requests_by_regst(plan)
         for desc in descs:

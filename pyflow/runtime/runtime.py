@@ -6,8 +6,9 @@ nothing is central: actors react to messages.  pyflow's Runtime:
 
 1. **Globals**: the ``RegstMgr`` (every regst, memory allocated once, as the Plan's
    memory plan lays it out; a Plan whose regst nums were edited by hand is planned
-   again first, ``regst.py``), the ``ActorMsgBus``, the ``ThreadMgr`` (one thread per
-   stream id of the Plan).
+   again first, ``regst.py``; one closed for fewer calls in flight, ``rank_ticks.py``, is
+   closed again: new Plans, never an edit), the ``ActorMsgBus``, the ``ThreadMgr`` (one
+   thread per stream id of the Plan).
 2. **Construct**: a ``construct`` command per task goes to its thread; the thread
    builds the actor there; the runtime waits until all are built.
 3. **Calls**: ``launch(inputs)`` registers a call (its ``CallContext``: the inputs,
@@ -34,7 +35,8 @@ work is pending, and no actor acted for ``hang_timeout`` seconds
 waiting here blocks on ``changed`` (notified by what it waits for) and reports a hang itself the
 same way.  In deterministic mode an empty pool with a call unfinished is reported at once.
 
-**Ranks**: a Runtime runs the tasks of the rank that makes it (``rank_plan.py``); in a
+**Ranks**: a Runtime runs the tasks of the rank that makes it (``rank_tasks``: each rank's
+calls are closed by its own ticks, the compiler's ``rank_ticks.py``); in a
 world of several ranks each rank makes its own, and they meet through send / recv /
 collective tasks (``comm_net.py``).
 
@@ -53,14 +55,13 @@ import weakref
 
 from pyflow import env
 from pyflow.compiler.plan import replan_memory
-from pyflow.compiler import run_plan
-from pyflow.compiler.run_plan import CallContext, act, act_table
+from pyflow.compiler.rank_ticks import close_calls, rank_tasks
 from pyflow.errors import OpError, RuntimeHangError
-from pyflow.runtime.call import CallHandle, check_inputs, frontier_tasks, new_context
+from pyflow.runtime.act import act_table
+from pyflow.runtime.call import CallContext, CallHandle, check_inputs, frontier_tasks, new_context
 from pyflow.runtime.comm_net import CommOrder
 from pyflow.runtime.msg import cmd_msg
 from pyflow.runtime.msg_bus import ActorMsgBus
-from pyflow.runtime.rank_plan import rank_plan
 from pyflow.runtime.regst import RegstMgr, memory_fits
 from pyflow.runtime.thread import DeterministicThread, ThreadMgr
 from pyflow.runtime.timeline import ActRecord, plot, report_to_tracers, save_chrome_trace
@@ -76,8 +77,8 @@ class Runtime:
     """Actors for every task of ``plan`` (see the module docstring).
 
     ``job`` gives the variables and per-call feeds (``nn.Graph`` passes its Job); a
-    hand-made Plan without variables may leave it None.  ``act_fn`` replaces the
-    compiler's ``act`` (tests and benchmarks: e.g. tasks that sleep).  ``timeline``
+    hand-made Plan without variables may leave it None.  ``act_fn`` replaces
+    ``act`` (``act.py``; tests and benchmarks: e.g. tasks that sleep).  ``timeline``
     keeps that many act records (0: none).
     """
 
@@ -95,11 +96,12 @@ class Runtime:
         self._timeline: collections.deque = collections.deque(maxlen=timeline)
         if not memory_fits(plan):   # regst nums edited by hand: plan its memory, and the guards, again
             plan = replan_memory(plan)
-        self.plan, mine, self.source_id, self.sink_id = rank_plan(plan, self.rank, max_calls_in_flight)
+        if plan.calls_in_flight < max_calls_in_flight:   # closed for fewer calls (or none): close it for ours
+            plan = close_calls(plan, max_calls_in_flight)
+        self.plan = plan   # read, never edited: the two steps above make new Plans (the compiler's)
+        mine, self.source_id, self.sink_id = rank_tasks(plan, self.rank)
         self.comm_order = CommOrder(self.plan, [t.task_id for t in mine])
-        self.act_fn = act_fn or act   # (``act`` looked up now: a test may replace this module's)
-        if self.act_fn is run_plan.act:   # the compiler's act, made once per task now (OneFlow's kernels)
-            self.act_fn = act_table(self.plan, mine)
+        self.act_fn = act_fn or act_table(self.plan, mine)   # each task's act made now (OneFlow's kernels)
         self.error: BaseException | None = None
         self.closed = False
         self.actors: dict = {}

@@ -15,7 +15,7 @@ traced once stays right:
   tensor, refilled before every call.
 
 Those refills are ``job.feeds``: ``(tensor, function giving its value)``; the values are
-taken when a call is launched (``run_plan.call_context``) and written by that tensor's
+taken when a call is launched (the runtime's ``call_context``) and written by that tensor's
 ``variable`` task when it acts for that call, so pipelined calls each see their own.  Gradients were already scaled by ``1 / k`` (the
 autograd pass) and Acc'ed over the micro-batches, so the update runs once per call.
 """

@@ -17,8 +17,8 @@ Its state machine (OneFlow's ``HandlerNormal`` / ``HandlerZombie``)::
 ``is_read_ready``: every consumed slot holds the piece this act needs.
 ``is_write_ready``: every produced slot has a free regst (or one it is still filling).
 
-One **act** (``act_once``): take the inputs' tensors, perform the task with the
-compiler's ``act(plan, task, ins, outs, j, call)`` (the one definition of what a task
+One **act** (``act_once``): take the inputs' tensors, perform the task with
+``act(plan, task, ins, outs, j, call)`` (``runtime/act.py``: the one definition of what a task
 does, shared with the sequential interpreter), then send each produced regst to its
 consumers (reading count = number of consumers) and return each consumed regst to
 its producer.  Messages to actors on this thread go out at once; the others after
@@ -52,9 +52,9 @@ import bisect
 import collections
 import time
 
-from pyflow.compiler.run_plan import produced_regsts
 from pyflow.compiler.task_graph import pieces_per_call
 from pyflow.errors import OpError
+from pyflow.runtime.act import produced_regsts
 from pyflow.runtime.device_ctx import after_device_work
 from pyflow.runtime.msg import CMD, EORD, REGST, eord_msg, regst_msg
 

@@ -1,6 +1,6 @@
 """Seed 003 (5.9): the actor of a task that talks to other ranks: send, recv, collective.
 
-It is the normal actor (its act is the compiler's ``act``: ``run_boxing_task`` with the
+It is the normal actor (its act is ``act``, ``runtime/act.py``: ``run_boxing_task`` with the
 rank's transport) plus one rule from ``pyflow/runtime/comm_net.py``: it is read-ready
 only on its **turn**, the rank's communication tasks acting one after another in the
 Plan's order, so that every rank issues its collectives in the same order and no

@@ -6,7 +6,7 @@ ops inside act k times per call.  Four actors cross the loop's border, each defi
 by how many pieces it takes and makes per call:
 
 =========  ========  =========  ==========================================================
-actor      takes     makes      what an act does (``act`` in ``run_plan.py``)
+actor      takes     makes      what an act does (``act`` in ``act.py``)
 =========  ========  =========  ==========================================================
 Repeat     1         k          passes its input on (its output is an alias of it); the
                                 input goes back after the k-th act *and* once every

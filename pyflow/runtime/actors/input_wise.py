@@ -8,7 +8,7 @@ ReduceGather actors were such).  Per piece ``(call, j)`` of its output:
 
 * it is read-ready when its ctrl inputs are there and *some* data input of this piece has
   arrived and was not used yet; it acts on that one alone (the earliest to arrive):
-  ``act_input`` (``pyflow/compiler/run_plan.py``) writes it into the output regst, which it
+  ``act_input`` (``pyflow/runtime/act.py``) writes it into the output regst, which it
   took at the piece's first act and keeps until the last;
 * that input goes back to its producer at once (which may then make its next piece);
 * the act on the last input sends the output to its consumers and the ctrl inputs back.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 
-from pyflow.compiler.run_plan import act_input
+from pyflow.runtime.act import act_input
 from pyflow.errors import OpError
 from pyflow.runtime.actors.base import Actor
 

@@ -1,6 +1,6 @@
 """Seed 003: the output actor: hands each call's output value to the call's handle once it is written.
 
-An output task's act (the compiler's ``act``) copies the value into a fresh tensor: the regst
+An output task's act (``act``, ``runtime/act.py``) copies the value into a fresh tensor: the regst
 it reads is the runtime's memory, used again by the next piece, while the value is the
 caller's.  The output actor then waits, without blocking its thread, until that copy is done
 (``after_device_work``), and hands the tensor (this rank's piece of it) to the call's

@@ -1,13 +1,13 @@
-"""A sequential interpreter of a Plan: run every task once per call, in the Plan's order.
+"""What a task does when its actor acts: OneFlow's kernel call, on the Regsts' blobs.
 
-This is the smallest thing that executes a Plan, kept for the tests and for debugging
-(``nn.Graph`` runs its Plans on the actor runtime, ``pyflow/runtime``; its
-``executor="sequential"`` picks this one): no threads, no messages, no back pressure;
-the tasks run in ``plan.order``, the micro-batch loop k times.  ``act`` - one act of
-one task - is shared with the actor runtime.  What it
-does check is the compiler's output: every regst lives where the memory plan put it
-(a view into its device's chunk), so a plan that let two live regsts overlap gives
-wrong numbers here.
+In OneFlow an actor's ``Act()`` launches its kernels (``AsyncLaunchKernel``) on the blobs of
+the regsts it reads and writes.  In pyflow a task's kernel is ``make_act(plan, task)``: a
+function ``(ins, outs, j, call) -> list`` over the tensors of its consumed regsts (``ins``,
+by slot ``in_0, in_1, ...``) and of its produced ones (``outs``, the regst's memory, or
+``None`` where the act supplies it), at micro-batch ``j`` of the call whose ``CallContext``
+(``call.py``) it is.  The actor runtime makes one per task when it starts (``act_table``), as
+OneFlow's actors build their kernels once; the sequential interpreter (``sequential.py``) runs
+the same definitions, so the two always agree.
 
 Each task kind, at micro-batch ``j``:
 
@@ -23,91 +23,28 @@ pack          writes its input into rows ``j*b ..`` of its output
 output        a fresh eager tensor with the value (``nn.Graph`` copies it into the tensor it
               handed the caller: its output critical section); its regst is that tensor
 tick          nothing
+boxing        ``run_boxing_task`` (``pyflow/compiler/boxing_tasks.py``): slice, concat, add...
 ============  ===========================================================================
 
-**Input-wise tasks** (``is_input_wise``): a boxing ``concat`` and a two-input boxing ``add`` /
-``assemble`` may also be done one input at a time, in any order (``act_input``): the actor
-runtime's InputWise actor acts on each piece as it arrives (from another rank, say) instead
-of waiting for all of them.  The result is the same bitwise: concat writes disjoint rows,
-and with two inputs ``a + b == b + a``.  (OneFlow's ReduceAdd sums any number of pieces in
-arrival order; pyflow keeps three or more in a fixed order, so its numbers never depend on
+**Input-wise tasks** (the compiler's ``is_input_wise``): a boxing ``concat`` and a two-input
+boxing ``add`` / ``assemble`` may also be done one input at a time, in any order (``act_input``):
+the actor runtime's InputWise actor acts on each piece as it arrives (from another rank, say)
+instead of waiting for all of them.  The result is the same bitwise: concat writes disjoint
+rows, and with two inputs ``a + b == b + a``.  (OneFlow's ReduceAdd sums any number of pieces
+in arrival order; pyflow keeps three or more in a fixed order, so its numbers never depend on
 timing.)
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
-
-from pyflow import env
 from pyflow.compiler.boxing_tasks import run_boxing_task
 from pyflow.distributed.global_tensor import make_global, to_local
-from pyflow.framework.creation import empty
 from pyflow.framework.interpreter import apply
 from pyflow.framework.op_registry import get_op
-from pyflow.framework.tensor import Tensor, _StorageHandle, _Version
-from pyflow.vm.eager_blob_object import EagerBlobObject
+from pyflow.framework.tensor import Tensor
+from pyflow.runtime.call import CallContext
 
-__all__ = ["run_plan", "act", "make_act", "act_table", "act_input", "is_input_wise", "CallContext", "call_context", "chunk_tensors",
-           "make_chunks", "planned_tensor", "produced_regsts"]
-
-
-@dataclasses.dataclass
-class CallContext:
-    """What one call of a Plan reads and fills besides its regsts."""
-
-    inputs: list                                  # the graph's eager inputs, by index
-    variables: dict                               # variable op name -> the eager tensor (job.variables)
-    outputs: dict = dataclasses.field(default_factory=dict)   # output index -> the value (a fresh tensor)
-    feeds: dict = dataclasses.field(default_factory=dict)     # variable op name -> its value for this call
-    output_layouts: dict = dataclasses.field(default_factory=dict)   # output index -> (placement, sbp, shape,
-    #                                                                   dtype) of a global output
-    output_count: int = 0
-
-    def results(self) -> list:
-        """The outputs in order; a global output this rank holds no piece of is an empty piece of it."""
-        for i, layout in self.output_layouts.items():
-            if i not in self.outputs:
-                self.outputs[i] = make_global(None, *layout)
-        return [self.outputs[i] for i in range(self.output_count)]
-
-
-def call_context(job, inputs: list) -> CallContext:
-    """The context of one call: its inputs, and this call's values of the job's feeds (lr, step...)."""
-    by_tensor = {id(t): name for name, t in job.variables.items()}
-    feeds = {by_tensor[id(t)]: value() for t, value in job.feeds if id(t) in by_tensor}
-    layouts = {}
-    for name in job.output_ops:
-        op = job.op(name)
-        desc = job.blobs[op.outputs[0]]
-        if desc.placement is not None:
-            layouts[op.attrs["index"]] = (desc.placement, tuple(desc.sbp), tuple(desc.shape), desc.dtype)
-    return CallContext(list(inputs), job.variables, {}, feeds, layouts, len(job.output_ops))
-
-
-def make_chunks(plan, rank: int) -> dict:
-    """One new uint8 eager tensor per chunk of ``rank`` (``plan.memory.block_sizes`` bytes each)."""
-    mine = f"rank{rank}/"
-    return {key: empty(max(int(size), 1), dtype="uint8", device=key.split("/", 1)[1])
-            for key, size in plan.memory.block_sizes.items() if key.startswith(mine)}   # others: their rank's
-
-
-def chunk_tensors(plan) -> dict:
-    """The sequential interpreter's chunks of this rank: ``make_chunks``, made once per plan and kept on it."""
-    chunks = getattr(plan, "_chunk_tensors", None)
-    if chunks is None:
-        chunks = plan._chunk_tensors = make_chunks(plan, env.get_rank())
-    return chunks
-
-
-def planned_tensor(plan, chunks: dict, regst, copy: int = 0) -> Tensor:
-    """Copy ``copy`` of a planned regst (of its ``max_regst_num``): a view into its device's chunk."""
-    chunk = chunks[plan.chunk_key(regst)]
-    dtype = np.dtype(regst.dtype)
-    offset = plan.memory.offsets[plan.memory_root(regst).id] + copy * regst.nbytes   # inplace: the input's memory
-    blob = EagerBlobObject(chunk._blob.storage, regst.shape, dtype, None, offset // dtype.itemsize)
-    return Tensor._wrap(blob, chunk._handle, _Version())
+__all__ = ["act", "make_act", "act_table", "act_input", "produced_regsts"]
 
 
 def produced_regsts(plan, task) -> list:
@@ -117,32 +54,6 @@ def produced_regsts(plan, task) -> list:
         found.append(plan.regsts[task.produced[f"out_{i}"]])
         i += 1
     return found
-
-
-def run_plan(plan, inputs: list, job) -> list:
-    """Run one call of ``plan``: ``inputs`` are the graph's eager inputs; returns its outputs in order."""
-    chunks = chunk_tensors(plan)
-    values: dict[int, Tensor] = {}   # regst id -> the tensor it is this call
-    rank = env.get_rank()
-    for regst in plan.regsts.values():
-        if regst.mem == "planned" and regst.rank == rank:
-            values[regst.id] = planned_tensor(plan, chunks, regst)
-    call = call_context(job, inputs)
-    start, end = plan.loop
-    order = plan.order
-    steps = [(order[:start], 1), (order[start:end], plan.loop_times if end > start else 0), (order[end:], 1)]
-    for tids, times in steps:
-        for j in range(times):
-            for tid in tids:
-                task = plan.tasks[tid]
-                if task.rank != rank:
-                    continue   # every rank runs its own tasks of the one Plan
-                ins = {key: values[ids[0]] for key, ids in task.consumed.items() if key != "ctrl"}
-                produced = produced_regsts(plan, task)
-                results = act(plan, task, ins, [values.get(r.id) for r in produced], j, call)
-                for r, result in zip(produced, results):
-                    values[r.id] = result
-    return call.results()
 
 
 def act(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
@@ -266,18 +177,6 @@ def _make_act(plan, task):
         results = apply(op_type, args[:n_in], out=targets or None, **kwargs)
         return list(results) if results is not None else list(outs)
     return compute
-
-
-_INPUT_WISE = {"concat": None, "add": 2, "assemble": 2}   # boxing kind -> the input count it must have (None: any)
-
-
-def is_input_wise(task) -> bool:
-    """May ``task`` act one input at a time (see the module docstring)?"""
-    if task.kind != "boxing" or task.op_type not in _INPUT_WISE:
-        return False
-    inputs = sum(key.startswith("in_") for key in task.consumed)
-    wanted = _INPUT_WISE[task.op_type]
-    return inputs >= 2 and (wanted is None or inputs == wanted)
 
 
 def act_input(plan, task, key: str, x: Tensor, out: Tensor, first: bool) -> None:
