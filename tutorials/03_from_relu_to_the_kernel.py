@@ -22,8 +22,8 @@
 # **step through** it with a debugger.
 #
 # Run it as a script (`python tutorials/03_from_relu_to_the_kernel.py`) or open
-# it as a notebook with jupytext.  It pokes at internals (`tensor._blob`,
-# `Tensor._empty`) on purpose.
+# it as a notebook with jupytext.  It pokes at internals (`tensor._blob`, the
+# interpreter's steps one by one) on purpose.
 
 # %%
 import os
@@ -39,10 +39,9 @@ import traceback
 import numpy as np
 
 import pyflow as flow
-from pyflow.device import default_stream
-from pyflow.framework.interpreter import get_default_device, kernel_target
-from pyflow.framework.op_registry import TensorMeta, get_op
-from pyflow.framework.tensor import Tensor
+from pyflow.framework.interpreter import (build_op_call, check_out, infer, infer_device_and_stream, infer_logical,
+                                         kernel_target, make_outputs)
+from pyflow.framework.op_registry import get_op
 from pyflow.kernels.registry import get_kernel
 from pyflow.vm import InstructionsBuilder
 
@@ -68,30 +67,41 @@ assert (y.numpy() == np.array([[1.0, 0.0], [3.0, 0.0]], dtype=np.float32)).all()
 # `flow.relu(x)` is `interpreter.apply("relu", [x])`.  `apply` looks the op up
 # in the op registry.  An `OpDef` holds the op's shape and dtype inference, the
 # name of its kernel, and whether it picks its own stream.
+#
+# `apply` is a few named steps, each a function of
+# `pyflow/framework/interpreter.py`; this tutorial calls them one by one.  The
+# first is `infer_logical`: type promotion (the dtype each input has for the
+# kernel) and the op's shape and dtype inference.  The global interpreter and
+# nn.Graph's tracer run the same step.  Bad input fails here, before anything
+# is issued.
 
 # %%
 op = get_op("relu")
 print("name:", op.name, "| kernel:", op.kernel, "| mutable inputs:", op.mutable_inputs,
       "| own device/stream inference:", op.infer_device_and_stream)
-print("infer:", op.infer([TensorMeta((2, 2), np.dtype("float32"))], {}))
+print("infer_logical:", infer_logical(op, [x], {}))
+try:
+    infer_logical(get_op("matmul"), [x, flow.ones(3, 3, device="cuda")], {})
+except flow.errors.ShapeError as error:
+    print("ShapeError:", error)
 kernel = get_kernel(op.kernel, kernel_target(x.device))
 print("the kernel for", kernel_target(x.device), "is", f"{kernel.__module__}.{kernel.__qualname__}")
 
 # %% [markdown]
 # ## 3. Device and stream inference
 #
-# relu defines no inference of its own, so the default rules apply.  The device
-# is the first input's device.  The stream is that device's default stream,
-# (device, compute).  A *stream symbol* is an interned description of a
-# stream, and each new one gets a dense `unique_stream_id`.  The `copy` op
-# picks its own stream: cpu -> cuda runs on the target's host2device stream.
+# The next step is `infer_device_and_stream`.  relu defines no inference of its
+# own, so the default rules apply.  The device is the first input's device.  The
+# stream is that device's default stream, (device, compute).  A *stream
+# symbol* is an interned description of a stream, and each new one gets a dense
+# `unique_stream_id`.  The `copy` op picks its own stream: cpu -> cuda runs on
+# the target's host2device stream.
 
 # %%
-device = get_default_device("relu", [x])
-stream = default_stream(device)
+device, stream = infer_device_and_stream(op, [x], {})
 print("device:", device, "| stream symbol:", stream, "| unique_stream_id:", stream.unique_stream_id)
 x_cpu = flow.tensor([[1.0, -2.0], [3.0, -4.0]])
-copy_device, copy_stream = get_op("copy").infer_device_and_stream([x_cpu], {"device": "cuda"})
+copy_device, copy_stream = infer_device_and_stream(get_op("copy"), [x_cpu], {"device": flow.device("cuda")})
 print("copy cpu -> cuda runs on:", copy_device, copy_stream.stream_type.name)
 
 
@@ -100,8 +110,17 @@ print("copy cpu -> cuda runs on:", copy_device, copy_stream.stream_type.name)
 #
 # `apply` ends with a *PhysicalRun* (`pyflow.vm.physical_run`): it builds
 # instructions with an `InstructionsBuilder` and hands the list to the VM
-# (`vm.receive`).  Below, `op_call` does what `apply` does (steps 1-4 of
-# `pyflow/framework/interpreter.py`) on a builder we hold, and
+# (`vm.receive`).  Below, `op_call` does what `apply` does, with `apply`'s own
+# steps, on a builder we hold:
+# - `infer` is the two steps above, through a cache keyed by the call's
+#   signature (op, input shapes, dtypes, devices, attributes), so a call seen
+#   before infers nothing.  Its result also holds the kernel;
+# - (`convert_inputs` makes tensors of Python numbers and casts inputs to the
+#   kernel's dtype; relu on a float tensor needs neither, so `op_call` skips it)
+# - `make_outputs` creates the output tensors, with no memory yet: the VM
+#   allocates when it prepares the instruction;
+# - `build_op_call` appends the OpCall instruction to the builder.
+#
 # `physical_run_by_hand` prints the list before the VM receives it.
 
 
@@ -109,21 +128,15 @@ print("copy cpu -> cuda runs on:", copy_device, copy_stream.stream_type.name)
 def op_call(builder, name, inputs, **attrs):
     """interpreter.apply, appending to ``builder`` instead of starting its own PhysicalRun."""
     op = get_op(name)
-    if op.infer_device_and_stream is not None:
-        device, stream = op.infer_device_and_stream(inputs, attrs)
-    else:
-        device = get_default_device(name, inputs)
-        stream = default_stream(device)
-    metas = op.infer([TensorMeta(t.shape, t.dtype) for t in inputs], attrs)
-    outputs = [Tensor._empty(device, m.shape, m.dtype) for m in metas]  # no memory yet
-    kernel = get_kernel(op.kernel, kernel_target(stream.device)) if op.kernel else None
-    kernel_attrs = {k: attrs[k] for k in op.kernel_attrs if k in attrs}
-
-    def run(out_arrays, in_arrays, native_stream):  # what the worker will call
-        op.launch(kernel, out_arrays, in_arrays, kernel_attrs, native_stream)
-
-    builder.call(name, run, [t._blob for t in inputs], [t._blob for t in outputs], stream, op.mutable_inputs)
+    inferred = infer(op, inputs, attrs)  # device, stream, dtypes, output shapes, kernel
+    outputs = make_outputs(inferred)  # no memory yet
+    build_op_call(builder, inputs, outputs, inferred, attrs)
     return outputs[0]
+
+
+inferred = infer(op, [x], {})
+print("inferred:", inferred.device, inferred.stream, "| input dtypes:", inferred.dtypes,
+      "| outputs (shape, dtype, nbytes, strides):", inferred.outputs)
 
 
 vm = flow.vm.get_vm()
@@ -184,7 +197,9 @@ assert hold.released and relu.released
 # A write waits for the last writer (WAW) and for every reader since it (WAR):
 # a relu issued before the `add_` must read the old values.
 #
-# `op_call_into` below is `op_call` with an existing output.  As in section 4, a
+# `op_call_into` below is `op_call` with an existing output.  `check_out`
+# applies PyTorch's rules for writing into it, and `make_outputs` hands back
+# `out` itself, since it has the result's shape and dtype.  As in section 4, a
 # gate holds an earlier writer of `x`; then we issue a relu that reads `x`, and
 # the in-place add.
 
@@ -192,13 +207,11 @@ assert hold.released and relu.released
 def op_call_into(builder, name, inputs, out):
     """apply(name, inputs, out=[out]) in miniature: the OpCall writes ``out``'s blob."""
     op = get_op(name)
-    stream = default_stream(get_default_device(name, inputs))
-    kernel = get_kernel(op.kernel, kernel_target(stream.device))
-
-    def run(out_arrays, in_arrays, native_stream):
-        op.launch(kernel, out_arrays, in_arrays, {}, native_stream)
-
-    builder.call(name, run, [t._blob for t in inputs], [out._blob], stream)
+    inferred = infer(op, inputs, {})
+    check_out([out], inferred)
+    (output,) = make_outputs(inferred, [out])
+    assert output is out
+    build_op_call(builder, inputs, [output], inferred, {})
 
 
 one = flow.ones(2, 2, device="cuda")
@@ -237,7 +250,7 @@ except flow.errors.DTypeError as error:
 # %% [markdown]
 # ## 6. Streams: symbol, vm stream, worker
 #
-# The instruction runs on a `vm.Stream`, the VM's side of one stream symbol.
+# The instruction runs on a `VmStream` (OneFlow's vm::Stream), the VM's side of one stream symbol.
 # A vm stream has a `ThreadCtx`, the worker thread that computes its
 # instructions.  OneFlow has one ThreadCtx per device type (and thread uid), so
 # cuda:0's compute and host2device streams share one worker.

@@ -3,7 +3,7 @@
 OneFlow switches its interpreter: inside ``build`` every op goes to the
 *LazyInterpreter*, which infers shapes and dtypes (so bad input still fails at the
 call) and appends an OpConf to the Job; nothing runs.  pyflow does the same:
-``pyflow.framework.interpreter.apply`` hands the call to the installed ``Tracer``
+``pyflow.framework.interpreter.apply`` hands the call to the installed ``LazyTracer``
 while a trace is open on this thread.
 
 * A **LazyTensor** is a tensor with a name (its lbn) and no memory: shape, dtype,
@@ -31,20 +31,18 @@ import threading
 import numpy as np
 
 from pyflow.compiler.job import BlobDesc, Job, JobOp, lbn_of
-from pyflow.errors import (ArgumentTypeError, AxisError, CompileError, DeviceError, DTypeError, GraphError,
-                           IndexOutOfRangeError, ShapeError)
+from pyflow.errors import ArgumentTypeError, CompileError, DeviceError, GraphError
 from pyflow.framework import args, interpreter
 from pyflow.framework.dtypes import is_scalar
-from pyflow.framework.op_registry import TensorMeta, get_op
+from pyflow.framework.op_registry import get_op
 from pyflow.framework.sbp import SbpParallel
 from pyflow.framework.tensor import Tensor, _Version
 from pyflow.kernels.layout import contiguous_strides
 
-__all__ = ["LazyTensor", "Tracer", "tracing", "paused", "current_job", "user_line", "device_of"]
+__all__ = ["LazyTensor", "LazyTracer", "tracing", "paused", "current_job", "user_line", "device_of"]
 
 _S0 = SbpParallel("split", 0)
 _PYFLOW_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CHECK_ERRORS = (ShapeError, DTypeError, AxisError, IndexOutOfRangeError, ArgumentTypeError, DeviceError)
 
 
 def user_line() -> str:
@@ -92,7 +90,7 @@ class LazyTensor(Tensor):
     __slots__ = ("_lbn", "_trace", "_has_views", "_is_view")
 
     @classmethod
-    def _make(cls, trace: "Tracer", lbn: str, desc: BlobDesc) -> "LazyTensor":
+    def _make(cls, trace: "LazyTracer", lbn: str, desc: BlobDesc) -> "LazyTensor":
         t = object.__new__(cls)
         t._blob, t._handle, t._versions, t._global, t._autograd = LazyBlob(desc.shape, desc.dtype, device_of(desc)), \
             None, _Version(), None, None
@@ -179,7 +177,7 @@ def current_job() -> Job | None:
 
 
 @contextlib.contextmanager
-def tracing(tracer: "Tracer"):
+def tracing(tracer: "LazyTracer"):
     """Lazy mode on this thread while the block runs (``build`` is traced inside it)."""
     if _state.tracer is not None:
         raise GraphError(f"nn.Graph {tracer.job.name!r} called while graph {_state.tracer.job.name!r} is being "
@@ -231,7 +229,7 @@ class _Hook:
 interpreter.install_lazy_tracer(_Hook())
 
 
-class Tracer:
+class LazyTracer:
     """Records one ``build`` call into ``job``."""
 
     def __init__(self, job: Job):
@@ -331,15 +329,12 @@ class Tracer:
             return self._global_apply(name, op, inputs, tensors, out, attrs)
         if "device" in attrs:
             attrs["device"] = args.device(attrs["device"], name)
-        try:
-            if op.infer_device_and_stream is not None:
-                device = op.infer_device_and_stream(tensors, attrs)[0]
-            else:
-                device = interpreter.get_default_device(name, tensors, attrs.get("device"))
-            dtypes = interpreter._promoted_dtypes(op, inputs)
-            metas = op.infer([TensorMeta(tuple(getattr(x, "shape", ())), d) for x, d in zip(inputs, dtypes)], attrs)
-        except _CHECK_ERRORS as error:
-            raise type(error)(f"{error} [op {name!r} in nn.Graph build at {user_line()}]") from None
+
+        def where():   # a rejected call names the user's line in build
+            return f"op {name!r} in nn.Graph build at {user_line()}"
+
+        device, _ = interpreter.infer_device_and_stream(op, inputs, attrs, where)
+        _, metas = interpreter.infer_logical(op, inputs, attrs, where)
         descs = [BlobDesc(tuple(m.shape), m.dtype, device=device) for m in metas]
         writes = {i: inputs[i]._lbn for i in op.mutable_inputs if i < len(inputs) and isinstance(inputs[i], Tensor)}
         for i, lbn in writes.items():
@@ -367,11 +362,8 @@ class Tracer:
                               f"({', '.join(str(p) for p in placements)}); box them onto one with "
                               ".to_global(placement=...) first")
         (placement,) = placements
-        try:
-            dtypes = interpreter._promoted_dtypes(op, inputs)
-            metas = op.infer([TensorMeta(tuple(getattr(x, "shape", ())), d) for x, d in zip(inputs, dtypes)], attrs)
-        except _CHECK_ERRORS as error:
-            raise type(error)(f"{error} [op {name!r} in nn.Graph build at {user_line()}]") from None
+        _, metas = interpreter.infer_logical(op, inputs, attrs,
+                                             where=lambda: f"op {name!r} in nn.Graph build at {user_line()}")
         writes = {i: inputs[i]._lbn for i in op.mutable_inputs if i < len(inputs) and isinstance(inputs[i], Tensor)}
         try:
             signature = infer_signature(name, descs_in, [m.shape for m in metas], attrs, placement, writes)

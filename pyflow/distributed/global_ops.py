@@ -4,8 +4,9 @@
 On every rank, in the same order:
 
 1. **checks**: no local tensor mixed in, every input on one placement;
-2. **logical inference**: the op's own inference (and type promotion) on the
-   logical shapes and dtypes, so every rank knows the result's shape;
+2. **logical inference**: type promotion and the op's own inference on the
+   logical shapes and dtypes (``interpreter.infer_logical``, the prologue every
+   interpreter shares), so every rank knows the result's shape;
 3. **SBP signature**: the cheapest of the op's candidates for the inputs' current
    SBPs (``signatures.py``; ``last_signature`` keeps the choice for tests and
    tutorials);
@@ -27,15 +28,13 @@ from pyflow import env
 from pyflow.distributed.boxing_steps import Layout
 from pyflow.distributed.global_tensor import box, global_numpy, global_tensor, layout_of, make_global, to_local
 from pyflow.distributed.signatures import choose_signature
-from pyflow.errors import ArgumentTypeError, AxisError, DeviceError, DTypeError, IndexOutOfRangeError, ShapeError
+from pyflow.errors import DeviceError, ShapeError
 from pyflow.framework import interpreter
 from pyflow.framework.args import describe
-from pyflow.framework.op_registry import TensorMeta, get_op
+from pyflow.framework.op_registry import get_op
 from pyflow.framework.tensor import Tensor
 
 __all__ = ["GlobalInterpreter"]
-
-_CHECK_ERRORS = (ShapeError, DTypeError, AxisError, IndexOutOfRangeError, ArgumentTypeError, DeviceError)
 
 
 class GlobalInterpreter:
@@ -80,11 +79,7 @@ class GlobalInterpreter:
             raise DeviceError(f"op {name!r}: inputs on different placements ({listed}); box them onto one with "
                               ".to_global(placement=...) first")
         placement = placements.pop()
-        try:
-            dtypes = interpreter._promoted_dtypes(op, inputs)
-            metas = op.infer([TensorMeta(tuple(getattr(x, "shape", ())), d) for x, d in zip(inputs, dtypes)], attrs)
-        except _CHECK_ERRORS as error:
-            raise type(error)(f"{error} [op {name!r}, inputs: {'; '.join(describe(t) for t in tensors)}]") from None
+        dtypes, metas = interpreter.infer_logical(op, inputs, attrs)
         shapes = [tuple(x.shape) if isinstance(x, Tensor) else None for x in inputs]
         current = [x._global.sbp if isinstance(x, Tensor) else None for x in inputs]
         signature = choose_signature(name, shapes, [np.dtype(d) for d in dtypes], [m.shape for m in metas], attrs,

@@ -1,6 +1,7 @@
 """Seeds 000/002: the eager interpreter: from ``apply("relu", [x])`` to an OpCall instruction.
 
-For one op call, in OneFlow's order:
+For one op call, in OneFlow's order, each step a function of this module (tutorial 03
+calls them one by one):
 
 1. **GetDefaultDevice** - the first input's device; with no inputs, the
    ``device`` attribute (which must exist on this machine), else cpu.  Every
@@ -8,25 +9,30 @@ For one op call, in OneFlow's order:
    ``.to()``.
 2. **InferDeviceAndStream** - the device's default (compute) stream, unless the op
    defines its own (copies between devices use host2device / device2host).
+   Steps 1-2 are ``infer_device_and_stream``.
 3. **Type promotion** (``OpDef.promote_inputs``, PyTorch's rule in
-   ``dtypes.py``) and **shape/dtype inference** (``OpDef.infer``) - here, at the
-   call: bad input raises now, naming op, shapes, dtypes and devices.  Nothing
-   has been issued yet, so a rejected call leaves no instruction behind.
-4. Issue: Python scalars become tensors, operands are cast to the common dtype,
-   the output tensors are created (no memory yet: the VM allocates when it
-   prepares the instruction), and **PhysicalRun** issues an
-   ``InstructionsBuilder.call``.
+   ``dtypes.py``) and **shape/dtype inference** (``OpDef.infer``):
+   ``infer_logical``, the prologue the global interpreter and nn.Graph's tracer
+   share.  Here, at the call, bad input raises, naming op, shapes, dtypes and
+   devices.  Nothing has been issued yet, so a rejected call leaves no
+   instruction behind.  ``infer`` is steps 1-3 for one call, through the cache
+   below.
+4. Issue: Python scalars become tensors and operands are cast to the common
+   dtype (``convert_inputs``); the output tensors are created, with no memory
+   yet: the VM allocates when it prepares the instruction (``make_outputs``);
+   and **PhysicalRun** issues an ``InstructionsBuilder.call``
+   (``build_op_call``, the OpCall instruction).
 
 **Writing into existing tensors** (``out=``): in-place ops (``x.add_(y)``,
 ``x += y``, ``x[idx] = v``) pass the tensors to write.  The OpCall then *writes*
 their storage, so the VM orders it after every earlier reader (WAR) and writer
-(WAW).  PyTorch's rule applies: the result must broadcast to the output's shape
-and be castable to its dtype (``int_tensor.add_(1.5)`` is a ``DTypeError``); when
-it has another shape or dtype, the op writes a temporary that a ``cast`` then
-copies into the output.  An input that overlaps an output's memory without
-being the very same view (``x[1:] += x[:-1]``) is copied first, decided on the
-blobs' layouts alone (no data is read).  Every write bumps the storage's version
-counter (``tensor._version``).
+(WAW).  PyTorch's rule applies (``check_out``): the result must broadcast to the
+output's shape and be castable to its dtype (``int_tensor.add_(1.5)`` is a
+``DTypeError``); when it has another shape or dtype, the op writes a temporary
+that a ``cast`` then copies into the output.  An input that overlaps an output's
+memory without being the very same view (``x[1:] += x[:-1]``) is copied first
+(``copy_overlapping_inputs``), decided on the blobs' layouts alone (no data is
+read).  Every write bumps the storage's version counter (``tensor._version``).
 
 **The inference cache.**  Steps 1-3 depend only on the op, each input's (shape,
 dtype, device) or Python scalar type, and the attributes, so their result (an
@@ -40,6 +46,7 @@ checked) afresh.  A call that fails inference is never cached.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -53,7 +60,9 @@ from pyflow.framework.op_registry import TensorMeta, get_op
 from pyflow.kernels.layout import contiguous_strides, padded_strides
 from pyflow.kernels.registry import get_kernel
 
-__all__ = ["apply", "get_default_device", "kernel_target", "describe", "global_interpreter"]
+__all__ = ["apply", "get_default_device", "kernel_target", "describe", "global_interpreter",
+           "LogicalInference", "infer_device_and_stream", "infer_logical", "infer", "check_out", "convert_inputs",
+           "make_outputs", "copy_overlapping_inputs", "build_op_call"]
 
 # OneFlow picks an interpreter per call: EagerLocalInterpreter for local tensors,
 # EagerGlobalInterpreter when an input is global.  pyflow.distributed installs the
@@ -115,6 +124,16 @@ def _describe(inputs) -> str:
     return "; ".join(describe(t) if hasattr(t, "shape") else repr(t) for t in inputs)
 
 
+def _rejected(error, op_name: str, inputs, where=None):
+    """``error``, raised by a check of a call, with the call appended: ``[op 'add', inputs: ...]`` (the
+    inputs' shapes, dtypes and devices), or ``[where()]``, the caller's own account of the call."""
+    if where is not None:
+        return type(error)(f"{error} [{where()}]")
+    if not inputs:
+        return error
+    return type(error)(f"{error} [op {op_name!r}, inputs: {_describe(inputs)}]")
+
+
 def _promoted_dtypes(op, inputs) -> list:
     """The dtype each input has for the kernel (PyTorch's promotion over ``op.promote_inputs``)."""
     dtypes = [None if is_scalar(x) else x.dtype for x in inputs]
@@ -132,15 +151,57 @@ def _promoted_dtypes(op, inputs) -> list:
     return dtypes
 
 
+def infer_device_and_stream(op, inputs, attrs: dict, where=None) -> tuple:
+    """Steps 1-2: the (device, stream) the op runs on: the op's own rule (``OpDef.infer_device_and_stream``,
+    e.g. a copy's host2device stream), else the inputs' one device (GetDefaultDevice) and its compute
+    stream.  ``inputs`` are tensors and Python numbers; a bad call raises as ``infer_logical`` does."""
+    tensors = [x for x in inputs if not is_scalar(x)]
+    try:
+        if op.infer_device_and_stream is not None:
+            return op.infer_device_and_stream(tensors, attrs)
+        device = get_default_device(op.name, tensors, attrs.get("device"))
+        return device, default_stream(device)
+    except _CHECK_ERRORS as error:
+        raise _rejected(error, op.name, inputs, where) from None
+
+
+class LogicalInference(NamedTuple):
+    """What step 3 decides for a call: ``dtypes``, the dtype each input has for the kernel (after type
+    promotion), and ``metas``, each output's shape and dtype (``TensorMeta``)."""
+
+    dtypes: list
+    metas: list
+
+
+def infer_logical(op, inputs, attrs: dict, where=None) -> LogicalInference:
+    """Step 3, the interpreters' shared prologue: type promotion over ``op.promote_inputs``, then the
+    op's shape and dtype inference (``OpDef.infer``) on the promoted inputs.
+
+    Every interpreter runs it before anything else is decided: the local one here (once per signature,
+    through the cache), the global one on logical shapes (``distributed/global_ops.py``), and nn.Graph's
+    tracer while ``build`` records (``compiler/lazy.py``).  ``inputs`` are tensors (or anything with
+    ``shape`` and ``dtype``) and Python numbers.  Bad input raises the check's error (``ShapeError``,
+    ``DTypeError``, ...) with the call appended, ``[op 'add', inputs: float32[2, 3] on cpu:0; 1.5]``, or
+    ``[where()]`` when the caller says where the call came from (nn.Graph names the user's line).
+    """
+    try:
+        dtypes = _promoted_dtypes(op, inputs)
+        metas = op.infer([TensorMeta(tuple(getattr(x, "shape", ())), d) for x, d in zip(inputs, dtypes)], attrs)
+    except _CHECK_ERRORS as error:
+        raise _rejected(error, op.name, inputs, where) from None
+    return LogicalInference(dtypes, metas)
+
+
 def _internal_overlap(t) -> bool:
     """Do two elements of ``t`` share memory (a stride-0, expanded dim)?"""
     return math.prod(t.shape) > 1 and any(s == 0 and n > 1 for n, s in zip(t.shape, t._blob.strides))
 
 
-def _check_out(name, out, metas, device) -> None:
-    """PyTorch's rules for writing an op's results into existing tensors."""
-    from pyflow.framework.tensor import Tensor
-
+def check_out(out: list, inferred: Inferred) -> None:
+    """PyTorch's rules for writing an op's results into existing tensors (``out=``), checked before
+    anything is issued: as many tensors as results, on the op's device, each result broadcasting to its
+    output's shape and castable to its dtype, and no output whose elements share memory."""
+    name, metas, device = inferred.op.name, inferred.metas, inferred.device
     if len(out) != len(metas):
         raise ArgumentTypeError(f"op {name!r}: {len(out)} output tensor(s) given, the op makes {len(metas)}")
     for o, meta in zip(out, metas):
@@ -197,8 +258,6 @@ def _kernel(op, stream):
 def _global_scalars(op, inputs: list) -> list:
     """The inputs backward sees: Python numbers as global B tensors on the op's placement (as the
     local path saves them as tensors), so the same rules serve both."""
-    from pyflow.framework.tensor import Tensor
-
     if not any(is_scalar(x) for x in inputs):
         return list(inputs)
     placement = next(x._global.placement for x in inputs if isinstance(x, Tensor) and x._global is not None)
@@ -253,21 +312,17 @@ def _signature(op, inputs, attrs):
     return key
 
 
-def infer(op, name: str, inputs: list, tensors: list, attrs: dict) -> Inferred:
-    """Steps 1-3 for a call (device, stream, promotion, shapes), from the cache when the signature was seen."""
+def infer(op, inputs: list, attrs: dict) -> Inferred:
+    """Steps 1-3 for a call (``infer_device_and_stream``, ``infer_logical``), from the cache when its
+    signature was seen: the cache lookup comes first, so a seen call does nothing else here."""
     key = _signature(op, inputs, attrs)
     found = _inferred.get(key) if key is not None else None
     if found is not None and found.op is op:
         cache_stats["hits"] += 1
         return found
     cache_stats["misses"] += 1
-    if op.infer_device_and_stream is not None:
-        device, stream = op.infer_device_and_stream(tensors, attrs)
-    else:
-        device = get_default_device(name, tensors, attrs.get("device"))
-        stream = default_stream(device)
-    dtypes = _promoted_dtypes(op, inputs)
-    metas = op.infer([TensorMeta(tuple(getattr(x, "shape", ())), d) for x, d in zip(inputs, dtypes)], attrs)
+    device, stream = infer_device_and_stream(op, inputs, attrs)
+    dtypes, metas = infer_logical(op, inputs, attrs)
     found = Inferred(op, device, stream, dtypes, metas, attrs, inputs)
     if key is not None:
         if len(_inferred) >= _CACHE_LIMIT:
@@ -281,14 +336,57 @@ def clear_inference_cache() -> None:
     _inferred.clear()
 
 
+def convert_inputs(inputs: list, values: list, inferred: Inferred) -> None:
+    """Step 4, the first instructions: each Python number becomes a tensor on the op's device (``values``
+    holds each number already converted to its dtype, ``None`` for tensors) and each tensor whose dtype
+    is not the kernel's is cast (a ``cast`` op).  ``inputs`` is updated in place."""
+    for i, (x, dtype) in enumerate(zip(inputs, inferred.dtypes)):
+        if values[i] is not None:
+            inputs[i] = tensor(values[i], device=inferred.device)
+        elif x.dtype != dtype:
+            inputs[i] = apply("cast", [x], dtype=dtype)[0]
+
+
+def make_outputs(inferred: Inferred, out=None) -> list:
+    """Step 4: the tensors the OpCall writes.  New tensors with no memory yet (the VM allocates when it
+    prepares the instruction); with ``out=``, each out tensor that has its result's shape and dtype is
+    written directly, and another gets a new tensor that ``apply`` casts into it after the op."""
+    if out is None:
+        return [Tensor._new(inferred.device, *spec) for spec in inferred.outputs]
+    return [o if o.shape == meta.shape and o.dtype == meta.dtype else Tensor._new(inferred.device, *spec)
+            for o, meta, spec in zip(out, inferred.metas, inferred.outputs)]
+
+
+def copy_overlapping_inputs(op, inputs: list, written: list) -> None:
+    """Step 4, before an OpCall that writes ``written``: an input that may overlap one of them (and is not
+    the very same view, for an op that allows it) is replaced by a copy, since the op must read the
+    input before it changes.  Decided on the blobs' layouts alone; ``inputs`` is updated in place."""
+    for i, x in enumerate(inputs):
+        if any(may_overlap(x._blob, o._blob) and not (op.same_view_in_place and _same_view(x._blob, o._blob))
+               for o in written):
+            inputs[i] = apply("contiguous", [x])[0]
+
+
+def build_op_call(builder, inputs: list, outputs: list, inferred: Inferred, attrs: dict) -> None:
+    """Step 4, what PhysicalRun calls with its ``InstructionsBuilder`` (OneFlow's ``builder->Call(...)``):
+    append the OpCall instruction.  It reads the inputs' blobs, writes the outputs' blobs (and the op's
+    mutable inputs), and runs on ``inferred.stream``, whose worker launches the op's kernel."""
+    op, kernel, kernel_attrs = inferred.op, inferred.kernel, inferred.kernel_attrs
+
+    def run(out_arrays, in_arrays, native_stream):   # what the worker calls
+        op.launch(kernel, out_arrays, in_arrays, kernel_attrs, native_stream)
+
+    on_failed = None if op.on_failed_inputs is None else (lambda failure: op.on_failed_inputs(attrs, failure))
+    builder.call(op.name, run, [t._blob for t in inputs], [t._blob for t in outputs], inferred.stream,
+                 op.mutable_inputs, on_failed_inputs=on_failed)
+
+
 def apply(name: str, inputs, *, out=None, **attrs) -> list:
     """Run op ``name`` eagerly on ``inputs``; returns the output tensors.
 
     ``inputs`` are tensors, and Python scalars where the op promotes.  ``out``: a
     list of existing tensors to write the results into (see the module docstring).
     """
-    from pyflow.framework.tensor import Tensor, tensor
-
     if _lazy_tracer is not None and _lazy_tracer.active():   # inside nn.Graph.build: record, don't run
         return _lazy_tracer.apply(name, list(inputs), out, attrs)
     op = get_op(name)
@@ -312,52 +410,27 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
     if op.updates_input is not None and out is None and isinstance(inputs[op.updates_input], Tensor):
         out = [inputs[op.updates_input].clone()]   # out of place: the op updates a copy of that input
         inputs[op.updates_input] = out[0]
+    inferred = infer(op, inputs, attrs)   # steps 1-3
     try:
-        inferred = infer(op, name, inputs, tensors, attrs)
-        device, stream, dtypes, metas = inferred.device, inferred.stream, inferred.dtypes, inferred.metas
         values = [to_scalar(x, d, name) if is_scalar(x) else None
-                  for x, d in zip(inputs, dtypes)] if inferred.converts else None
+                  for x, d in zip(inputs, inferred.dtypes)] if inferred.converts else None
         if out is not None:
             out = list(out)
-            _check_out(name, out, metas, device)
+            check_out(out, inferred)
     except _CHECK_ERRORS as error:
-        if inputs:
-            raise type(error)(f"{error} [op {name!r}, inputs: {_describe(inputs)}]") from None
-        raise
-    kernel = inferred.kernel
+        raise _rejected(error, name, inputs) from None
     if recording:
         _recorder.check_inplace(name, out)
 
     # --- everything is checked: from here on, instructions are issued -------------------------------
     if values is not None:
-        for i, (x, dtype) in enumerate(zip(inputs, dtypes)):
-            if values[i] is not None:
-                inputs[i] = tensor(values[i], device=device)
-            elif x.dtype != dtype:
-                inputs[i] = apply("cast", [x], dtype=dtype)[0]
-    if out is None:
-        outputs, written = [Tensor._new(device, *spec) for spec in inferred.outputs], ()
-    else:
-        outputs, written = [], []   # written: the out= tensors the kernel writes itself
-        for o, meta, spec in zip(out, metas, inferred.outputs):
-            if o.shape == meta.shape and o.dtype == meta.dtype:
-                written.append(o)
-                outputs.append(o)
-            else:
-                outputs.append(Tensor._new(device, *spec))
-    for i, x in enumerate(inputs if written else ()):
-        if any(may_overlap(x._blob, o._blob) and not (op.same_view_in_place and _same_view(x._blob, o._blob))
-               for o in written):
-            inputs[i] = apply("contiguous", [x])[0]   # a copy: the op must read x before it changes
-    kernel_attrs = inferred.kernel_attrs
-
-    def run(out_arrays, in_arrays, native_stream):
-        op.launch(kernel, out_arrays, in_arrays, kernel_attrs, native_stream)
-
-    on_failed = None if op.on_failed_inputs is None else (lambda failure: op.on_failed_inputs(attrs, failure))
+        convert_inputs(inputs, values, inferred)
+    outputs = make_outputs(inferred, out)
+    written = () if out is None else [o for o, result in zip(out, outputs) if result is o]   # by the kernel itself
+    if written:
+        copy_overlapping_inputs(op, inputs, written)
     saved = _recorder.before(name, inputs, written) if recording else None
-    vm.run(lambda builder: builder.call(name, run, [t._blob for t in inputs], [t._blob for t in outputs],
-                                        stream, op.mutable_inputs, on_failed_inputs=on_failed))
+    vm.run(lambda builder: build_op_call(builder, inputs, outputs, inferred, attrs))
     for o in written:
         o._bump_version()
     if recording:
@@ -368,3 +441,8 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
         if result is not o:   # another shape or dtype: the result is broadcast and cast into o
             apply("cast", [broadcast_view(result, o.shape)], dtype=o.dtype, out=[o])
     return out
+
+
+# The Tensor module imports this one (its methods call ``apply``) and ``apply`` makes Tensors: importing
+# it last lets either module load first, and keeps an import statement off the path of every op call.
+from pyflow.framework.tensor import Tensor, tensor  # noqa: E402

@@ -45,7 +45,7 @@ class JobCtx:
         if any(not isinstance(x, str) for x in op.inputs):   # Python numbers: tensors, as eager saves them
             from pyflow.framework import interpreter
 
-            dtypes = interpreter._promoted_dtypes(get_op(op.type), self.inputs)
+            dtypes = interpreter.infer_logical(get_op(op.type), self.inputs, self.attrs).dtypes
             like = job.blobs[op.outputs[0]]
             self.inputs = [x if isinstance(x, LazyTensor) else constant(x, d, like)
                            for x, d in zip(self.inputs, dtypes)]
@@ -182,15 +182,15 @@ def run(job, tracer) -> None:
         if op.type == "to_global":
             add(op.inputs[0], to_global_backward(job, op, out_grads[0]))
             continue
-        rule = get_op(op.type).backward
-        if rule is None:
+        definition = get_op(op.type)
+        if not definition.differentiable:
             raise CompileError(f"op {op.name} ({op.type}, at {op.line}) has no backward rule, but the loss needs "
                                "a gradient through it")
         tracer.stage, tracer.line = op.stage, f"backward of {op.line}"
         ctx = JobCtx(job, tracer, op, wants)
         out_grads = [g if g is not None else zeros(job.blobs[lbn], job.blobs[lbn].dtype)
                      for g, lbn in zip(out_grads, op.outputs)]
-        result = rule(ctx, out_grads if len(out_grads) > 1 else out_grads[0])
+        result = definition.backward(ctx, out_grads if len(out_grads) > 1 else out_grads[0])
         result = list(result) if isinstance(result, (list, tuple)) else [result]
         for x, g in zip(op.inputs, result):
             if g is not None and isinstance(x, str) and x in wants:
