@@ -6,7 +6,8 @@ MiniTorch-style factories build every kernel from a scalar device function
 * **strided** - operands of any layout: transposed, sliced, broadcast with
   stride 0 (see ``kernels/layout.py``);
 * **contiguous** - a fast path when every operand is C-contiguous with the
-  output's shape.
+  output's shape (zip: or a single element, as a Python scalar becomes: its
+  step is 0, so ``x * 1.5`` needs no index arithmetic per element).
 
 The ops themselves are data in ``kernels/ufuncs.py``: for each op the dtypes it
 accepts, its result dtype (numpy's, with ``int32 / int32`` giving float64 as in
@@ -108,10 +109,11 @@ def make_zip(fn, compute=None):
             i += cuda.gridsize(1)
 
     @jit
-    def zip_contiguous(out, a, b, n):
+    def zip_contiguous(out, a, a_step, b, b_step, n):
+        # a step is 1 (an operand laid out as the output) or 0 (one element, read by every i)
         i = cuda.grid(1)
         while i < n:
-            out[i] = fn(to(a[i]), to(b[i]))
+            out[i] = fn(to(a[i * a_step]), to(b[i * b_step]))
             i += cuda.gridsize(1)
 
     return zip_strided, zip_contiguous
@@ -169,9 +171,11 @@ def _launch(op, strided, contiguous, out, inputs, extra=(), stream=0):
     grid, block = elementwise_config(n, [out.dtype] + [x.dtype for x in inputs])
     out_storage, out_strides = flat(out)
     operands = [kernel_operand(x, shape) for x in inputs]
-    dense = contiguous_strides(shape)
-    if contiguous is not None and out_strides == dense and all(s == dense for _, s in operands):
-        launcher(contiguous, grid, block, stream)(out_storage, *[st for st, _ in operands], n)
+    dense, single = contiguous_strides(shape), (0,) * len(shape)
+    steps = [1 if s == dense else 0 if s == single else None for _, s in operands]   # zip's a_step, b_step
+    if contiguous is not None and out_strides == dense and None not in steps and (len(steps) == 2 or steps == [1]):
+        args = [operands[0][0]] if len(steps) == 1 else [a for (st, _), k in zip(operands, steps) for a in (st, k)]
+        launcher(contiguous, grid, block, stream)(out_storage, *args, n)
         return
     args = [out_storage, out_strides, shape]
     for storage, strides in operands:

@@ -23,6 +23,7 @@ def test_the_readme_has_examples_to_run():
 
 
 @pytest.mark.parametrize("first_line, code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_each_readme_example_runs(first_line, code):
+def test_each_readme_example_runs(first_line, code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # the files an example writes (a checkpoint) land in a fresh directory
     with contextlib.redirect_stdout(io.StringIO()):
         exec(compile(code, f"README.md ({first_line})", "exec"), {"__name__": "readme"})  # noqa: S102

@@ -12,8 +12,9 @@ Pipeline (one ``CompiledKernel`` per ``SimKernel``):
    ``~/.cache/pyflow/sim``), so numba's ``cache=True`` keeps the machine code
    between runs, and a student can open the file;
 5. a launch runs ``_drive`` on a worker thread while the caller watches (``cu_launch``:
-   blocks one after another; or, with grid barriers, ``scopes.Machine`` calling
-   ``cu_run`` node after node for the whole grid): an
+   blocks one after another, or, when the blocks never meet, ranges of blocks on several
+   cores at once; with grid barriers, the compiled control machine stepping through the
+   nodes for the whole grid): an
    exception names the block and thread (``where``), Ctrl-C and a kernel making no
    progress for ``hang_timeout`` seconds stop it (``cancel``), and the result code
    becomes the threaded tier's error (``DivergentBarrierError``, ``GridSyncExitError``...).
@@ -63,7 +64,9 @@ _RUNTIME_STAMP = hashlib.sha1((inspect.getsource(cpu_runtime) + inspect.getsourc
                                 + inspect.getsource(grid_machine)).encode()).hexdigest()[:12]
 _POLL_SECONDS = 0.02
 _STOP_SECONDS = 10.0   # how long a cancelled launch may take to notice
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_MIN_PART_WORK = 4096   # a core is worth its hand-off for a range of blocks with this much work (threads, elements)
+_pool: concurrent.futures.ThreadPoolExecutor | None = None        # launches (one worker each)
+_part_pool: concurrent.futures.ThreadPoolExecutor | None = None   # the other ranges of a launch's blocks
 _pool_lock = threading.Lock()
 
 
@@ -113,8 +116,9 @@ def _stop(future, cancel) -> bool:
     concurrent.futures.wait([future], timeout=_STOP_SECONDS)
     if future.done():
         return True
-    with _pool_lock:   # the stuck worker keeps its thread; later launches get threads of their own
-        _pool = None
+    global _part_pool
+    with _pool_lock:   # the stuck workers keep their threads; later launches get threads of their own
+        _pool = _part_pool = None
     return False
 
 
@@ -125,6 +129,36 @@ def _pool_submit(fn):
             _pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2),
                                                           thread_name_prefix="pyflow-sim-compiled")
         return _pool.submit(fn)
+
+
+def _part_submit(fn):
+    global _part_pool
+    with _pool_lock:
+        if _part_pool is None:
+            _part_pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1),
+                                                               thread_name_prefix="pyflow-sim-blocks")
+        return _part_pool.submit(fn)
+
+
+def block_ranges(blocks: int, work: int, independent: bool, cores: int) -> list:
+    """The ranges of blocks a launch runs at once, one per core: ``[(0, blocks)]`` unless its blocks are
+    independent (``Translation.blocks_independent``) and each range gets enough ``work`` (the launch's
+    threads or its largest array's elements, whichever is more) to pay for a core.
+
+    >>> block_ranges(8, 8192, True, 2), block_ranges(8, 8192, False, 2), block_ranges(2, 64, True, 2)
+    ([(0, 4), (4, 8)], [(0, 8)], [(0, 2)])
+    """
+    n = max(1, min(cores, blocks, work // _MIN_PART_WORK)) if independent else 1
+    bounds = [blocks * i // n for i in range(n + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+class _PartFailed(Exception):
+    """Range ``part`` of a launch's blocks raised ``error``."""
+
+    def __init__(self, part: int, error: BaseException):
+        super().__init__(part, error)
+        self.part, self.error = part, error
 
 
 def _storage_type(ty) -> str:
@@ -142,8 +176,9 @@ def _storage_type(ty) -> str:
 class _Prepared:
     """One argument-types' compiled module and what its errors need to be told."""
 
-    def __init__(self, module, nodes, source_path):
+    def __init__(self, module, nodes, source_path, independent: bool):
         self.module, self.nodes, self.source_path = module, nodes, source_path
+        self.independent = independent   # its blocks may run on several cores at once
 
 
 class CompiledKernel:
@@ -156,6 +191,7 @@ class CompiledKernel:
         self._translated = None     # (Translation, Split) or Unsupported
         self._prepared: dict = {}   # argument types -> _Prepared or Unsupported
         self.compile_seconds = 0.0
+        self.last_ranges = 0        # how many ranges of blocks (cores) the last launch ran on
 
     # ---- translation and compilation ---------------------------------------------
 
@@ -229,7 +265,7 @@ class CompiledKernel:
                 else:
                     module.cu_launch.compile((nbtypes.int64,) * 2 + (nbtypes.int64[::1],) * 3 + (nbtypes.int64,) * 6
                                              + tuple(types) + storage)
-                return _Prepared(module, sp.all_nodes, module.__file__)
+                return _Prepared(module, sp.all_nodes, module.__file__, tr.blocks_independent)
             except Exception:
                 if not bare:
                     raise
@@ -294,28 +330,37 @@ class CompiledKernel:
 
     # ---- a launch ---------------------------------------------------------------
 
-    def launch(self, prepared: _Prepared, grid, block, dynshared: int, args, hang_timeout) -> None:
-        report = np.zeros(8, np.int64)
-        where = np.full(4, -1, np.int64)
+    def launch(self, prepared: _Prepared, grid, block, dynshared: int, args, hang_timeout, cores: int = 1) -> None:
+        """Run the launch (``cores``: how many CPU cores its blocks may use, ``block_ranges``)."""
+        threads, blocks = block[0] * block[1] * block[2], grid[0] * grid[1] * grid[2]
+        work = max([blocks * threads] + [a.size for a in args if isinstance(a, np.ndarray)])
+        ranges = block_ranges(blocks, work, prepared.independent and not prepared.module.COOPERATIVE, cores)
+        self.last_ranges = len(ranges)
+        report = np.zeros((len(ranges), 8), np.int64)   # a row per range of blocks
+        where = np.full((len(ranges), 4), -1, np.int64)
         cancel = np.zeros(1, np.int64)
         worker: list = []
 
         def work():
             worker.append(threading.get_ident())
-            return _drive(prepared.module, grid, block, dynshared, args, report, where, cancel)
+            if len(ranges) == 1:
+                return 0, _drive(prepared.module, grid, block, dynshared, args, report[0], where[0], cancel)
+            return _drive_ranges(prepared.module, ranges, grid, block, dynshared, args, report, where, cancel)
 
         future = _pool_submit(work)
         try:
-            code = self._watch(future, where, cancel, hang_timeout, worker)
+            part, code = self._watch(future, where, cancel, hang_timeout, worker)
         except KernelHangError:
             raise
         except KeyboardInterrupt:
             _stop(future, cancel)
             raise
+        except _PartFailed as failed:
+            raise self._located(failed.error, prepared, grid, block, where[failed.part]) from failed.error
         except Exception as error:
-            raise self._located(error, prepared, grid, block, where) from error
+            raise self._located(error, prepared, grid, block, where[0]) from error
         if code != cpu_runtime.OK:
-            raise self._failure(code, prepared, grid, block, report)
+            raise self._failure(code, prepared, grid, block, report[part])
 
     def _watch(self, future, where, cancel, hang_timeout, worker):
         last, since = None, time.monotonic()
@@ -325,14 +370,15 @@ class CompiledKernel:
             except concurrent.futures.TimeoutError:
                 pass
             now = time.monotonic()
-            if (where[0], where[2]) != last:   # a node run, or the next thread: progress
-                last, since = (where[0], where[2]), now
+            seen = (int(where[:, 0].sum()), tuple(where[:, 2]))
+            if seen != last:   # a node run, or the next thread, in some range of blocks: progress
+                last, since = seen, now
             elif hang_timeout is not None and now - since > hang_timeout:
                 doing = _doing(worker)
                 stopped = _stop(future, cancel)
                 raise KernelHangError(
                     f"kernel {self.name!r} made no progress for {hang_timeout:g} s (compiled tier; "
-                    f"last in block number {where[1]}, thread number {where[2]}); "
+                    f"last in block number {where[0, 1]}, thread number {where[0, 2]}); "
                     "PYFLOW_SIM_TIMEOUT / configure(hang_timeout=...) sets the limit"
                     + ("" if stopped else "; its worker thread did not stop (a loop the tier cannot "
                        "interrupt, in a device function) and keeps running") + doing)
@@ -387,8 +433,7 @@ def _drive(module, grid, block, dynshared, args, report, where, cancel) -> int:
     threads, blocks = block[0] * block[1] * block[2], grid[0] * grid[1] * grid[2]
     dims = (grid[0], grid[1], grid[2], block[0], block[1], block[2])
     if not module.COOPERATIVE:   # blocks one after another, each through compiled control flow
-        storage = module.cu_allocate(1, threads, dynshared)
-        return module.cu_launch(0, blocks, where, report, cancel, *dims, *args, *storage)
+        return _drive_blocks(module, 0, blocks, grid, block, dynshared, args, report, where, cancel)
     storage = module.cu_allocate(blocks, threads, dynshared)
     alive = np.ones(blocks * threads, np.bool_)
     module.cu_start_batch(storage, args)
@@ -419,6 +464,37 @@ def _drive(module, grid, block, dynshared, args, report, where, cancel) -> int:
             if code != cpu_runtime.OK:
                 return code
         machine.take(results, bounds, live)
+
+
+def _drive_blocks(module, first, end, grid, block, dynshared, args, report, where, cancel) -> int:
+    """Blocks ``first`` to ``end - 1`` of a launch without grid barriers, one after another, with shared and
+    per-thread memory of their own (one block's worth)."""
+    dims = (grid[0], grid[1], grid[2], block[0], block[1], block[2])
+    storage = module.cu_allocate(1, block[0] * block[1] * block[2], dynshared)
+    return module.cu_launch(first, end, where, report, cancel, *dims, *args, *storage)
+
+
+def _drive_ranges(module, ranges, grid, block, dynshared, args, report, where, cancel) -> tuple:
+    """Independent blocks on several cores: range 0 on this thread, the others on the part pool (the
+    compiled code holds no GIL).  ``(range, code)`` of the first range that failed, or ``(0, OK)``.
+
+    A range stops at its first failing block, so the failure reported, the lowest range's, is the one
+    a run of the blocks one after another would have met first: the errors do not depend on timing.
+    """
+    def part(i):
+        try:
+            return _drive_blocks(module, *ranges[i], grid, block, dynshared, args, report[i], where[i], cancel)
+        except Exception as error:   # reported below, in range order
+            return _PartFailed(i, error)
+
+    others = [_part_submit(lambda i=i: part(i)) for i in range(1, len(ranges))]
+    outcomes = [part(0)] + [f.result() for f in others]
+    for i, outcome in enumerate(outcomes):
+        if isinstance(outcome, _PartFailed):
+            raise outcome
+        if outcome != cpu_runtime.OK:
+            return i, outcome
+    return 0, cpu_runtime.OK
 
 
 def _doing(worker: list) -> str:

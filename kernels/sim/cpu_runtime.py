@@ -9,8 +9,8 @@ Atomics: the compiled tier runs one simulated thread at a time, so an atomic
 read-modify-write is a plain read and write.  Each helper returns the old value
 and computes the new one exactly as numba's simulator does (``max`` keeps the
 old value unless the new one is greater, so a NaN argument is ignored; ``inc``
-and ``dec`` wrap at ``val``).  Blocks of one launch never run at the same time in
-this tier, so nothing here needs a lock.
+and ``dec`` wrap at ``val``).  A launch with an atomic keeps its blocks on one
+core (``Translation.blocks_independent``), so nothing here needs a lock.
 
 Launch results (``launch`` returns one; ``report`` holds the details):
 ``OK``, ``DIVERGENT`` (threads of a block took different ways around a barrier),

@@ -33,7 +33,7 @@ from pyflow.kernels.launch_config import split_config, validate_launch
 from . import settings as _settings
 from .fake_cuda import SharedMemory, SimCudaModule
 from .grid import GridRun, SimThread
-from .tiers import compiled_for
+from .tiers import compiled_for, count_threaded
 
 __all__ = ["jit", "SimKernel", "SimDeviceFunction", "SimLaunch"]
 
@@ -170,7 +170,7 @@ class SimLaunch:
             compiled, prepared = chosen
             self.kernel.last_tier = "compiled"
             try:
-                compiled.launch(prepared, self.grid, self.block, self.dynshared, args, s.hang_timeout)
+                compiled.launch(prepared, self.grid, self.block, self.dynshared, args, s.hang_timeout, s.cores)
             except KernelError as error:
                 if cooperative or error.block_idx is None:
                     raise
@@ -178,9 +178,10 @@ class SimLaunch:
                 raise
             return
         self.kernel.last_tier = "threads"
-        self._run_threaded(args, limit, cooperative, s)
+        run = self._run_threaded(args, limit, cooperative, s)
+        count_threaded(self.kernel, run.total_threads, run.arrivals)
 
-    def _run_threaded(self, args, limit, cooperative, s, only_blocks=None) -> None:
+    def _run_threaded(self, args, limit, cooperative, s, only_blocks=None) -> GridRun:
         fake = SimCudaModule(self.grid, self.block)
         run = GridRun(self.kernel.__name__, self.kernel.py_func, args,
                       self.grid, self.block, lambda: SharedMemory(self.dynshared),
@@ -195,6 +196,7 @@ class SimLaunch:
             finally:
                 sys.setswitchinterval(previous_interval)
                 _stock_kernel_module._kernel_context = None
+        return run
 
     def _rerun_threaded(self, args, error, limit, s) -> None:
         """A compiled launch failed in a block: run that block threaded, which names the failing line.

@@ -21,6 +21,7 @@ Knobs (environment variable -> default):
     PYFLOW_SIM_SEED     seed of the shuffle (0)
     PYFLOW_SIM_TIER     tier: auto | threads | compiled (auto; see ``tiers.py``)
     PYFLOW_SIM_BOUNDSCHECK  boundscheck: the compiled tier checks indexes (1; 0: faster, unchecked)
+    PYFLOW_SIM_CORES    cores: CPU cores one compiled launch may use (all of them; 1: blocks one after another)
 """
 
 from __future__ import annotations
@@ -62,10 +63,13 @@ class SimSettings:
     # The compiled tier checks every index (IndexError naming block and thread, as the threaded
     # tier's numpy arrays raise); False runs unchecked: faster, and an index out of range is not seen.
     boundscheck: bool = True
+    # The compiled tier runs the blocks of a launch whose blocks never meet (no grid or group barrier,
+    # no atomic, no fence) on up to this many CPU cores at once, as a GPU's SMs run them.
+    cores: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
 
     def __post_init__(self):
         for name in ("multiprocessor_count", "max_threads_per_multiprocessor",
-                     "max_blocks_per_multiprocessor", "shared_memory_per_multiprocessor"):
+                     "max_blocks_per_multiprocessor", "shared_memory_per_multiprocessor", "cores"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise LaunchConfigError(f"simulator setting {name} must be a positive int, got {getattr(self, name)!r}")
         if self.start_order not in _ORDERS:
@@ -85,6 +89,7 @@ def _from_environment() -> SimSettings:
         seed=int(os.environ.get("PYFLOW_SIM_SEED", "0")),
         tier=os.environ.get("PYFLOW_SIM_TIER", "auto").strip().lower() or "auto",
         boundscheck=os.environ.get("PYFLOW_SIM_BOUNDSCHECK", "1").strip().lower() not in ("0", "false", "no", "off"),
+        cores=int(os.environ.get("PYFLOW_SIM_CORES") or os.cpu_count() or 1),
     )
 
 

@@ -17,19 +17,26 @@ interprets first and compiles what is worth compiling:
   (``IndexError`` naming block and thread; ``boundscheck=False`` /
   ``PYFLOW_SIM_BOUNDSCHECK=0`` drops them for speed), divergent barriers, grid
   barriers after an exit, group barriers with the wrong number of blocks, hangs
-  (``hang_timeout``) and Ctrl-C.  Threads run in a fixed order, one at a time,
-  so a race cannot show.
+  (``hang_timeout``) and Ctrl-C.  A block's threads run in a fixed order, one at
+  a time, so a race between them cannot show; blocks that never meet (no grid or
+  group barrier, atomic or fence) run on up to ``cores`` CPU cores at once.
 
 ``PYFLOW_SIM_TIER`` (or ``configure(tier=...)``) chooses:
 
 ``auto`` (default)
     compiled for a launch of at least ``BIG_WORK`` (its threads or its largest
-    array's elements, whichever is more), and for a kernel whose launches so far
-    add up to ``HOT_WORK``; threaded otherwise: compiling costs about a second,
-    which a small launch does not repay (and the test suite launches thousands
-    of small kernels once or twice).  Always threaded: ``jit(debug=True)``
-    kernels and kernels the compiled tier cannot take.  The rule counts work,
-    not time, so the same program takes the same tiers on any machine, loaded or not;
+    array's elements, whichever is more) or ``BIG_THREADS`` simulated threads,
+    and for a kernel whose launches so far add up to ``HOT_WORK``; threaded
+    otherwise: compiling costs about a second, which a small launch does not
+    repay (and the test suite launches thousands of small kernels once or
+    twice).  A threaded launch adds to that sum what it cost: its work, and
+    ``THREAD_COST`` per simulated thread and per barrier arrival (each a Python
+    thread started or put to sleep and woken, as dear as many elements of work),
+    so a kernel whose barriers make it slow threaded (a tiled matmul, a block
+    reduction) is compiled after few launches, as a JIT compiles a hot loop.
+    Always threaded: ``jit(debug=True)`` kernels and kernels the compiled tier
+    cannot take.  The rule counts work, threads and arrivals, not time, so the
+    same program takes the same tiers on any machine, loaded or not;
 ``threads``
     always threaded: the simulator as it was before the compiled tier;
 ``compiled``
@@ -44,11 +51,14 @@ import numpy as np
 
 from .compiled import CompiledKernel, Unsupported
 
-__all__ = ["TIERS", "BIG_WORK", "HOT_WORK", "compiled_for", "explain"]
+__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "THREAD_COST", "compiled_for", "count_threaded",
+           "explain"]
 
 TIERS = ("auto", "threads", "compiled")
-BIG_WORK = 1 << 15   # in auto: threads or array elements that make one launch worth compiling
-HOT_WORK = 1 << 19   # in auto: the work of a kernel's launches so far that makes it worth compiling
+BIG_WORK = 1 << 15      # in auto: threads or array elements that make one launch worth compiling
+BIG_THREADS = 1 << 11   # in auto: simulated threads that make one launch worth compiling (each a Python thread)
+HOT_WORK = 1 << 19      # in auto: the cost of a kernel's launches so far that makes it worth compiling
+THREAD_COST = 64        # a simulated thread, or one barrier arrival, counts as this many elements of work
 
 
 def _compiled(kernel) -> CompiledKernel:
@@ -69,13 +79,18 @@ def compiled_for(kernel, threads: int, args, settings):
     kernel.work_so_far = getattr(kernel, "work_so_far", 0) + work
     if settings.tier == "threads" or kernel.debug:
         return None
-    if settings.tier == "auto" and work < BIG_WORK and kernel.work_so_far < HOT_WORK:
+    if settings.tier == "auto" and work < BIG_WORK and threads < BIG_THREADS and kernel.work_so_far < HOT_WORK:
         return None
     compiled = _compiled(kernel)
     try:
         return compiled, compiled.prepare(args, settings.boundscheck)
     except Unsupported:
         return None
+
+
+def count_threaded(kernel, threads: int, arrivals: int) -> None:
+    """A launch of ``kernel`` ran threaded: add what its threads and barrier arrivals cost to its sum."""
+    kernel.work_so_far = getattr(kernel, "work_so_far", 0) + THREAD_COST * (threads + arrivals)
 
 
 def explain(kernel) -> str:

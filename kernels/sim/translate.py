@@ -117,6 +117,13 @@ class Translation:
     atomics: bool
     units: list = dataclasses.field(default_factory=list)   # Unit, callees first
     lines: dict = dataclasses.field(default_factory=dict)   # statement id -> "file:line"
+    fences: bool = False          # a cuda.threadfence*: blocks talk to each other through memory
+
+    @property
+    def blocks_independent(self) -> bool:
+        """May the blocks run at the same time on several cores?  Not if they meet: at a grid or group
+        barrier, through an atomic (a plain read-modify-write here) or through a fence."""
+        return not (self.atomics or self.fences or self.barriers & {"grid", "group"})
 
 
 def dtype_of(value) -> np.dtype:
@@ -258,6 +265,7 @@ class _Unit:
         self.facts: dict = {}          # py_func -> needs a unit (barriers, shared memory, this_grid)
         self.barriers: set = set()
         self.atomics = False
+        self.fences = False
 
     def unit_for(self, fn, stmt, caller) -> "Unit":
         """The unit of device function ``fn`` (translated on its first call)."""
@@ -322,7 +330,7 @@ def translate(kernel_fn) -> Translation:
     body = rewriter.block(tree.body)
     return Translation(kernel_fn.__name__, _where(kernel_fn, tree), [a.arg for a in tree.args.args], body,
                        [unit.helpers[f] for f in unit.helper_order], list(unit.storage.values()),
-                       set(unit.barriers), unit.atomics, list(unit.unit_order))
+                       set(unit.barriers), unit.atomics, list(unit.unit_order), fences=unit.fences)
 
 
 class _Rewriter(ast.NodeTransformer):
@@ -553,6 +561,7 @@ class _Rewriter(ast.NodeTransformer):
                 or (isinstance(func.value, ast.Call) and _cuda_path(func.value.func, self.resolve) == ["cg", "this_grid"])):
             return [self.barrier("cu_grid_sync", [], stmt)]
         if path and path[0] in _FENCES:
+            self.unit.fences = True
             return []
         if isinstance(func, ast.Name) and func.id not in self.locals:
             value = self.resolve(func.id)
