@@ -251,8 +251,7 @@ def test_auto_compiles_a_big_launch_at_once_and_a_small_kernel_once_its_work_add
             x[i] += 2
 
     small = np.zeros(64)
-    # a threaded launch costs its work (64 elements) and THREAD_COST per thread (64 of them)
-    monkeypatch.setattr(tiers, "HOT_WORK", 3 * (small.size + tiers.THREAD_COST * 64))
+    monkeypatch.setattr(tiers, "HOT_WORK", 4 * small.size)   # four launches' work
     ran = [run("auto", add_two, (2, 32), small) for _ in range(5)]
     assert ran == ["threads"] * 3 + ["compiled"] * 2
     np.testing.assert_array_equal(small, 2.0 * 5)
@@ -265,34 +264,10 @@ def test_auto_compiles_a_launch_of_many_threads_at_once():
         if i < x.shape[0]:
             x[i] += 3
 
-    x = np.zeros(64)   # little work, but as many Python threads as BIG_THREADS
+    x = np.zeros(64)   # little work, but as many Python threads as BIG_THREADS in the threaded tier
     assert run("auto", add_three, (tiers.BIG_THREADS // 32, 32), x) == "compiled"
-    np.testing.assert_array_equal(x, 3.0)
-
-
-def test_barrier_arrivals_make_a_threaded_kernel_hot_sooner(monkeypatch):
-    """Two kernels, the same threads and work: the one whose threads meet at a barrier costs more
-    threaded (each arrival puts a Python thread to sleep and wakes it), so it is compiled first."""
-    @jit
-    def copy_plain(x, out):
-        t = cuda.threadIdx.x
-        out[t] = x[t] * 2
-
-    @jit
-    def copy_through_shared(x, out):
-        s = cuda.shared.array(64, np.float64)
-        t = cuda.threadIdx.x
-        s[t] = x[t] * 2
-        cuda.syncthreads()
-        out[t] = s[t]
-
-    x = np.arange(32.0)
-    one_launch = x.size + tiers.THREAD_COST * 32   # the plain kernel's cost per threaded launch
-    monkeypatch.setattr(tiers, "HOT_WORK", 3 * one_launch)
-    plain = [run("auto", copy_plain, (1, 32), x, np.zeros(32)) for _ in range(4)]
-    shared = [run("auto", copy_through_shared, (1, 32), x, np.zeros(32)) for _ in range(4)]
-    assert plain == ["threads"] * 3 + ["compiled"]
-    assert shared == ["threads"] * 2 + ["compiled"] * 2   # 32 arrivals a launch: one launch fewer
+    assert run("auto", add_three, (tiers.BIG_THREADS // 32 - 1, 32), x) == "threads"
+    np.testing.assert_array_equal(x, 6.0)
 
 
 def test_the_threads_setting_keeps_every_launch_threaded(monkeypatch):

@@ -165,7 +165,6 @@ class GridRun:
         self.finished_blocks = 0
         self.grid = _Barrier("grid.sync")
         self.progress = 0         # bumped whenever something moves forward
-        self.arrivals = 0         # barrier arrivals: with the threads, what this launch cost (tiers.py)
         self.error: BaseException | None = None
         self.more_failures = 0
 
@@ -352,7 +351,6 @@ class GridRun:
 
     def _arrive(self, thread: SimThread, barrier: _Barrier, needed: int, site: str) -> bool:
         """Count ``thread`` in; open the barrier if it was the last. True: it must sleep."""
-        self.arrivals += 1
         if len(barrier.waiting) + 1 == needed:
             self._open(barrier)
             return False

@@ -33,7 +33,7 @@ from pyflow.kernels.launch_config import split_config, validate_launch
 from . import settings as _settings
 from .fake_cuda import SharedMemory, SimCudaModule
 from .grid import GridRun, SimThread
-from .tiers import compiled_for, count_threaded
+from .tiers import compiled_for
 
 __all__ = ["jit", "SimKernel", "SimDeviceFunction", "SimLaunch"]
 
@@ -178,10 +178,9 @@ class SimLaunch:
                 raise
             return
         self.kernel.last_tier = "threads"
-        run = self._run_threaded(args, limit, cooperative, s)
-        count_threaded(self.kernel, run.total_threads, run.arrivals)
+        self._run_threaded(args, limit, cooperative, s)
 
-    def _run_threaded(self, args, limit, cooperative, s, only_blocks=None) -> GridRun:
+    def _run_threaded(self, args, limit, cooperative, s, only_blocks=None) -> None:
         fake = SimCudaModule(self.grid, self.block)
         run = GridRun(self.kernel.__name__, self.kernel.py_func, args,
                       self.grid, self.block, lambda: SharedMemory(self.dynshared),
@@ -196,7 +195,6 @@ class SimLaunch:
             finally:
                 sys.setswitchinterval(previous_interval)
                 _stock_kernel_module._kernel_context = None
-        return run
 
     def _rerun_threaded(self, args, error, limit, s) -> None:
         """A compiled launch failed in a block: run that block threaded, which names the failing line.

@@ -25,18 +25,15 @@ interprets first and compiles what is worth compiling:
 
 ``auto`` (default)
     compiled for a launch of at least ``BIG_WORK`` (its threads or its largest
-    array's elements, whichever is more) or ``BIG_THREADS`` simulated threads,
-    and for a kernel whose launches so far add up to ``HOT_WORK``; threaded
-    otherwise: compiling costs about a second, which a small launch does not
-    repay (and the test suite launches thousands of small kernels once or
-    twice).  A threaded launch adds to that sum what it cost: its work, and
-    ``THREAD_COST`` per simulated thread and per barrier arrival (each a Python
-    thread started or put to sleep and woken, as dear as many elements of work),
-    so a kernel whose barriers make it slow threaded (a tiled matmul, a block
-    reduction) is compiled after few launches, as a JIT compiles a hot loop.
-    Always threaded: ``jit(debug=True)`` kernels and kernels the compiled tier
-    cannot take.  The rule counts work, threads and arrivals, not time, so the
-    same program takes the same tiers on any machine, loaded or not;
+    array's elements, whichever is more) or of ``BIG_THREADS`` simulated threads
+    (each a Python thread in the other tier: a 128 x 8 @ 8 x 32 matmul launches
+    4,096 of them), and for a kernel whose launches so far add up to
+    ``HOT_WORK``; threaded otherwise: compiling costs about a second, which a
+    small launch does not repay (and the test suite launches thousands of small
+    kernels once or twice).  Always threaded: ``jit(debug=True)`` kernels and
+    kernels the compiled tier cannot take.  The rule counts work, not time, so
+    the same program takes the same tiers on any machine, loaded or not (the
+    tiers' float results may differ in the last bits: numba's math is not numpy's);
 ``threads``
     always threaded: the simulator as it was before the compiled tier;
 ``compiled``
@@ -51,14 +48,12 @@ import numpy as np
 
 from .compiled import CompiledKernel, Unsupported
 
-__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "THREAD_COST", "compiled_for", "count_threaded",
-           "explain"]
+__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "compiled_for", "explain"]
 
 TIERS = ("auto", "threads", "compiled")
 BIG_WORK = 1 << 15      # in auto: threads or array elements that make one launch worth compiling
 BIG_THREADS = 1 << 11   # in auto: simulated threads that make one launch worth compiling (each a Python thread)
-HOT_WORK = 1 << 19      # in auto: the cost of a kernel's launches so far that makes it worth compiling
-THREAD_COST = 64        # a simulated thread, or one barrier arrival, counts as this many elements of work
+HOT_WORK = 1 << 19      # in auto: the work of a kernel's launches so far that makes it worth compiling
 
 
 def _compiled(kernel) -> CompiledKernel:
@@ -86,11 +81,6 @@ def compiled_for(kernel, threads: int, args, settings):
         return compiled, compiled.prepare(args, settings.boundscheck)
     except Unsupported:
         return None
-
-
-def count_threaded(kernel, threads: int, arrivals: int) -> None:
-    """A launch of ``kernel`` ran threaded: add what its threads and barrier arrivals cost to its sum."""
-    kernel.work_so_far = getattr(kernel, "work_so_far", 0) + THREAD_COST * (threads + arrivals)
 
 
 def explain(kernel) -> str:
