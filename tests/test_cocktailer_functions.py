@@ -30,7 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pyflow.cocktailer as ck
-from pyflow.cocktailer.executor import CompiledKernel, Options
+from pyflow.cocktailer.executor import CompiledUProgram, Options
 from pyflow.cocktailer.names import kernel_name
 
 # host and compiled executors are compared bit for bit: both on one simulator tier (tests/conftest.py)
@@ -90,7 +90,7 @@ def _owns_shared_memory(fn) -> bool:
     return py_func is not None and "cuda.shared.array" in inspect.getsource(py_func)
 
 
-def shared_memory_paths(compiled: CompiledKernel) -> dict:
+def shared_memory_paths(compiled: CompiledUProgram) -> dict:
     """``{id(uTask): [device functions calling it]}`` over the kernel and its device functions' source."""
     namespace = compiled.writer.namespace
     defined = {node.name: node for node in ast.parse(compiled.source).body if isinstance(node, ast.FunctionDef)}
@@ -135,8 +135,8 @@ def test_the_kernel_and_four_device_functions_call_five_copies_of_the_tiled_line
     args = (rng.standard_normal((2, 8)).astype(np.float32), (rng.standard_normal((8, 8)) * 0.4).astype(np.float32),
             rng.standard_normal(8).astype(np.float32))
     program = ck.trace(_shared_utasks, *args, tile=4)
-    kernel = CompiledKernel(kernel_name(program.name, "uprogram"), program.body, program,
-                            Options(threads=THREADS, inline=False))
+    kernel = CompiledUProgram(kernel_name(program.name, "uprogram"), program.body, program,
+                              Options(threads=THREADS, inline=False))
     paths = shared_memory_paths(kernel)
     namespace = kernel.writer.namespace
     copies = {prefix: {id(fn) for name, fn in namespace.items() if name.startswith(prefix)}

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.executor import Options
-from pyflow.cocktailer.ir import BinOp, Block, Branch, Const, FunctionCall, Loop, UOperator, Var, walk
+from pyflow.cocktailer.ir import BinOp, Branch, Const, FunctionCall, Loop, StmtBlock, UOperator, Var, walk
 from pyflow.cocktailer.optimize import (
     Optimizations,
     barrier_sites,
@@ -245,8 +245,8 @@ def test_reclustering_never_breaks_a_dependence(steps, blocks, seed):
     position = {id(op): k for k, op in enumerate(new_block.items)}
     for i, j in dependences(old):
         assert position[id(old[i])] < position[id(old[j])], f"{old[j]} moved before {old[i]}"
-    assert barrier_sites(new_block) <= barrier_sites(Block(old))
-    assert changed == (barrier_sites(new_block) < barrier_sites(Block(old)))
+    assert barrier_sites(new_block) <= barrier_sites(StmtBlock(old))
+    assert changed == (barrier_sites(new_block) < barrier_sites(StmtBlock(old)))
     host = ck.compile(program, mode="host", threads=THREADS)(*args)
     reclustered = recluster_branches(program).program
     got = ck.compile(reclustered, mode="compiled", threads=THREADS, blocks=blocks)(*args)

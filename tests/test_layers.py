@@ -309,29 +309,13 @@ KNOWN = {
     'private: pyflow.autograd.views -> pyflow.ops._grad.sum_to':
         ('backward helpers shared by ops and autograd: issue 30 makes views ops with their backward in '
          'pyflow/ops, then autograd/views.py goes; else rename _grad to a public module'),
-    'private: pyflow.compiler.lazy -> pyflow.distributed.global_tensor._checked_layout':
-        ('lazy to_global validates placement and SBP as eager does: make the check public '
-         '(framework/placement.py is its natural home) and share it'),
     'private: pyflow.compiler.lazy -> pyflow.framework.tensor._Version':
         ('the LazyTracer builds Tensors over new storage by hand: give framework a public constructor for that '
          '(or make Version public)'),
     'private: pyflow.distributed.global_methods -> pyflow.framework.interpreter._lazy_tracer':
         'global view wrappers peek at the lazy tracer: issue 30 makes views ops, and these wrappers go',
-    'private: pyflow.nn.functional -> pyflow.framework.functional._tensor':
-        ("the 'expects a tensor' argument check: make it public in framework/args.py (beside describe) and use "
-         'it from both'),
-    'private: pyflow.nn.normalization -> pyflow.framework.functional._tensor':
-        'as nn.functional: a public argument check in framework/args.py',
-    'private: pyflow.ops.optim_update -> pyflow.framework.interpreter._internal_overlap':
-        ("the fused update repeats the interpreter's aliasing checks: issue 30 splits apply into public named "
-         'steps; use that step'),
-    'private: pyflow.ops.optim_update -> pyflow.framework.interpreter._same_view':
-        "as _internal_overlap: the interpreter's public aliasing step",
     'private: pyflow.runtime.regst -> pyflow.framework.tensor._Version':
         "the runtime wraps regst memory in Tensors: the same public constructor as compiler.lazy's",
-    'private: pyflow.runtime.timeline -> pyflow.trace.plot._matplotlib':
-        ("the runtime's timeline plot needs trace's 'matplotlib or a clear error' helper: make it public in "
-         'trace.plot'),
     'upward: pyflow.cocktailer.compile_check -> pyflow.models (function-local)':
         ("the PTX check compiles the seven models' programs: move that list of programs up beside the models "
          '(or into a tool above both) and hand them to the check'),

@@ -6,6 +6,9 @@ take one for the other: ``except flow.errors.StateDictError`` once missed the mo
 and ``vm::Stream``).  Classes are found by their ``class`` statements (``ast``), so a name
 re-exported by a package's ``__init__`` is not a second definition.  Functions are not checked: one
 protocol has many implementations (each compiler pass's ``run``, each kernel module's ``ptx_cases``).
+Names starting with "_" are private helpers, seen in their own module only: they are left out.  There
+is no list of exceptions: a clash is resolved by naming one side for what it is (``EpDevice`` beside
+the ``Device`` symbol, the simulator's fission ``BarrierNode`` beside the VM's ``Barrier`` policy).
 """
 
 import ast
@@ -16,23 +19,6 @@ import pkgutil
 
 import pyflow
 import pyflow.kernels
-
-# No public class name has to repeat: each clash below is two things that want two names, listed until
-# a follow-up renames one of them; any other clash fails the test.  Names starting with "_" are private
-# helpers, seen in their own module only: they are left out by rule.
-NOT_YET_RENAMED = {
-    "Barrier": "kernels/sim/fission.py (a barrier node of the fission IR) and "
-               "pyflow/vm/policies/sync.py (a VM instruction policy)",
-    "Branch": "kernels/sim/fission.py (a branch node of the fission IR) and pyflow/cocktailer/ir.py (a uTask)",
-    "Call": "kernels/sim/fission.py (a call node of the fission IR) and pyflow/cocktailer/ir.py (a uTask)",
-    "Block": "pyflow/cocktailer/ir.py (a statement list) and pyflow/device/allocator.py (a memory buffer)",
-    "CompiledKernel": "kernels/sim/compiled.py (the simulator's compiled tier) and "
-                      "pyflow/cocktailer/executor.py (one uProgram)",
-    "Device": "pyflow/device/device.py (the device symbol) and pyflow/device/ep/base.py (OneFlow ep::Device)",
-    "Exchange": "pyflow/distributed/boxing_steps.py (a boxing step) and "
-                "pyflow/distributed/ccl.py (a VM instruction policy)",
-    "Identity": "pyflow/nn/linear.py (torch.nn.Identity's twin) and pyflow/distributed/boxing.py (a boxing builder)",
-}
 
 
 def package_modules():
@@ -64,12 +50,5 @@ def test_the_walk_sees_every_layer():
 
 
 def test_no_class_name_is_defined_in_two_modules():
-    clashes = {name: sorted(modules) for name, modules in class_definitions().items()
-               if len(modules) > 1 and name not in NOT_YET_RENAMED}
-    assert not clashes, f"class names defined in more than one module: {clashes}"
-
-
-def test_the_list_of_clashes_left_is_not_stale():
-    defined = class_definitions()
-    stale = [name for name in NOT_YET_RENAMED if len(defined.get(name, ())) < 2]
-    assert not stale, f"no longer defined twice, remove from NOT_YET_RENAMED: {stale}"
+    clashes = {name: sorted(modules) for name, modules in class_definitions().items() if len(modules) > 1}
+    assert not clashes, f"class names defined in more than one module (rename one for what it is): {clashes}"

@@ -26,8 +26,9 @@
 #
 # Run it as a script (`python tutorials/05_global_tensors_and_boxing.py`) or
 # open it as a notebook with jupytext.  The code is in `pyflow/distributed/`
-# (`run.py`, `global_tensor.py`, `boxing.py`, `signatures.py`, `global_ops.py`)
-# and `pyflow/framework/` (`placement.py`, `sbp.py`).
+# (`run.py`, `global_tensor.py`, `boxing.py`, `signatures.py`: the cost model,
+# `global_ops.py`), `pyflow/framework/` (`placement.py`, `sbp.py`) and, for
+# each op's SBP signatures, beside the op in `pyflow/ops/`.
 
 # %%
 import os
@@ -332,7 +333,8 @@ assert before[2] is None and after[0] is None
 #
 # An op on global tensors runs piece by piece on every rank.  That is right
 # only for some combinations of input and output SBPs, the op's **SBP
-# signatures** (seed 004).  For `y = x @ w`:
+# signatures** (seed 004), declared with the op (matmul's `sbp_signatures`
+# in `pyflow/ops/linalg.py`).  For `y = x @ w`:
 # `(S(0), B) -> S(0)`, `(B, S(1)) -> S(1)`, `(S(1), S(0)) -> P`,
 # `(P, B) -> P`, `(B, P) -> P`, `(B, B) -> B`.  The global interpreter
 # (OneFlow's EagerGlobalInterpreter) takes the signature that is cheapest for
@@ -472,7 +474,8 @@ else:
 
 # %% [markdown]
 # Where to read more: `pyflow/distributed/boxing.py` has the chain table,
-# `signatures.py` the signatures and the cost model, and the project's design
+# each op's definition in `pyflow/ops/` its signatures (`sbp_signatures`),
+# `pyflow/distributed/signatures.py` the cost model, and the project's design
 # notes (SEMANTICS §4 and §4a) the rules, checked against OneFlow.  Seed 004
 # describes the same three ideas for the lazy compiler: SBP signatures, boxing
 # between them, and the builder chain.

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 
-from .fission import Barrier, Branch, Call, Region
+from .fission import BarrierNode, BranchNode, CallNode, Region
 
 __all__ = ["write_blockwise"]
 
@@ -127,9 +127,9 @@ def _each_thread(out):
 
 
 def _kind(node) -> str:
-    if isinstance(node, Branch):
+    if isinstance(node, BranchNode):
         return "bounds" if node.kind == "for" else "test"
-    if isinstance(node, Barrier):
+    if isinstance(node, BarrierNode):
         return "group"
     return "region"
 
@@ -197,9 +197,9 @@ def _flow(w, nodes: list, args: str, in_loop: bool) -> None:
     """The structured control flow of ``nodes`` inside ``cu_block``."""
     out = w.out
     for node in nodes:
-        if isinstance(node, Call):   # a device function with barriers: its nodes, here
+        if isinstance(node, CallNode):   # a device function with barriers: its nodes, here
             _flow(w, w.sp.units[node.unit], args, in_loop)
-        elif isinstance(node, Barrier):
+        elif isinstance(node, BarrierNode):
             continue   # a block barrier: the next node starts after every thread ran this one
         elif isinstance(node, Region):
             _region(out, node.id, "0", args, in_loop)

@@ -39,7 +39,7 @@ import itertools
 
 from .translate import BARRIERS, CONTEXT, Unsupported
 
-__all__ = ["Region", "Barrier", "Branch", "Call", "Split", "Variables", "split", "variables"]
+__all__ = ["Region", "BarrierNode", "BranchNode", "CallNode", "Split", "Variables", "split", "variables"]
 
 
 @dataclasses.dataclass
@@ -54,7 +54,7 @@ class Region:
 
 
 @dataclasses.dataclass
-class Barrier:
+class BarrierNode:
     id: int
     kind: str                 # block, grid or group
     args: list
@@ -63,7 +63,7 @@ class Barrier:
 
 
 @dataclasses.dataclass
-class Branch:
+class BranchNode:
     id: int
     kind: str                 # if, while or for
     test: ast.expr | None     # if / while
@@ -76,7 +76,7 @@ class Branch:
 
 
 @dataclasses.dataclass
-class Call:
+class CallNode:
     id: int
     unit: int                 # runs unit ``unit``'s nodes here (its arguments are in its parameters)
     where: str
@@ -152,23 +152,23 @@ def split(body: list, units=()) -> Split:
             flush()
             if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
                     isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "cu_call":
-                nodes.append(new(Call(next(counter), stmt.value.args[0].value, _where(stmt), in_loop)))
+                nodes.append(new(CallNode(next(counter), stmt.value.args[0].value, _where(stmt), in_loop)))
             elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and \
                     isinstance(stmt.value.func, ast.Name) and stmt.value.func.id in BARRIERS:
-                nodes.append(new(Barrier(next(counter), BARRIERS[stmt.value.func.id], stmt.value.args,
+                nodes.append(new(BarrierNode(next(counter), BARRIERS[stmt.value.func.id], stmt.value.args,
                                          _where(stmt), in_loop)))
             elif isinstance(stmt, ast.If):
                 ident = next(counter)
-                node = Branch(ident, "if", stmt.test, None, None, [], [], _where(stmt), in_loop)
+                node = BranchNode(ident, "if", stmt.test, None, None, [], [], _where(stmt), in_loop)
                 new(node)
                 node.body, node.orelse = walk(stmt.body, in_loop), walk(stmt.orelse, in_loop)
                 nodes.append(node)
             elif isinstance(stmt, ast.While):
-                node = new(Branch(next(counter), "while", stmt.test, None, None, [], [], _where(stmt), in_loop))
+                node = new(BranchNode(next(counter), "while", stmt.test, None, None, [], [], _where(stmt), in_loop))
                 node.body = walk(stmt.body, True)
                 nodes.append(node)
             elif isinstance(stmt, ast.For):
-                node = new(Branch(next(counter), "for", None, _range_bounds(stmt), stmt.target.id, [], [],
+                node = new(BranchNode(next(counter), "for", None, _range_bounds(stmt), stmt.target.id, [], [],
                                   _where(stmt), in_loop))
                 node.body = walk(stmt.body, True)
                 nodes.append(node)
@@ -176,7 +176,7 @@ def split(body: list, units=()) -> Split:
                 raise Unsupported(f"a barrier inside a {type(stmt).__name__} statement", _where(stmt))
         flush()
         for node in nodes:
-            if isinstance(node, Branch) and node.kind != "if" and node.body and isinstance(node.body[-1], Region):
+            if isinstance(node, BranchNode) and node.kind != "if" and node.body and isinstance(node.body[-1], Region):
                 node.body[-1].at_loop_end = True
         return nodes
 
@@ -252,11 +252,11 @@ def _exposed(stmts, assigned: set) -> tuple:
 
 
 def _reads(node) -> set:
-    if isinstance(node, Call):
+    if isinstance(node, CallNode):
         return set()
     if isinstance(node, Region):
         return set().union(*(_names(s) for s in node.stmts))
-    if isinstance(node, Barrier):
+    if isinstance(node, BarrierNode):
         return set().union(set(), *(_names(a) for a in node.args))
     if node.kind == "for":
         return set().union(*(_names(b) for b in node.bounds))
@@ -266,7 +266,7 @@ def _reads(node) -> set:
 def _defs(node) -> set:
     if isinstance(node, Region):
         return set().union(*(_names(s, ast.Store) for s in node.stmts))
-    if isinstance(node, Branch) and node.kind == "for":
+    if isinstance(node, BranchNode) and node.kind == "for":
         return {node.target}
     return set()
 
@@ -298,7 +298,7 @@ def variables(sp: Split, params: list, param_types: dict) -> Variables:
                         defs_count[sub.id] = defs_count.get(sub.id, 0) + 1
                     if isinstance(sub, ast.Assign) and len(sub.targets) == 1 and isinstance(sub.targets[0], ast.Name):
                         single.setdefault(sub.targets[0].id, sub.value)
-        elif isinstance(node, Branch) and node.kind == "for":
+        elif isinstance(node, BranchNode) and node.kind == "for":
             universe.add(node.target)
             defs_count[node.target] = defs_count.get(node.target, 0) + 2   # never recomputed
     fixed = {p for p in params if p not in universe}

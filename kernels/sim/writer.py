@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 
 from .blockwise import write_blockwise
-from .fission import Barrier, Branch, Call, Region, Split, Variables, _defs, _exposed, _names, _reads
+from .fission import BarrierNode, BranchNode, CallNode, Region, Split, Variables, _defs, _exposed, _names, _reads
 from .translate import CONTEXT, Translation
 
 __all__ = ["write_module"]
@@ -121,7 +121,7 @@ class _ModuleWriter:
         loads = set(self.var.stored) & reads
         self.branches[node.id] = ([f"# test {node.id}: {node.where}"] + self.prologue(reads, loads) + lines)
 
-    def group_barrier(self, node: Barrier) -> None:
+    def group_barrier(self, node: BarrierNode) -> None:
         """``group_barrier(state, slot, members)`` (kernels/utask/groups.py) without its spin-wait.
 
         Every thread of every block of the scope runs this before any goes on, so thread 0 of
@@ -190,13 +190,13 @@ class _ModuleWriter:
 
     def compile(self, nodes: list) -> None:
         for node in nodes:
-            if isinstance(node, Call):   # the unit's control flow here; its code is in step once
+            if isinstance(node, CallNode):   # the unit's control flow here; its code is in step once
                 self.compile(self.sp.units[node.unit])
             elif isinstance(node, Region):
                 if node.id not in self.branches:
                     self.region(node)
                 self.emit("RUN", node.id, 0, int(node.at_loop_end))
-            elif isinstance(node, Barrier):
+            elif isinstance(node, BarrierNode):
                 if node.kind == "grid":
                     self.emit("GRID", node.id)
                 elif node.kind == "group":

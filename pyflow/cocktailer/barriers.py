@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pyflow.cocktailer.ir import (Block, Branch, Call, CallGroup, FunctionCall, Loop, Scalar, TensorRef, UOperator,
+from pyflow.cocktailer.ir import (Branch, Call, CallGroup, FunctionCall, Loop, Scalar, StmtBlock, TensorRef, UOperator,
                                   scalar_loads, walk)
 
 __all__ = ["Access", "Pending", "CLEAR", "UNKNOWN", "BarrierPlan", "accesses", "op_accesses", "scalar_accesses",
@@ -116,7 +116,7 @@ class BarrierPlan:
             pending = CLEAR
         return pending.add(new)
 
-    def block(self, block: Block, pending: Pending) -> Pending:
+    def block(self, block: StmtBlock, pending: Pending) -> Pending:
         for item in block.items:
             pending = self.item(item, pending)
         return pending
@@ -202,7 +202,7 @@ def group_accesses(group: CallGroup) -> list:
     return out
 
 
-def block_has_call(block: Block) -> bool:
+def block_has_call(block: StmtBlock) -> bool:
     """Does ``block`` hold a uTask reference (a recursive call), at any depth?"""
     return any(isinstance(s, Call) for s in walk(block))
 

@@ -52,8 +52,8 @@ from pyflow.cocktailer.codegen_common import (ERR_INDEX, ERR_ITERATIONS, ERR_STA
                                               render_offset, render_scalar, render_view)
 from pyflow.cocktailer.codegen_groups import _GRID, CallGroupMixin
 from pyflow.cocktailer.codegen_recursion import RecursionMixin
-from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, CallGroup, FunctionCall, Load, Loop, TensorRef, UOperator,
-                                  Var, free_vars, scalar_loads, walk)
+from pyflow.cocktailer.ir import (BinOp, Branch, Call, CallGroup, FunctionCall, Load, Loop, StmtBlock, TensorRef,
+                                  UOperator, Var, free_vars, scalar_loads, walk)
 
 __all__ = ["KernelSource", "generate", "ERR_STACK_OVERFLOW", "ERR_ITERATIONS", "ERR_INDEX", "render_scalar",
            "STATUS_HEAD"]
@@ -93,7 +93,7 @@ class KernelSource(RecursionMixin, CallGroupMixin):
     unroll (``codegen_groups.py``) are written by the methods mixed in.
     """
 
-    def __init__(self, name: str, block: Block, functions, free_vars=(), stack_depth: int = 64,
+    def __init__(self, name: str, block: StmtBlock, functions, free_vars=(), stack_depth: int = 64,
                  inline_functions: bool = True, drop_barriers: frozenset = frozenset(), first_site: int = 0,
                  while_loops=None):
         self.name, self.block = name, block
@@ -210,7 +210,7 @@ class KernelSource(RecursionMixin, CallGroupMixin):
         self.emit(f"for u in range({self.ctx.block}, {op.count}, {self.ctx.blocks}):", indent)
         self.emit(f"{fn}(u, {', '.join(args)})", indent + 1)
 
-    def block_items(self, block: Block, names: dict, indent: int) -> None:
+    def block_items(self, block: StmtBlock, names: dict, indent: int) -> None:
         if not block.items:
             self.emit("pass", indent)
         for item in block.items:
@@ -420,7 +420,7 @@ def _private_copy(fn):
     return private_copy(fn)
 
 
-def generate(name: str, block: Block, functions, free_vars=(), **options) -> KernelSource:
+def generate(name: str, block: StmtBlock, functions, free_vars=(), **options) -> KernelSource:
     """Generate the kernel source for ``block``; read ``.source()`` / ``.namespace`` / ``.buffers``."""
     writer = KernelSource(name, block, functions, free_vars, **options)
     writer.text = writer.source()

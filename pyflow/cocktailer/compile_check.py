@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 import pyflow.cocktailer as ck
-from pyflow.cocktailer.executor import CompiledKernel, Options
+from pyflow.cocktailer.executor import CompiledUProgram, Options
 from pyflow.cocktailer.names import kernel_name
 from pyflow.cocktailer.optimize_recursion import unroll_recursion
 from pyflow.kernels import backend
@@ -151,7 +151,7 @@ def examples():
     yield "skipnet", SkipNet((1, 2, 1, 1), image_size=16, num_classes=5, width=1, tile=4).program(1), True
 
 
-def argtypes(compiled: CompiledKernel):
+def argtypes(compiled: CompiledUProgram):
     """The numba types the kernel is launched with: flat C arrays, the status word, int64 loop vars."""
     from numba import types
 
@@ -166,7 +166,7 @@ def compile_example(program, inline: bool) -> str:
     """Compile ``program``'s generated kernel to PTX (raises if NVVM rejects it); a one-line summary."""
     from pyflow.kernels.compile_check import CC
 
-    compiled = CompiledKernel(kernel_name(program.name, "uprogram"), program.body, program, Options(inline=inline))
+    compiled = CompiledUProgram(kernel_name(program.name, "uprogram"), program.body, program, Options(inline=inline))
     backend.cuda.compile_ptx(compiled.kernel.py_func, argtypes(compiled), cc=CC)
     return f"{compiled.barrier_sites} grid barriers in the source"
 

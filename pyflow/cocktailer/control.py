@@ -17,7 +17,7 @@ int device Scalar; ``max_iters`` an int >= 0 (``checks.py``).
 from __future__ import annotations
 
 from pyflow.cocktailer.checks import static_int
-from pyflow.cocktailer.ir import Block, Branch, Const, Loop, Scalar, Var
+from pyflow.cocktailer.ir import Branch, Const, Loop, Scalar, StmtBlock, Var
 from pyflow.cocktailer.trace import (TracedTensor, TraceError, _as_tuple, _copy_into, _current, _float, _int_scalar,
                                      _tensor)
 from pyflow.errors import ShapeError
@@ -73,7 +73,7 @@ def for_loop(trip, body, *init):
         trip = Const(static_int(trip, "for_loop: the trip count"))
     states = _loop_state(init, "for_loop")
     var = Var(t.fresh("i", derived=("{}_trip",)))   # (in a recursive function codegen may keep the trip as i0_trip)
-    loop = Loop(var, Block(), trip=trip)
+    loop = Loop(var, StmtBlock(), trip=trip)
     t.loop_depth += 1
     try:
         with t.block(loop.body):
@@ -98,7 +98,7 @@ def while_loop(cond_fn, body, *init, max_iters: int = 10_000):
     max_iters = static_int(max_iters, "while_loop: max_iters")
     states = _loop_state(init, "while_loop")
     var = Var(t.fresh("w"))
-    loop = Loop(var, Block(), head=Block(), max_iters=max_iters)
+    loop = Loop(var, StmtBlock(), head=StmtBlock(), max_iters=max_iters)
     t.loop_depth += 1
     try:
         with t.block(loop.head):
@@ -127,7 +127,7 @@ def cond(pred, then_fn, else_fn, *operands):
                          "sum_rows(h).item() > 0) or a Python bool")
     if not isinstance(pred, Scalar):
         return (then_fn if pred else else_fn)(*operands)
-    branch = Branch(pred, Block(), Block())
+    branch = Branch(pred, StmtBlock(), StmtBlock())
     results_of: dict = {}   # branch block -> the TensorRefs it returned
     shapes = None
     with t.shared_scratch() as restart:

@@ -40,15 +40,15 @@ import numpy as np
 
 from pyflow.cocktailer import codegen
 from pyflow.cocktailer.checks import static_int
-from pyflow.cocktailer.ir import (BinOp, Block, Branch, Call, CallGroup, Const, FunctionCall, Lane, Load, Loop, Scalar,
-                                  TensorRef, UOperator, Var, free_vars, py_op, walk)
+from pyflow.cocktailer.ir import (BinOp, Branch, Call, CallGroup, Const, FunctionCall, Lane, Load, Loop, Scalar,
+                                  StmtBlock, TensorRef, UOperator, Var, free_vars, py_op, walk)
 from pyflow.cocktailer.names import kernel_name
 from pyflow.errors import (CooperativeLaunchTooLargeError, DTypeError, IndexOutOfRangeError,
                            IterationLimitError, LaunchConfigError, ShapeError, StackOverflowError)
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.utask.generated import build_kernel, cooperative_grid_limit, uoperator_kernel
 
-__all__ = ["Options", "RunStats", "Executor", "CompiledKernel", "FRAME_STACK_BYTES", "copy_into"]
+__all__ = ["Options", "RunStats", "Executor", "CompiledUProgram", "FRAME_STACK_BYTES", "copy_into"]
 
 # Shared memory a kernel's recursion stacks may use: half of the 48 KiB a block has
 # (without an opt-in), the other half is left to the uTasks' tiles (the largest, a
@@ -98,10 +98,10 @@ class RunStats:
         return f"launches={self.launches} host_syncs={self.host_syncs} barriers={self.barriers}"
 
 
-class CompiledKernel:
+class CompiledUProgram:
     """One uProgram: the generated source, the kernel, and how to call it."""
 
-    def __init__(self, name: str, block: Block, program, options: Options, drop_barriers=frozenset(),
+    def __init__(self, name: str, block: StmtBlock, program, options: Options, drop_barriers=frozenset(),
                  first_site: int = 0):
         self.name = name
         self.free_vars = free_vars(block)
@@ -155,7 +155,7 @@ def _utasks(fdef) -> int:
     return max([s.count for s in walk(fdef.body) if isinstance(s, UOperator)], default=1)
 
 
-def _parallel_utasks(block: Block) -> int:
+def _parallel_utasks(block: StmtBlock) -> int:
     """The most uTasks ``block`` runs at once: one operator's, or the lanes of a ``CallGroup`` side by side."""
     most = 1
     for item in block.items:
@@ -179,13 +179,13 @@ class Executor:
         self.kernels: dict = {}
         self.index_sites: list = []   # every kernel's run-time index checks, numbered across kernels
         if whole_program:
-            self.kernels["body"] = CompiledKernel(kernel_name(program.name, "uprogram"), program.body, program,
-                                                  options, drop_barriers)
+            self.kernels["body"] = CompiledUProgram(kernel_name(program.name, "uprogram"), program.body, program,
+                                                    options, drop_barriers)
             self.index_sites += self.kernels["body"].index_sites
         for k, stmt in enumerate(device_units):
-            self.kernels[id(stmt)] = CompiledKernel(kernel_name(program.name, f"uprogram{k}"), Block([stmt]),
-                                                    program, options, drop_barriers,
-                                                    first_site=len(self.index_sites))
+            self.kernels[id(stmt)] = CompiledUProgram(kernel_name(program.name, f"uprogram{k}"), StmtBlock([stmt]),
+                                                      program, options, drop_barriers,
+                                                      first_site=len(self.index_sites))
             self.index_sites += self.kernels[id(stmt)].index_sites
         self.last_stats = self.stats = RunStats()
         self.stream = 0                 # the numba stream of the call in progress (0: the default stream)
@@ -298,7 +298,7 @@ class Executor:
             raise IterationLimitError(f"{self.program.name}: a while loop ran more than max_iters={cap} "
                                       "iterations")
 
-    def _launch(self, compiled: CompiledKernel, env: dict) -> None:
+    def _launch(self, compiled: CompiledUProgram, env: dict) -> None:
         args = [self.memory[n] for n in compiled.buffer_names] + [self.memory["status"]]
         args += [int(env[id(v)]) for v in compiled.free_vars]
         blocks = compiled.grid(args, self.options, self.program.name)
@@ -333,7 +333,7 @@ class Executor:
             f"[{ref.bounds[0]}, {ref.bounds[1]}) of the tensor it indexes")
 
     # the host walk: an explicit stack of tasks, no Python recursion ------------------------
-    def _walk(self, body: Block) -> None:
+    def _walk(self, body: StmtBlock) -> None:
         """Run ``body`` on the host, the statements in progress on an explicit stack.
 
         A *task* is a generator for one block or one nested uTask: it does its own work
@@ -352,7 +352,7 @@ class Executor:
             else:
                 stack.append(task)
 
-    def _block(self, block: Block, env: dict, frame: int):
+    def _block(self, block: StmtBlock, env: dict, frame: int):
         """Task: the statements of ``block`` in order (``frame``: the recursion's frame, -1 outside)."""
         for item in block.items:
             compiled = self.kernels.get(id(item))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 
-from pyflow.cocktailer.ir import Block, Buffer, Call, FunctionCall, FunctionDef, Offset, TensorRef, Var
+from pyflow.cocktailer.ir import Buffer, Call, FunctionCall, FunctionDef, Offset, StmtBlock, TensorRef, Var
 from pyflow.cocktailer.names import readable_name, sanitize
 from pyflow.cocktailer.trace import (FLOAT_DTYPES, TracedTensor, TensorSpec, TraceError, _copy_into, _current, _float,
                                      _Frame, _int_argument, _param_names, _tensor, _Trace)
@@ -52,7 +52,7 @@ class Function:
     def __call__(self, *args):
         t = _current()
         if self.returns is None:
-            call = FunctionCall(sanitize(self.__name__, "function"), Block())
+            call = FunctionCall(sanitize(self.__name__, "function"), StmtBlock())
             with t.block(call.body):
                 result = self.fn(*args)
             t.emit(call)
@@ -89,7 +89,7 @@ class Function:
         fdef = FunctionDef(name, params, self.returns.shape, dtype)
         fdef.stack = Buffer(f"stack_{name}", 0, dtype, "stack")
         fdef.base, fdef.ret = Var(f"{name}_base"), Var(f"{name}_ret")
-        fdef.body = Block()
+        fdef.body = StmtBlock()
         t.buffers.append(fdef.stack)
         t.functions.append(fdef)
         t.definitions[self] = fdef

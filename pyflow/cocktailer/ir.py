@@ -5,7 +5,7 @@ A traced program (``trace.py``) is a tree of statements:
 * ``UOperator`` - one operator split into ``utask_count`` independent uTasks; uTask
   ``u`` calls a device function from ``kernels/utask/`` (``fn(u, *args)``) and
   computes its own slice of the outputs.
-* ``NestedUTask`` kinds, each holding ``Block``s of statements:
+* ``NestedUTask`` kinds, each holding statement lists (``StmtBlock``):
   ``Loop`` (a for loop with a trip count, or a while loop with a device-side
   condition), ``Branch`` (then/else on a device scalar), ``FunctionCall`` (a
   function uTask: the body of a called function), ``Call`` (a uTask reference to
@@ -33,7 +33,7 @@ import operator
 import numpy as np
 
 __all__ = ["Buffer", "Offset", "TensorRef", "Scalar", "Const", "Var", "Load", "BinOp", "UOperator",
-           "Block", "NestedUTask", "Loop", "Branch", "FunctionCall", "FunctionDef", "Call", "CallGroup", "Lane",
+           "StmtBlock", "NestedUTask", "Loop", "Branch", "FunctionCall", "FunctionDef", "Call", "CallGroup", "Lane",
            "walk", "as_scalar", "is_int_scalar", "free_vars"]
 
 
@@ -271,8 +271,10 @@ class UOperator:
 
 
 @dataclasses.dataclass(eq=False)
-class Block:
-    """A sequence of statements."""
+class StmtBlock:
+    """A sequence of statements: a program's, a loop's or a function's body, a branch's arm.
+
+    "Block" alone is a CUDA thread block here (uTasks run on blocks), and the allocator's ``Block``."""
 
     items: list = dataclasses.field(default_factory=list)
 
@@ -295,9 +297,9 @@ class Loop(NestedUTask):
     """
 
     var: Var
-    body: Block
+    body: StmtBlock
     trip: Scalar | None = None
-    head: Block | None = None
+    head: StmtBlock | None = None
     cond: Scalar | None = None
     max_iters: int = 0
     unroll: int = 1
@@ -313,8 +315,8 @@ class Loop(NestedUTask):
 @dataclasses.dataclass(eq=False)
 class Branch(NestedUTask):
     pred: Scalar
-    then: Block
-    orelse: Block
+    then: StmtBlock
+    orelse: StmtBlock
     kind = "branch"
 
     def blocks(self):
@@ -326,7 +328,7 @@ class FunctionCall(NestedUTask):
     """A function uTask: the traced body of one call of a (non-recursive) function."""
 
     name: str
-    body: Block
+    body: StmtBlock
     kind = "function"
 
     def blocks(self):
@@ -349,7 +351,7 @@ class FunctionDef:
     stack: Buffer | None = None
     base: Var | None = None
     ret: Var | None = None
-    body: Block | None = None
+    body: StmtBlock | None = None
     frame_size: int = 0
     max_depth: int = 0      # frames the stack buffer has room for (set by the memory plan)
     unrolled_from: str | None = None   # a copy made by recursion unroll: the original's name
@@ -388,7 +390,7 @@ class Lane(NestedUTask):
     the stack exactly where the call it replaces would have.
     """
 
-    body: Block
+    body: StmtBlock
     fn: "FunctionDef | None" = None
     depth: int = 0
     kind = "lane"
@@ -410,7 +412,7 @@ class CallGroup(NestedUTask):
     lanes one after another.
     """
 
-    body: Block
+    body: StmtBlock
     kind = "group"
 
     @property
@@ -426,7 +428,7 @@ class CallGroup(NestedUTask):
         return (self.body,)
 
 
-def walk(block: Block):
+def walk(block: StmtBlock):
     """Every statement under ``block``, depth first, nested blocks included."""
     for item in block.items:
         yield item
@@ -435,12 +437,12 @@ def walk(block: Block):
                 yield from walk(inner)
 
 
-def bound_vars(block: Block):
+def bound_vars(block: StmtBlock):
     """Vars a block binds itself (its loop counters)."""
     return {id(s.var) for s in walk(block) if isinstance(s, Loop)}
 
 
-def free_vars(block: Block) -> list:
+def free_vars(block: StmtBlock) -> list:
     """Vars a block reads but does not bind (enclosing host loop counters, frame fields)."""
     found, bound = {}, bound_vars(block)
 

@@ -43,7 +43,7 @@ import numbers
 
 from pyflow.cocktailer.checks import static_int
 from pyflow.cocktailer.control import _loop_state, _unwrap, _write_back
-from pyflow.cocktailer.ir import Block, Const, Loop, Scalar, TensorRef, Var
+from pyflow.cocktailer.ir import Const, Loop, Scalar, StmtBlock, TensorRef, Var
 from pyflow.cocktailer.trace import (TracedTensor, TraceError, _as_tuple, _current, _emit_op, _float, _int_argument,
                                      _same_dtype, _tensor)
 from pyflow.errors import DTypeError, ShapeError
@@ -289,7 +289,7 @@ def while_loop_counted(cond_fn, body, *init, max_iters: int = 10_000):
     max_iters = static_int(max_iters, f"{what}: max_iters")
     states = _loop_state(init, what)
     var = Var(t.fresh("i"))
-    loop = Loop(var, Block(), head=Block(), max_iters=max_iters)
+    loop = Loop(var, StmtBlock(), head=StmtBlock(), max_iters=max_iters)
     t.loop_depth += 1
     try:
         with t.block(loop.head):

@@ -38,7 +38,6 @@ import heapq
 from pyflow.cocktailer.barriers import CLEAR, BarrierPlan, op_accesses
 from pyflow.cocktailer.ir import (
     BinOp,
-    Block,
     Branch,
     Call,
     CallGroup,
@@ -49,6 +48,7 @@ from pyflow.cocktailer.ir import (
     Loop,
     Offset,
     Scalar,
+    StmtBlock,
     TensorRef,
     UOperator,
     Var,
@@ -178,8 +178,8 @@ class _Cloner:
                                    writes=tuple((self.ref(r), p) for r, p in op.writes))
 
     # statements
-    def block(self, block: Block) -> Block:
-        return Block([new for item in block.items for new in self.stmt(item)])
+    def block(self, block: StmtBlock) -> StmtBlock:
+        return StmtBlock([new for item in block.items for new in self.stmt(item)])
 
     def stmt(self, s) -> list:
         if isinstance(s, UOperator):
@@ -220,7 +220,7 @@ class _Cloner:
         raise TypeError(f"cannot copy {s!r}")
 
 
-def clone_block(block: Block, subst=None) -> Block:
+def clone_block(block: StmtBlock, subst=None) -> StmtBlock:
     """A deep copy of ``block`` with ``subst`` (``{id(var): Scalar}``) applied and constants folded."""
     return _Cloner(subst).block(block)
 
@@ -273,7 +273,7 @@ def unroll_loop(loop: Loop, factor: int, max_ops: int = 256, recluster: bool = F
         return [s for k in range(trip) for s in copy(Const(k))]
     var = Var(loop.var.name)
     body = [s for k in range(f) for s in copy(var * f + k if k else var * f)]
-    out = [Loop(var, Block(body), trip=Const(main), unroll=f)]
+    out = [Loop(var, StmtBlock(body), trip=Const(main), unroll=f)]
     out += [s for k in range(rest) for s in copy(Const(main * f + k))]
     return out
 
@@ -345,14 +345,14 @@ def _recluster_run(ops: list) -> list:
     return order
 
 
-def barrier_sites(block: Block, inline: bool = True) -> int:
+def barrier_sites(block: StmtBlock, inline: bool = True) -> int:
     """How many grid barriers the code generator would put in ``block`` (entered with nothing pending)."""
     plan = BarrierPlan(inline)
     plan.block(block, CLEAR)
     return len(plan.before)
 
 
-def recluster_block(block: Block) -> tuple:
+def recluster_block(block: StmtBlock) -> tuple:
     """``(block', changed)``: each run of operators between nested statements reordered.
 
     A reordered run is kept only if it needs strictly fewer barriers than the
@@ -364,7 +364,7 @@ def recluster_block(block: Block) -> tuple:
         nonlocal changed
         if len(run) > 1:
             new = _recluster_run(run)
-            if barrier_sites(Block(new)) < barrier_sites(Block(list(run))):
+            if barrier_sites(StmtBlock(new)) < barrier_sites(StmtBlock(list(run))):
                 items.extend(new)
                 changed = True
                 run.clear()
@@ -379,7 +379,7 @@ def recluster_block(block: Block) -> tuple:
             flush()
             items.append(item)
     flush()
-    return Block(items), changed
+    return StmtBlock(items), changed
 
 
 def recluster_branches(program) -> PassResult:

@@ -30,7 +30,6 @@ import dataclasses
 
 from pyflow.cocktailer.barriers import accesses, op_accesses, scalar_accesses
 from pyflow.cocktailer.ir import (
-    Block,
     Branch,
     Buffer,
     Call,
@@ -42,6 +41,7 @@ from pyflow.cocktailer.ir import (
     NestedUTask,
     Offset,
     Scalar,
+    StmtBlock,
     TensorRef,
     UOperator,
     Var,
@@ -86,7 +86,7 @@ class _RecursionUnroll:
             self.copies[key] = copy
         return self.copies[key]
 
-    def rewrite(self, block: Block) -> None:
+    def rewrite(self, block: StmtBlock) -> None:
         """Replace outside calls in ``block`` (and the blocks nested in it) by their unrolled form."""
         items = []
         for item in block.items:
@@ -103,7 +103,7 @@ class _RecursionUnroll:
         block.items = items
 
     @staticmethod
-    def inline(f: FunctionDef, args, ret: Scalar, depth: int, stack=None) -> Block:
+    def inline(f: FunctionDef, args, ret: Scalar, depth: int, stack=None) -> StmtBlock:
         """``f``'s body for one call: its parameters ``args``, its frame ``depth`` of ``stack`` (default
         ``f.stack``), its result at ``ret``.  Its own calls of ``f`` stay calls of ``f``."""
         subst = {id(p): a for p, a in zip(f.params, args)}
@@ -118,7 +118,7 @@ class _RecursionUnroll:
             return None
         return body.items
 
-    def group_siblings(self, block: Block, f: FunctionDef, depth: int, path: tuple, own: FunctionDef) -> bool:
+    def group_siblings(self, block: StmtBlock, f: FunctionDef, depth: int, path: tuple, own: FunctionDef) -> bool:
         """Turn each run of independent calls of ``f`` in ``block`` (and nested blocks) into a CallGroup.
 
         ``block`` is a frame at ``depth - 1`` of the lane at ``path`` (``()``: the outside
@@ -141,9 +141,9 @@ class _RecursionUnroll:
                         self.group_siblings(body, f, depth + 1, path + (k,), g)
                         lanes.append(Lane(body, g, depth))
                     else:
-                        lanes.append(Lane(Block([Call(g, c.args, root, depth)])))
+                        lanes.append(Lane(StmtBlock([Call(g, c.args, root, depth)])))
                     copies.append(copy_operator(c.result, root, f"result of {g.name}", self.program.chunk))
-                items.append(CallGroup(Block(lanes)))
+                items.append(CallGroup(StmtBlock(lanes)))
                 items.extend(copies)
                 grouped = True
             else:

@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from pyflow.cocktailer.ir import (Block, Branch, Call, CallGroup, FunctionCall, Lane, Loop, UOperator, scalar_loads,
+from pyflow.cocktailer.ir import (Branch, Call, CallGroup, FunctionCall, Lane, Loop, StmtBlock, UOperator, scalar_loads,
                                   walk)
 from pyflow.cocktailer.optimize import static_value
 from pyflow.kernels.backend import cuda, is_gpu
@@ -146,7 +146,7 @@ def _ref_loads(ref) -> int:
     return _loads(ref.offset.dynamic)
 
 
-def segments_per_frame(block: Block, p: float, trip=lambda loop: 16.0) -> float:
+def segments_per_frame(block: StmtBlock, p: float, trip=lambda loop: 16.0) -> float:
     """Expected dispatches of a recursive body per frame (each starts with a grid barrier).
 
     The code generator cuts the body at its calls into labelled segments: the entry,
@@ -198,13 +198,13 @@ class _ModelWalk:
         return float(value) if value is not None else float(self.model.assumed_trip)
 
     # control flow on the host: the host executor, with ``units`` launched as kernels
-    def host(self, block: Block, mult: float, tally: _Tally, units: dict) -> None:
+    def host(self, block: StmtBlock, mult: float, tally: _Tally, units: dict) -> None:
         p = self.model.branch_probability
         for item in block.items:
             unit = units.get(id(item))
             if unit is not None:   # a uProgram of its own: one launch each time control reaches it
                 tally.launches += mult
-                self.kernel(Block([item]), mult, tally, unit[1])
+                self.kernel(StmtBlock([item]), mult, tally, unit[1])
             elif isinstance(item, UOperator):
                 if item.count:
                     tally.launches += mult
@@ -240,7 +240,7 @@ class _ModelWalk:
                     self.inside.discard(item.fn)
 
     # inside one persistent kernel of grid ``resource.grid``
-    def kernel(self, block: Block, mult: float, tally: _Tally, resource) -> None:
+    def kernel(self, block: StmtBlock, mult: float, tally: _Tally, resource) -> None:
         p, sites = self.model.branch_probability, resource.barrier_sites
         for item in block.items:
             if isinstance(item, UOperator):
@@ -292,8 +292,8 @@ class _ModelWalk:
 
 
 def nested_in(node, other) -> bool:
-    """Is statement ``other`` lexically inside ``node`` (a statement or a Block)?"""
-    blocks = [node] if isinstance(node, Block) else list(getattr(node, "blocks", lambda: ())())
+    """Is statement ``other`` lexically inside ``node`` (a statement or a StmtBlock)?"""
+    blocks = [node] if isinstance(node, StmtBlock) else list(getattr(node, "blocks", lambda: ())())
     return any(s is other for b in blocks for s in walk(b))
 
 
@@ -334,7 +334,7 @@ class Profiler:
             return self._measure(node, units, resource is not None)
         walk_ = _ModelWalk(self.model, self.program, self.options)
         tally = _Tally()
-        block = node if isinstance(node, Block) else Block([node])
+        block = node if isinstance(node, StmtBlock) else StmtBlock([node])
         if resource is None:
             walk_.host(block, 1.0, tally, units)
         else:

@@ -39,7 +39,7 @@ import threading
 import numpy as np
 
 from pyflow.cocktailer.checks import static_int
-from pyflow.cocktailer.ir import (Block, Buffer, Const, FunctionDef, Load, Offset, Scalar, TensorRef, UOperator,
+from pyflow.cocktailer.ir import (Buffer, Const, FunctionDef, Load, Offset, Scalar, StmtBlock, TensorRef, UOperator,
                                   is_int_scalar)
 from pyflow.cocktailer.names import Names, readable_name, sanitize
 from pyflow.errors import DTypeError, PyflowError, ShapeError
@@ -118,7 +118,7 @@ class _Trace:
         self.buffers: list[Buffer] = []
         self.arenas: dict = {}
         self.functions: list[FunctionDef] = []
-        self.blocks: list[Block] = []
+        self.blocks: list[StmtBlock] = []
         self.frames: list[_Frame] = []          # innermost recursive function being traced
         self.loop_depth = 0
         self.names = Names()                    # every code name of the program (names.py)
@@ -151,7 +151,7 @@ class _Trace:
         self.blocks[-1].items.append(item)
 
     @contextlib.contextmanager
-    def block(self, block: Block):
+    def block(self, block: StmtBlock):
         self.blocks.append(block)
         try:
             yield block
@@ -377,7 +377,7 @@ class Program:
     """A traced program: buffers, the statement tree, inputs and outputs."""
 
     name: str
-    body: Block
+    body: StmtBlock
     inputs: list            # [(name, Buffer, TensorSpec)]
     outputs: list           # [TensorRef]
     buffers: list           # every Buffer (inputs, arenas, stacks)
@@ -413,7 +413,7 @@ def trace(fn, *specs, chunk: int = CHUNK, tile: int = TILE, name: str | None = N
     if getattr(_local, "trace", None) is not None:
         raise TraceError("trace: already tracing (nested trace calls are not supported)")
     t = _Trace(chunk, tile)
-    body = Block()
+    body = StmtBlock()
     _local.trace = t
     try:
         inputs, args = [], []

@@ -378,8 +378,8 @@ class LazyTracer:
 
     def to_global(self, x: "LazyTensor", placement=None, sbp=None) -> "LazyTensor":
         """``x.to_global(placement, sbp)`` inside build: a ``to_global`` op with the requested layout."""
-        from pyflow.distributed.global_tensor import _checked_layout
         from pyflow.framework.placement import placement as Placement
+        from pyflow.framework.sbp import checked_layout
 
         x = self.lazy(x)
         desc = self.job.blobs[x._lbn]
@@ -398,7 +398,7 @@ class LazyTracer:
                 if s.is_split:
                     shape[s.dim] *= placement.hierarchy[axis]
             shape = tuple(shape)
-        nd = _checked_layout(shape, placement, sbp, "to_global")
+        nd = checked_layout(shape, placement, sbp, "to_global")
         if desc.placement is not None and desc.placement == placement and tuple(desc.sbp) == tuple(nd):
             return x
         out = BlobDesc(shape, desc.dtype, placement=placement, sbp=tuple(nd), time_shape=desc.time_shape)

@@ -2,7 +2,7 @@
 
 * ``device``    - ``DeviceType``, the interned ``Device("cuda:1")`` symbol
 * ``stream``    - ``StreamType`` and its traits, the ``Stream`` symbol, ``StreamMgr``
-* ``ep``        - execution providers (OneFlow's ep::Device / ep::Stream (``EpStream``) / ep::Event):
+* ``ep``        - execution providers (OneFlow's ep::Device (``EpDevice``) / ep::Stream (``EpStream``) / ep::Event):
                   cpu, cuda on a GPU, and emulated asynchronous cuda for the simulator
 * ``allocator`` - the caching allocator (OneFlow's BinAllocator) over an ep device
 

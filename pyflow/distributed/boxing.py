@@ -115,7 +115,7 @@ def _same_1d(src: Layout, dst: Layout) -> bool:
     return src.placement == dst.placement and src.one_d
 
 
-class Identity(Builder):
+class IdentityBuilder(Builder):
     name = "identity"
 
     def can(self, src, dst, shape):
@@ -238,8 +238,8 @@ class Generic(Builder):
         return [Exchange(src, dst)]
 
 
-CHAIN = (Identity(), DeviceCopy(), AllReduceBuilder(), ReduceScatterBuilder(), AllGatherBuilder(), AllToAllBuilder(),
-         LocalSliceBuilder(), LocalPartialBuilder(), CopyAround(), NdDimReduce(), Generic())
+CHAIN = (IdentityBuilder(), DeviceCopy(), AllReduceBuilder(), ReduceScatterBuilder(), AllGatherBuilder(),
+         AllToAllBuilder(), LocalSliceBuilder(), LocalPartialBuilder(), CopyAround(), NdDimReduce(), Generic())
 
 
 def choose(src: Layout, dst: Layout, shape: tuple) -> Builder:

@@ -92,10 +92,14 @@ def collective(call, inputs, shape, dtype, desc: CollectiveDesc, group: tuple, s
                  abandon=lambda reason: transport.abandon(group, seq, desc, reason))[0]
 
 
-class Exchange(InstructionPolicy):
-    """Run ``fn()`` on the ccl worker, in order with the rank's collectives (a stream-sequential write)."""
+class PayloadExchange(InstructionPolicy):
+    """Run ``fn()`` (``exchange``'s transport call) on the ccl worker, in order with the rank's collectives.
 
-    name = "exchange"
+    The order is a stream-sequential write.  Not a boxing step (``boxing_steps.Exchange`` moves a
+    tensor's pieces): this one moves the Python payloads of ``exchange``.
+    """
+
+    name = "payload_exchange"
 
     def __init__(self, fn, vm_stream):
         self.fn, self._sequential = fn, vm_stream.schedule_dep
@@ -128,7 +132,7 @@ def exchange(group: tuple, desc: CollectiveDesc, payload) -> list:
 
     machine = vm.get_vm()
     stream = ccl_stream()
-    vm.run(lambda builder: builder._append(stream, Exchange(run, machine.get_vm_stream(stream))))
+    vm.run(lambda builder: builder._append(stream, PayloadExchange(run, machine.get_vm_stream(stream))))
     machine.wait_until(done.is_set, f"exchange {desc.describe()}", drive=machine.sync_mode)
     if "error" in box:
         raise box["error"]

@@ -35,7 +35,7 @@ from pyflow.distributed.boxing_steps import BoxingContext, Layout
 from pyflow.distributed.ccl import collective, describe_call, exchange
 from pyflow.errors import ArgumentTypeError, DTypeError, ShapeError
 from pyflow.framework.placement import placement as Placement
-from pyflow.framework.sbp import SbpParallel, as_nd_sbp, piece_shape
+from pyflow.framework.sbp import SbpParallel, checked_layout, piece_shape
 from pyflow.framework.tensor import Tensor
 
 __all__ = ["GlobalInfo", "make_global", "to_global", "to_local", "global_numpy", "global_tensor", "layout_of"]
@@ -75,33 +75,20 @@ def to_local(x: Tensor) -> Tensor:
     return Tensor._wrap(x._blob, x._handle, x._versions)
 
 
-def _checked_layout(x_shape, placement, sbp, what: str) -> tuple:
-    if not isinstance(placement, Placement):
-        raise ArgumentTypeError(f"{what}: placement must be a flow.placement, got {type(placement).__name__}")
-    nd = as_nd_sbp(sbp, placement.hierarchy, what)
-    for s in nd:
-        if s.is_split and s.dim >= max(len(x_shape), 1):
-            raise ShapeError(f"{what}: {s!r} splits dim {s.dim}, but the tensor has {len(x_shape)} dim(s) "
-                             f"(shape {list(x_shape)})")
-        if s.is_split and not x_shape:
-            raise ShapeError(f"{what}: a 0-d tensor cannot be split ({s!r})")
-    return nd
-
-
 def to_global(x: Tensor, placement=None, sbp=None) -> Tensor:
     """``x`` as a global tensor on ``placement`` with ``sbp`` (see the module docstring)."""
     if x._global is not None:
         info = x._global
         placement = info.placement if placement is None else placement
         sbp = info.sbp if sbp is None else sbp
-        nd = _checked_layout(info.shape, placement, sbp, "to_global")
+        nd = checked_layout(info.shape, placement, sbp, "to_global")
         src, dst = Layout(info.placement, info.sbp), Layout(placement, nd)
         if src == dst:
             return x
         return box(x, dst, f"to_global {src.short()} -> {dst.short()}")
     if placement is None or sbp is None:
         raise ArgumentTypeError("to_global of a local tensor needs both placement= and sbp=")
-    nd = _checked_layout(x.shape, placement, sbp, "to_global")
+    nd = checked_layout(x.shape, placement, sbp, "to_global")
     return local_to_global(x, placement, nd)
 
 
@@ -226,6 +213,6 @@ def global_tensor(data, dtype=None, placement=None, sbp=None) -> Tensor:
     if not isinstance(placement, Placement):
         raise ArgumentTypeError(f"tensor(): placement must be a flow.placement, got {type(placement).__name__}")
     local = local_tensor(data, dtype=dtype, device=placement.device() if placement.has(rank) else "cpu")
-    nd = _checked_layout(local.shape, placement, sbp, "tensor")
+    nd = checked_layout(local.shape, placement, sbp, "tensor")
     as_b = local_to_global(local, placement, (SbpParallel("broadcast"),) * len(placement.hierarchy))
     return to_global(as_b, placement, nd)

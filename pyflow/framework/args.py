@@ -8,7 +8,8 @@ issued, so a bad call raises at once, names the op (and the tensor, as
   ``ArgumentTypeError`` for ``2.5``, ``"3"`` or ``True``);
 * dims are ints in range (``ArgumentTypeError`` for ``1.0`` or ``"x"``,
   ``AxisError`` when out of range);
-* devices exist (``DeviceError`` for ``"cuda:7"`` on a machine with two).
+* devices exist (``DeviceError`` for ``"cuda:7"`` on a machine with two);
+* tensor arguments are tensors (``ArgumentTypeError`` for a list or a number).
 
 >>> sizes((2, 3), "zeros"), sizes(((2, 3),), "zeros"), sizes(((),), "ones")
 ((2, 3), (2, 3), ())
@@ -27,7 +28,7 @@ import numpy as np
 from pyflow.device import Device, ep
 from pyflow.errors import ArgumentTypeError, AxisError, DeviceError, ShapeError
 
-__all__ = ["describe", "as_int", "sizes", "broadcasts_to", "dim", "dims", "device", "tensor_list"]
+__all__ = ["describe", "as_int", "sizes", "broadcasts_to", "dim", "dims", "device", "tensor", "tensor_list"]
 
 
 def describe(t) -> str:
@@ -111,6 +112,15 @@ def device(value, op: str) -> Device:
     except TypeError:
         raise DeviceError(f"{op}: {value!r} is not a device (use 'cpu', 'cuda' or 'cuda:1')") from None
     return found
+
+
+def tensor(value, op: str):
+    """``value`` if it is a ``Tensor``; else ``ArgumentTypeError`` naming ``op`` (an op's tensor argument)."""
+    from pyflow.framework.tensor import Tensor   # tensor.py imports this module
+
+    if not isinstance(value, Tensor):
+        raise ArgumentTypeError(f"{op}: expects a tensor, got {type(value).__name__}: {value!r:.60}")
+    return value
 
 
 def tensor_list(values, op: str) -> list:

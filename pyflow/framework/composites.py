@@ -27,7 +27,7 @@ from pyflow.errors import ArgumentTypeError, ArgumentValueError, AutogradError, 
 from pyflow.framework import args, creation, reductions
 from pyflow.framework.args import describe
 from pyflow.framework.dtypes import BOOL, DEFAULT_FLOAT, is_scalar, to_scalar
-from pyflow.framework.functional import _tensor, exp, isinf, log, matmul, where
+from pyflow.framework.functional import exp, isinf, log, matmul, where
 from pyflow.framework.interpreter import apply
 from pyflow.framework.movement import cat, index_select
 from pyflow.framework.tensor import Tensor, tensor
@@ -53,7 +53,7 @@ def _place_of(x: Tensor) -> dict:
 def flip(input: Tensor, dims) -> Tensor:   # noqa: A002 - torch's name
     """A copy with the order of elements reversed along each of ``dims``: an ``index_select`` of
     ``n-1, ..., 0`` per dim (the index is made on the host and copied, nothing is read back)."""
-    x = _tensor(input, "flip")
+    x = args.tensor(input, "flip")
     result = x
     for d in _dim_list(dims, x, "flip"):
         n = x.shape[d]
@@ -65,7 +65,7 @@ def flip(input: Tensor, dims) -> Tensor:   # noqa: A002 - torch's name
 def roll(input: Tensor, shifts, dims=None) -> Tensor:   # noqa: A002
     """Elements shifted by ``shifts`` along ``dims`` (wrapping around): ``cat`` of two ``narrow`` views
     per dim.  ``dims=None``: the flattened tensor is rolled, then given its shape back."""
-    x = _tensor(input, "roll")
+    x = args.tensor(input, "roll")
     shift_list = tuple(shifts) if isinstance(shifts, (tuple, list)) else (shifts,)
     shift_list = tuple(args.as_int(s, "roll", "shifts") for s in shift_list)
     if dims is None:
@@ -93,7 +93,7 @@ def _reduced_dims(dim, x: Tensor, op: str):
 
 
 def _extreme(kernel: str, op: str, input, dim, keepdim, axis):
-    x = _tensor(input, op)
+    x = args.tensor(input, op)
     dims = _reduced_dims(_axis_alias(dim, axis, op, ()), x, op)
     axes = range(x.ndim) if dims is None else (dims,) if isinstance(dims, int) else dims
     if any(x.shape[d] == 0 for d in axes):
@@ -125,7 +125,7 @@ def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:   # noqa: A0
     """``log(sum(exp(x)))`` over ``dim``, computed stably as ``m + log(sum(exp(x - m)))`` with ``m`` the
     (detached) maximum; an infinite ``m`` shifts by 0, so a row of ``-inf`` gives ``-inf``.  Integers
     compute in float32.  Its gradient is ``softmax(x)`` along ``dim``."""
-    x = _tensor(input, "logsumexp")
+    x = args.tensor(input, "logsumexp")
     if x.dtype.kind != "f":
         x = x.to(dtype=DEFAULT_FLOAT)
     dims = _reduced_dims(dim, x, "logsumexp")
@@ -142,7 +142,7 @@ def logsumexp(input: Tensor, dim, keepdim: bool = False) -> Tensor:   # noqa: A0
 
 
 def _matrices(op: str, rank: int, a, b) -> tuple:
-    a, b = _tensor(a, op), _tensor(b, op)
+    a, b = args.tensor(a, op), args.tensor(b, op)
     for t in (a, b):
         if t.ndim != rank:
             raise ShapeError(f"{op}: expects {rank}-D tensors, got {describe(a)} and {describe(b)}")
@@ -176,7 +176,7 @@ def outer(input: Tensor, vec2: Tensor) -> Tensor:   # noqa: A002
 def equal(input: Tensor, other: Tensor) -> bool:   # noqa: A002
     """True if both have the same shape and equal elements (NaN is never equal).  Reads the result
     on the host, so it waits."""
-    a, b = _tensor(input, "equal"), _tensor(other, "equal")
+    a, b = args.tensor(input, "equal"), args.tensor(other, "equal")
     if tuple(a.shape) != tuple(b.shape):
         return False
     if a.numel() == 0:
@@ -194,7 +194,7 @@ def _fill_value(value, x: Tensor, op: str) -> Tensor:
 
 
 def _bool_mask(mask, x: Tensor, op: str) -> Tensor:
-    mask = _tensor(mask, op)
+    mask = args.tensor(mask, op)
     if mask.dtype != BOOL:
         raise DTypeError(f"{op}: the mask must be a bool tensor, got {describe(mask)} (use mask.bool())")
     return mask
@@ -203,7 +203,7 @@ def _bool_mask(mask, x: Tensor, op: str) -> Tensor:
 def masked_fill(input: Tensor, mask: Tensor, value) -> Tensor:   # noqa: A002
     """``value`` where ``mask`` (a bool tensor, broadcasting) is True, else ``input``: a ``where``.  The
     result keeps ``input``'s dtype (``value`` is converted to it)."""
-    x = _tensor(input, "masked_fill")
+    x = args.tensor(input, "masked_fill")
     mask = _bool_mask(mask, x, "masked_fill")
     return where(mask, _fill_value(value, x, "masked_fill"), x)
 
@@ -228,7 +228,7 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
 
 def is_floating_point(input: Tensor) -> bool:   # noqa: A002
     """Is the dtype a floating one (float16, float32, float64)?"""
-    return _tensor(input, "is_floating_point").dtype.kind == "f"
+    return args.tensor(input, "is_floating_point").dtype.kind == "f"
 
 
 def normal(mean=0.0, std=1.0, size=None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -262,7 +262,7 @@ def normal(mean=0.0, std=1.0, size=None, *, dtype=None, device=None, requires_gr
 
 def t(input: Tensor) -> Tensor:   # noqa: A002
     """The transpose of a 2-D tensor (a view); a 0-D or 1-D tensor comes back as is (a view of it)."""
-    x = _tensor(input, "t")
+    x = args.tensor(input, "t")
     if x.ndim > 2:
         raise ShapeError(f"t: expects a tensor of at most 2 dims, got {describe(x)} (use transpose(d0, d1))")
     return x.transpose(0, 1) if x.ndim == 2 else x.reshape(x.shape)
@@ -305,7 +305,7 @@ def _inplace_unary(name: str):
     def method(self: Tensor) -> Tensor:
         from pyflow.framework.inplace import _writable
 
-        _writable(_tensor(self, f"{name}_"), f"{name}_")
+        _writable(args.tensor(self, f"{name}_"), f"{name}_")
         apply(name, [self], out=[self])   # an elementwise kernel reads element i before writing it
         return self
     method.__name__ = method.__qualname__ = f"{name}_"
@@ -322,11 +322,11 @@ def _set_data(self: Tensor, value: Tensor) -> None:
     """``x.data = y``: ``x`` (the same object, keeping its autograd state) now uses ``y``'s storage."""
     from pyflow.nn.parameter import set_data
 
-    set_data(self, _tensor(value, "data"))
+    set_data(self, args.tensor(value, "data"))
 
 
 def _float_self(self: Tensor, op: str) -> Tensor:
-    if _tensor(self, op).dtype.kind != "f":
+    if args.tensor(self, op).dtype.kind != "f":
         raise DTypeError(f"{op}: needs a floating tensor, got {describe(self)}")
     return self
 
@@ -351,7 +351,7 @@ def _fill_diagonal_(self: Tensor, fill_value, wrap: bool = False) -> Tensor:
     """Write ``fill_value`` on the main diagonal (``x[i, i, ...]``) through a strided view; ``wrap``:
     a tall matrix's diagonal starts again every ``cols + 1`` rows, as torch's.  Returns self.  Not recorded
     by autograd: on a tensor that requires grad, only under ``flow.no_grad()``."""
-    x = _tensor(self, "fill_diagonal_")
+    x = args.tensor(self, "fill_diagonal_")
     if x.ndim < 2 or (x.ndim > 2 and len(set(x.shape)) != 1):
         raise ShapeError(f"fill_diagonal_: needs at least 2 dims, all of one length beyond 2, got {describe(x)}")
     from pyflow.autograd import is_grad_enabled

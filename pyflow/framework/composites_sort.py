@@ -31,7 +31,6 @@ from pyflow.errors import ArgumentTypeError, ShapeError
 from pyflow.framework import args, creation
 from pyflow.framework.args import describe
 from pyflow.framework.dtypes import DEFAULT_INT
-from pyflow.framework.functional import _tensor
 from pyflow.framework.movement import gather
 from pyflow.framework.reductions import return_types, topk
 from pyflow.framework.tensor import Tensor, tensor
@@ -53,7 +52,7 @@ def _host_order(values: np.ndarray, axis: int, descending: bool) -> np.ndarray:
 def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):   # noqa: A002
     """``(values, indices)`` of ``input`` sorted along ``dim`` (ascending unless ``descending``); always
     stable (see the module's docstring).  A CUDA dim longer than 64 is sorted on the host (syncs)."""
-    x = _tensor(input, "sort")
+    x = args.tensor(input, "sort")
     if not isinstance(descending, bool) or not isinstance(stable, bool):
         raise ArgumentTypeError(f"sort: descending and stable must be bools, got {descending!r}, {stable!r}")
     if x.ndim == 0:
@@ -79,7 +78,7 @@ def nonzero(input: Tensor, *, as_tuple: bool = False):   # noqa: A002
     """The indices of the nonzero elements: an int64 ``(count, ndim)`` tensor in row-major order, or
     with ``as_tuple`` one 1-D tensor per dim (a 0-d input counts as 1-D).  Reads ``input`` on the
     host (syncs), then copies the indices to its device."""
-    x = _tensor(input, "nonzero")
+    x = args.tensor(input, "nonzero")
     if x.is_global:
         raise ArgumentTypeError(f"nonzero: not for a global tensor ({describe(x)}); use .to_local() or numpy()")
     values = x.numpy()
@@ -94,7 +93,7 @@ def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False,   #
     element's value in them (``input``'s shape) and each value's count (int64).  ``sorted=False`` is
     accepted and still sorts (one valid order).  NaNs are each their own value, as torch's.  Reads
     ``input`` on the host (syncs); only ``dim=None``."""
-    x = _tensor(input, "unique")
+    x = args.tensor(input, "unique")
     if dim is not None:
         raise ArgumentTypeError(f"unique: dim={dim!r} is not supported (only dim=None: the flattened tensor) "
                                 f"for {describe(x)}")

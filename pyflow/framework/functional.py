@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from pyflow.errors import ArgumentTypeError
+from pyflow.framework import args
 from pyflow.framework.args import describe
 from pyflow.framework.dtypes import is_scalar
 from pyflow.framework.interpreter import apply
@@ -30,7 +31,7 @@ __all__ = ["relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "neg", "sin",
 
 def _unary(name, doc):
     def op(x: Tensor) -> Tensor:
-        return apply(name, [_tensor(x, name)])[0]
+        return apply(name, [args.tensor(x, name)])[0]
     op.__name__, op.__qualname__, op.__doc__ = name, name, doc
     return op
 
@@ -53,12 +54,6 @@ isnan = _unary("isnan", "True where x is NaN.")
 isinf = _unary("isinf", "True where x is +-inf.")
 logical_not = _unary("logical_not", "True where x is zero (or False).")
 bitwise_not = _unary("bitwise_not", "~x for integers; logical not for bool.")
-
-
-def _tensor(x, op: str) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise ArgumentTypeError(f"{op}: expects a tensor, got {type(x).__name__}: {x!r:.60}")
-    return x
 
 
 def _operands(a, b, op: str) -> list:
@@ -92,7 +87,7 @@ eq, ne, lt, le, gt, ge = (_binary(n, n, f"Elementwise comparison {n} (a bool ten
 
 def _logical(name):
     def op(input: Tensor, other: Tensor) -> Tensor:   # noqa: A002
-        return apply(name, [_tensor(input, name), _tensor(other, name)])[0]
+        return apply(name, [args.tensor(input, name), args.tensor(other, name)])[0]
     op.__name__, op.__qualname__, op.__doc__ = name, name, f"Elementwise {name} of truth values (a bool tensor)."
     return op
 
@@ -112,14 +107,14 @@ def sub(input, other, *, alpha=1) -> Tensor:   # noqa: A002
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product with numpy's matmul semantics."""
-    return apply("matmul", [_tensor(a, "matmul"), as_tensor_like(b, a)])[0]
+    return apply("matmul", [args.tensor(a, "matmul"), as_tensor_like(b, a)])[0]
 
 
 def where(condition: Tensor, input, other) -> Tensor:   # noqa: A002
     """``input`` where ``condition`` else ``other`` (broadcasting; the two promote to one dtype)."""
     like = input if isinstance(input, Tensor) else other if isinstance(other, Tensor) else condition
     values = [x if isinstance(x, Tensor) or is_scalar(x) else as_tensor_like(x, like) for x in (input, other)]
-    return apply("where", [_tensor(condition, "where"), *values])[0]
+    return apply("where", [args.tensor(condition, "where"), *values])[0]
 
 
 def _bounds(x, min, max):   # noqa: A002
@@ -134,7 +129,7 @@ def clamp(input: Tensor, min=None, max=None) -> Tensor:   # noqa: A002
 
     The result promotes like ``input + bound``: ``clamp(int_tensor, min=0.5)`` is float32.
     """
-    kinds, bounds = _bounds(_tensor(input, "clamp"), min, max)
+    kinds, bounds = _bounds(args.tensor(input, "clamp"), min, max)
     return apply("clamp", [input, *bounds], bounds=kinds)[0]
 
 
@@ -142,16 +137,16 @@ clip = clamp
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return apply("softmax", [_tensor(x, "softmax")], axis=dim)[0]
+    return apply("softmax", [args.tensor(x, "softmax")], axis=dim)[0]
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return apply("log_softmax", [_tensor(x, "log_softmax")], axis=dim)[0]
+    return apply("log_softmax", [args.tensor(x, "log_softmax")], axis=dim)[0]
 
 
 def cast(x: Tensor, dtype) -> Tensor:
     """A copy of ``x`` converted to ``dtype``."""
-    return apply("cast", [_tensor(x, "cast")], dtype=dtype)[0]   # the op checks the dtype
+    return apply("cast", [args.tensor(x, "cast")], dtype=dtype)[0]   # the op checks the dtype
 
 
 def is_tensor(obj) -> bool:

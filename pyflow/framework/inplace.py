@@ -23,7 +23,7 @@ from pyflow.framework import args
 from pyflow.framework.args import describe
 from pyflow.framework.dtypes import to_scalar
 from pyflow.framework.functional import _bounds, _operands, mul
-from pyflow.framework.interpreter import _internal_overlap, _same_view, apply, broadcast_view
+from pyflow.framework.interpreter import apply, broadcast_view, has_internal_overlap, same_view
 from pyflow.framework.tensor import Tensor
 
 __all__ = ["copy_", "fill_", "zero_", "clamp_"]
@@ -51,7 +51,7 @@ def _sub_(self: Tensor, other, *, alpha=1) -> Tensor:
 
 
 def _writable(self: Tensor, op: str) -> None:
-    if _internal_overlap(self):
+    if has_internal_overlap(self):
         raise ShapeError(f"{op}: several elements of {describe(self)} share one memory location "
                          "(an expanded view); write to a .clone() instead")
 
@@ -66,7 +66,7 @@ def copy_(self: Tensor, src: Tensor) -> Tensor:
     if self._global is not None or src._global is not None:
         return _global_copy(self, src)
     _writable(self, "copy_")
-    if _same_view(src._blob, self._blob):
+    if same_view(src._blob, self._blob):
         return self   # copying a view onto itself changes nothing
     if src.device is not self.device:
         src = src.to(self.device)

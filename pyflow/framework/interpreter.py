@@ -62,7 +62,8 @@ from pyflow.kernels.registry import get_kernel
 
 __all__ = ["apply", "get_default_device", "kernel_target", "describe", "global_interpreter",
            "LogicalInference", "infer_device_and_stream", "infer_logical", "infer", "check_out", "convert_inputs",
-           "make_outputs", "copy_overlapping_inputs", "build_op_call"]
+           "make_outputs", "copy_overlapping_inputs", "build_op_call", "has_internal_overlap", "same_view",
+           "may_overlap"]
 
 # OneFlow picks an interpreter per call: EagerLocalInterpreter for local tensors,
 # EagerGlobalInterpreter when an input is global.  pyflow.distributed installs the
@@ -192,8 +193,8 @@ def infer_logical(op, inputs, attrs: dict, where=None) -> LogicalInference:
     return LogicalInference(dtypes, metas)
 
 
-def _internal_overlap(t) -> bool:
-    """Do two elements of ``t`` share memory (a stride-0, expanded dim)?"""
+def has_internal_overlap(t) -> bool:
+    """Do two elements of ``t`` share memory (a stride-0, expanded dim)?  Such a tensor can't be written."""
     return math.prod(t.shape) > 1 and any(s == 0 and n > 1 for n, s in zip(t.shape, t._blob.strides))
 
 
@@ -214,7 +215,7 @@ def check_out(out: list, inferred: Inferred) -> None:
                              f"output {describe(o)} (in place, the output keeps its shape)")
         if not can_cast(meta.dtype, o.dtype):
             raise DTypeError(f"op {name!r}: the result type {meta.dtype} can't be cast to the output {describe(o)}")
-        if _internal_overlap(o):
+        if has_internal_overlap(o):
             raise ShapeError(f"op {name!r}: several elements of the output {describe(o)} share one memory "
                              "location (an expanded view); write to a .clone() instead")
 
@@ -225,7 +226,8 @@ def _span(blob) -> tuple:
     return blob.offset, last
 
 
-def _same_view(a, b) -> bool:
+def same_view(a, b) -> bool:
+    """Are blobs ``a`` and ``b`` the very same view (storage, layout, dtype)?  An op may then write in place."""
     return (a.storage is b.storage and a.shape == b.shape and a.strides == b.strides
             and a.offset == b.offset and a.dtype == b.dtype)
 
@@ -362,7 +364,7 @@ def copy_overlapping_inputs(op, inputs: list, written: list) -> None:
     the very same view, for an op that allows it) is replaced by a copy, since the op must read the
     input before it changes.  Decided on the blobs' layouts alone; ``inputs`` is updated in place."""
     for i, x in enumerate(inputs):
-        if any(may_overlap(x._blob, o._blob) and not (op.same_view_in_place and _same_view(x._blob, o._blob))
+        if any(may_overlap(x._blob, o._blob) and not (op.same_view_in_place and same_view(x._blob, o._blob))
                for o in written):
             inputs[i] = apply("contiguous", [x])[0]
 

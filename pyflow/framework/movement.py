@@ -21,7 +21,6 @@ from __future__ import annotations
 from pyflow.errors import ShapeError
 from pyflow.framework import args
 from pyflow.framework.args import describe
-from pyflow.framework.functional import _tensor
 from pyflow.framework.interpreter import apply
 from pyflow.framework.tensor import Tensor
 
@@ -53,7 +52,7 @@ def stack(tensors, dim: int = 0) -> Tensor:
 
 def gather(input: Tensor, dim: int, index: Tensor) -> Tensor:   # noqa: A002 - torch's name
     """``out[i][j] = input[index[i][j]][j]`` for ``dim`` 0 (any rank): torch.gather."""
-    x, index = _tensor(input, "gather"), _tensor(index, "gather")
+    x, index = args.tensor(input, "gather"), args.tensor(index, "gather")
     if min(x.ndim, index.ndim) == 0 and max(x.ndim, index.ndim) <= 1:   # PyTorch: a 0-d one counts as 1-d
         args.dim(dim, 1, "gather", x)
         result = apply("dim_gather", [x.reshape(-1) if x.ndim == 0 else x,
@@ -64,7 +63,7 @@ def gather(input: Tensor, dim: int, index: Tensor) -> Tensor:   # noqa: A002 - t
 
 def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:   # noqa: A002
     """The slices ``index`` (a 1-D integer tensor) of ``input`` along ``dim``."""
-    x, index = _tensor(input, "index_select"), _tensor(index, "index_select")
+    x, index = args.tensor(input, "index_select"), args.tensor(index, "index_select")
     return apply("index_select", [x, index], axis=args.dim(dim, x.ndim, "index_select", x))[0]
 
 
@@ -85,7 +84,7 @@ def _write_at(op: str, self: Tensor, dim: int, index: Tensor, source: Tensor) ->
     """One in-place op writing ``source`` into ``self`` at ``index`` along ``dim``; returns ``self``."""
     from pyflow.framework.inplace import _writable
 
-    _tensor(self, f"{op}_"), _tensor(index, f"{op}_"), _tensor(source, f"{op}_")
+    args.tensor(self, f"{op}_"), args.tensor(index, f"{op}_"), args.tensor(source, f"{op}_")
     _writable(self, f"{op}_")
     apply(op, [self, index, source], out=[self], axis=args.dim(dim, self.ndim, f"{op}_", self))
     return self
@@ -108,17 +107,17 @@ def _scatter_add_(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
 
 def index_copy(input: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:   # noqa: A002
     """``input.clone().index_copy_(dim, index, source)``."""
-    return _index_copy_(_tensor(input, "index_copy").clone(), dim, index, source)
+    return _index_copy_(args.tensor(input, "index_copy").clone(), dim, index, source)
 
 
 def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) -> Tensor:   # noqa: A002
     """``input.clone().index_add_(dim, index, source, alpha=alpha)``."""
-    return _index_add_(_tensor(input, "index_add").clone(), dim, index, source, alpha=alpha)
+    return _index_add_(args.tensor(input, "index_add").clone(), dim, index, source, alpha=alpha)
 
 
 def scatter_add(input: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:   # noqa: A002
     """``input.clone().scatter_add_(dim, index, src)``."""
-    return _scatter_add_(_tensor(input, "scatter_add").clone(), dim, index, src)
+    return _scatter_add_(args.tensor(input, "scatter_add").clone(), dim, index, src)
 
 
 Tensor.repeat = repeat

@@ -25,7 +25,7 @@ from pyflow.errors import ArgumentTypeError, DTypeError, ShapeError
 from pyflow.framework import args
 from pyflow.framework.args import describe
 from pyflow.framework.dtypes import BOOL
-from pyflow.framework.functional import _tensor, abs, logical_and, mul, sqrt
+from pyflow.framework.functional import abs, logical_and, mul, sqrt
 from pyflow.framework.interpreter import apply
 from pyflow.framework.tensor import Tensor
 from pyflow.kernels.sort import MAX_TOPK
@@ -43,7 +43,7 @@ class return_types:   # noqa: N801 - torch.return_types
 
 
 def _reduce(name, op, x, dim, keepdim):
-    x = _tensor(x, op)
+    x = args.tensor(x, op)
     return apply(name, [x], axis=args.dims(dim, x.ndim, op, x), keepdims=_keepdim(keepdim, op))[0]
 
 
@@ -63,7 +63,7 @@ def _axis(dim, axis, op):
 def sum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None, axis=None) -> Tensor:   # noqa: A001,A002
     """The sum over ``dim`` (an int, a tuple, or None: all); bools and integers sum in int64.
     ``dtype``: ``input`` is cast to it first, as in torch."""
-    x = _tensor(input, "sum")
+    x = args.tensor(input, "sum")
     return _reduce("reduce_sum", "sum", x if dtype is None else x.to(dtype=dtype), _axis(dim, axis, "sum"), keepdim)
 
 
@@ -76,7 +76,7 @@ def _with_indices(op, values_op, index_op, x, dim, keepdim):
     """``(values, indices)`` along ``dim``.  Where the values need a gradient they are read at the indices
     (``gather``), so the gradient goes to the returned index at ties, as PyTorch's does; the full reduction
     (``x.max()``) shares it among ties, as PyTorch's does too."""
-    x = _tensor(x, op)
+    x = args.tensor(x, op)
     axis, keepdim = args.dim(dim, x.ndim, op, x), _keepdim(keepdim, op)
     indices = apply(index_op, [x], axis=axis, keepdims=keepdim)[0]
     if x.requires_grad and x.ndim:
@@ -93,7 +93,7 @@ def max(input: Tensor, dim=None, keepdim: bool = False, *, axis=None):   # noqa:
     """The maximum; ``max(x, dim)``: ``(values, indices)``; ``max(x, other_tensor)``: ``maximum``."""
     dim = _axis(dim, axis, "max")
     if isinstance(dim, Tensor):
-        return apply("max", [_tensor(input, "max"), dim])[0]
+        return apply("max", [args.tensor(input, "max"), dim])[0]
     if dim is None:
         return _reduce("reduce_max", "max", input, None, keepdim)
     return _with_indices("max", "reduce_max", "argmax", input, dim, keepdim)
@@ -103,7 +103,7 @@ def min(input: Tensor, dim=None, keepdim: bool = False, *, axis=None):   # noqa:
     """The minimum; ``min(x, dim)``: ``(values, indices)``; ``min(x, other_tensor)``: ``minimum``."""
     dim = _axis(dim, axis, "min")
     if isinstance(dim, Tensor):
-        return apply("min", [_tensor(input, "min"), dim])[0]
+        return apply("min", [args.tensor(input, "min"), dim])[0]
     if dim is None:
         return _reduce("reduce_min", "min", input, None, keepdim)
     return _with_indices("min", "reduce_min", "argmin", input, dim, keepdim)
@@ -111,20 +111,20 @@ def min(input: Tensor, dim=None, keepdim: bool = False, *, axis=None):   # noqa:
 
 def argmax(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:   # noqa: A002
     """The index of the largest element (the first one; over everything when ``dim`` is None)."""
-    x = _tensor(input, "argmax")
+    x = args.tensor(input, "argmax")
     return apply("argmax", [x], axis=None if dim is None else args.dim(dim, x.ndim, "argmax", x),
                  keepdims=_keepdim(keepdim, "argmax"))[0]
 
 
 def argmin(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:   # noqa: A002
     """The index of the smallest element (the first one; over everything when ``dim`` is None)."""
-    x = _tensor(input, "argmin")
+    x = args.tensor(input, "argmin")
     return apply("argmin", [x], axis=None if dim is None else args.dim(dim, x.ndim, "argmin", x),
                  keepdims=_keepdim(keepdim, "argmin"))[0]
 
 
 def _float_only(op, x):
-    x = _tensor(x, op)
+    x = args.tensor(x, op)
     if x.dtype.kind != "f":
         raise DTypeError(f"{op}: needs a floating tensor, got {describe(x)} (use .float() first)")
     return x
@@ -175,14 +175,14 @@ def norm(input: Tensor, p=2, dim=None, keepdim: bool = False) -> Tensor:   # noq
 
 def cumsum(input: Tensor, dim: int) -> Tensor:   # noqa: A002
     """Running sums along ``dim``; bools and integers add up in int64."""
-    x = _tensor(input, "cumsum")
+    x = args.tensor(input, "cumsum")
     return apply("cumsum", [x], axis=args.dim(dim, x.ndim, "cumsum", x))[0]
 
 
 def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):   # noqa: A002
     """The ``k`` largest (``largest=False``: smallest) elements along ``dim`` and their indices,
     sorted (``sorted=False`` is accepted: sorted order is one valid order)."""
-    x = _tensor(input, "topk")
+    x = args.tensor(input, "topk")
     axis = args.dim(dim, x.ndim, "topk", x)
     k = args.as_int(k, "topk", "k")
     on_cuda = x.placement.type == "cuda" if x.is_global else x.is_cuda
@@ -196,14 +196,14 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: boo
 def all(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:   # noqa: A001,A002
     """True where every element (over ``dim``) is nonzero: no zero counted, so an empty one is True (a min
     over no element has no identity; a count has one)."""
-    x = _tensor(input, "all")
+    x = args.tensor(input, "all")
     zeros = (x if x.dtype == BOOL else x.to(dtype=BOOL)) == False   # noqa: E712 - elementwise, not identity
     return _reduce("reduce_sum", "all", zeros, dim, keepdim) == 0
 
 
 def any(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:   # noqa: A001,A002
     """True where some element (over ``dim``) is nonzero (a count: an empty one is False)."""
-    x = _tensor(input, "any")
+    x = args.tensor(input, "any")
     return _reduce("reduce_sum", "any", x if x.dtype == BOOL else x.to(dtype=BOOL), dim, keepdim) > 0
 
 
@@ -211,7 +211,7 @@ def allclose(input: Tensor, other: Tensor, rtol: float = 1e-05, atol: float = 1e
              equal_nan: bool = False) -> bool:   # noqa: A002
     """``|input - other| <= atol + rtol * |other|`` everywhere (equal infinities count as close), as a
     Python bool: this reads the result, so it waits."""
-    a, b = _tensor(input, "allclose"), _tensor(other, "allclose")
+    a, b = args.tensor(input, "allclose"), args.tensor(other, "allclose")
     close = (a == b) | (abs(a - b) <= atol + rtol * abs(b))
     if equal_nan:
         close = close | logical_and(a != a, b != b)

@@ -34,10 +34,11 @@ import dataclasses
 import numbers
 import types
 
-from pyflow.errors import AxisError, ShapeError
+from pyflow.errors import ArgumentTypeError, AxisError, ShapeError
+from pyflow.framework.placement import placement as Placement
 
 __all__ = ["SbpParallel", "sbp", "S", "B", "P", "Signature", "balanced_split", "piece_slices", "piece_shape",
-           "as_nd_sbp"]
+           "as_nd_sbp", "checked_layout"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +121,21 @@ def as_nd_sbp(value, hierarchy: tuple, what: str = "sbp") -> tuple:
         raise ShapeError(f"{what}: {len(items)} sbp value(s) {items} for a placement hierarchy of "
                          f"{len(hierarchy)} axis/axes {hierarchy}: give one per axis")
     return items
+
+
+def checked_layout(shape: tuple, placement, sbp, what: str) -> tuple:
+    """``sbp`` as ``as_nd_sbp`` gives it, checked for a global tensor of logical ``shape`` on ``placement``
+    (a ``flow.placement``; each split names one of its dims): eager ``to_global`` and nn.Graph's share it."""
+    if not isinstance(placement, Placement):
+        raise ArgumentTypeError(f"{what}: placement must be a flow.placement, got {type(placement).__name__}")
+    nd = as_nd_sbp(sbp, placement.hierarchy, what)
+    for s in nd:
+        if s.is_split and s.dim >= max(len(shape), 1):
+            raise ShapeError(f"{what}: {s!r} splits dim {s.dim}, but the tensor has {len(shape)} dim(s) "
+                             f"(shape {list(shape)})")
+        if s.is_split and not shape:
+            raise ShapeError(f"{what}: a 0-d tensor cannot be split ({s!r})")
+    return nd
 
 
 def balanced_split(total: int, parts: int) -> list:

@@ -32,9 +32,10 @@ import math
 import numpy as np
 
 from pyflow.errors import DTypeError, ShapeError
+from pyflow.framework import args
 from pyflow.framework.args import describe
 from pyflow.framework.creation import arange, rand_like
-from pyflow.framework.functional import _tensor, log_softmax, relu, sigmoid, softmax, sqrt, tanh, where
+from pyflow.framework.functional import log_softmax, relu, sigmoid, softmax, sqrt, tanh, where
 from pyflow.framework.interpreter import apply
 from pyflow.framework.tensor import Tensor
 from pyflow.nn import pooling
@@ -48,9 +49,9 @@ __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "relu", "sigmoid", "tanh", "sof
 
 def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0) -> Tensor:  # noqa: A002
     """2-D cross-correlation: input (N, C_in, H, W), weight (C_out, C_in, kH, kW), bias (C_out,)."""
-    operands = [_tensor(input, "conv2d"), _tensor(weight, "conv2d")]
+    operands = [args.tensor(input, "conv2d"), args.tensor(weight, "conv2d")]
     if bias is not None:
-        operands.append(_tensor(bias, "conv2d"))
+        operands.append(args.tensor(bias, "conv2d"))
     return apply("conv2d", operands, stride=stride, padding=padding)[0]
 
 
@@ -59,9 +60,9 @@ def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, c
     """The maximum of each window (``stride`` defaults to ``kernel_size``; padding counts as -inf).
     ``dilation``, ``ceil_mode`` and ``return_indices``: ``nn/pooling.py``."""
     if dilation not in (1, (1, 1)) or ceil_mode or return_indices:
-        return pooling.max_pool2d(_tensor(input, "max_pool2d"), kernel_size, stride, padding, dilation, ceil_mode,
+        return pooling.max_pool2d(args.tensor(input, "max_pool2d"), kernel_size, stride, padding, dilation, ceil_mode,
                                   return_indices)
-    return apply("max_pool2d", [_tensor(input, "max_pool2d")], kernel_size=kernel_size, stride=stride,
+    return apply("max_pool2d", [args.tensor(input, "max_pool2d")], kernel_size=kernel_size, stride=stride,
                  padding=padding)[0]
 
 
@@ -70,9 +71,9 @@ def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bo
     """The mean of each window (``stride`` defaults to ``kernel_size``; padding counts as zeros).
     ``ceil_mode``, ``count_include_pad=False`` and ``divisor_override``: ``nn/pooling.py``."""
     if ceil_mode or not count_include_pad or divisor_override is not None:
-        return pooling.avg_pool2d(_tensor(input, "avg_pool2d"), kernel_size, stride, padding, ceil_mode,
+        return pooling.avg_pool2d(args.tensor(input, "avg_pool2d"), kernel_size, stride, padding, ceil_mode,
                                   count_include_pad, divisor_override)
-    return apply("avg_pool2d", [_tensor(input, "avg_pool2d")], kernel_size=kernel_size, stride=stride,
+    return apply("avg_pool2d", [args.tensor(input, "avg_pool2d")], kernel_size=kernel_size, stride=stride,
                  padding=padding)[0]
 
 
@@ -81,7 +82,7 @@ def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bo
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
     """``input @ weight.T + bias``: input (*, in_features), weight (out_features, in_features), bias (out,)."""
-    x, w = _tensor(input, "linear"), _tensor(weight, "linear")
+    x, w = args.tensor(input, "linear"), args.tensor(weight, "linear")
     if w.ndim != 2 or x.ndim == 0 or x.shape[-1] != w.shape[1]:
         raise ShapeError(f"linear: input {describe(x)} does not fit weight {describe(w)}: the input's last dim "
                          "must be the weight's in_features (its dim 1)")
@@ -95,7 +96,7 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> 
     ``padding_idx``: those positions give their row as it is, but no gradient flows into it
     (``where(keep, rows, rows.detach())``), as PyTorch's padding row gets none.
     """
-    index, w = _tensor(input, "embedding"), _tensor(weight, "embedding")
+    index, w = args.tensor(input, "embedding"), args.tensor(weight, "embedding")
     if index.dtype.kind not in "iu":
         raise DTypeError(f"embedding: the indices must be integers, got {describe(index)}")
     if w.ndim != 2:
@@ -118,7 +119,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)`` (so the
     expectation is unchanged); the input itself when not ``training``.  The mask is drawn with
     ``flow.rand_like`` (``flow.manual_seed`` repeats it)."""
-    x = _tensor(input, "dropout")
+    x = args.tensor(input, "dropout")
     if not 0.0 <= p <= 1.0:
         raise ArgumentValueError(f"dropout: p is a probability and must be in [0, 1], got {p}")
     if not training or p == 0.0:
@@ -146,7 +147,7 @@ def _erf(x: Tensor) -> Tensor:
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:  # noqa: A002
     """``x * Phi(x)``, Phi the standard normal CDF: ``0.5 * x * (1 + erf(x / sqrt(2)))`` (``'none'``,
     erf composed as in ``_erf``), or ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))`` (``'tanh'``)."""
-    x = _tensor(input, "gelu")
+    x = args.tensor(input, "gelu")
     if approximate == "tanh":
         return 0.5 * x * (1.0 + tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
     if approximate != "none":
@@ -156,7 +157,7 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:  # noqa: A002
 
 def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:  # noqa: A002
     """``x`` where ``x > 0``, else ``negative_slope * x`` (the gradient at 0 is ``negative_slope``, as PyTorch's)."""
-    x = _tensor(input, "leaky_relu")
+    x = args.tensor(input, "leaky_relu")
     out = where(x > 0, x, x * negative_slope)
     return x.copy_(out) if inplace else out
 
@@ -179,14 +180,14 @@ def _softplus1(z: Tensor) -> Tensor:
 
 def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:  # noqa: A002
     """``log(1 + exp(beta * x)) / beta``, and ``x`` itself where ``beta * x > threshold`` (PyTorch's cut)."""
-    x = _tensor(input, "softplus")
+    x = args.tensor(input, "softplus")
     z = x * beta
     return where(z > threshold, x, _softplus1(z) / beta)
 
 
 def logsigmoid(input: Tensor) -> Tensor:  # noqa: A002
     """``log(sigmoid(x)) = -softplus(-x)``, stable for large ``|x|`` (no ``log(0)``)."""
-    return -_softplus1(-_tensor(input, "logsigmoid"))
+    return -_softplus1(-args.tensor(input, "logsigmoid"))
 
 
 def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
@@ -194,7 +195,7 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
 
     ``num_classes=-1`` means ``tensor.max() + 1``.  Like PyTorch, the values are checked (a sync).
     """
-    index = _tensor(tensor, "one_hot")
+    index = args.tensor(tensor, "one_hot")
     if index.dtype.kind not in "iu":
         raise DTypeError(f"one_hot: expects a tensor of class indices (integers), got {describe(index)}")
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < -1:
@@ -224,7 +225,7 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     statistics updated in place: ``running = (1 - momentum) * running + momentum * batch``, with
     the *unbiased* variance for ``running_var``.  Otherwise: with ``running_mean`` / ``running_var``.
     """
-    x = _tensor(input, "batch_norm")
+    x = args.tensor(input, "batch_norm")
     if x.ndim < 2:
         raise ShapeError(f"batch_norm: the input needs a batch and a channel dim (N, C, *), got {describe(x)}")
     channels = x.shape[1]
@@ -273,7 +274,7 @@ def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor: 
 
 def _pair(input: Tensor, target: Tensor, op: str) -> tuple[Tensor, Tensor]:  # noqa: A002
     """The two tensors of an elementwise loss, which must have the same shape (see ``mse_loss``)."""
-    x, y = _tensor(input, op), _tensor(target, op)
+    x, y = args.tensor(input, op), args.tensor(target, op)
     if tuple(x.shape) != tuple(y.shape):
         raise ShapeError(f"{op}: input {describe(x)} and target {describe(y)} must have the same shape "
                          "(reshape one of them)")
@@ -366,7 +367,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, ignore
     """``-input[n, target[n]]`` (times ``weight[target[n]]``): the loss of log-probabilities ``input``
     (N, C, *) for class indices ``target`` (N, *).  Targets equal to ``ignore_index`` add nothing,
     and ``mean`` divides by the summed weights of the others (PyTorch's weighted mean)."""
-    x, classes = _tensor(input, "nll_loss"), _tensor(target, "nll_loss")
+    x, classes = args.tensor(input, "nll_loss"), args.tensor(target, "nll_loss")
     if classes.dtype.kind not in "iu":
         raise DTypeError(f"nll_loss: the target must hold class indices (integers), got {describe(classes)}")
     unbatched = x.ndim == 1
@@ -400,7 +401,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,  
     ``(1 - e) * nll + e / C * smooth`` with ``smooth[n] = -sum_c weight[c] * log_p[n, c]`` (0 for
     ignored targets); ``mean`` divides ``smooth``'s sum by the same summed weights as ``nll``.
     """
-    x, y = _tensor(input, "cross_entropy"), _tensor(target, "cross_entropy")
+    x, y = args.tensor(input, "cross_entropy"), args.tensor(target, "cross_entropy")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ArgumentValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     class_dim = 0 if x.ndim == 1 else 1

@@ -20,9 +20,10 @@ from __future__ import annotations
 import numbers
 
 from pyflow.errors import ShapeError
+from pyflow.framework import args
 from pyflow.framework.args import describe
 from pyflow.framework.creation import ones, zeros
-from pyflow.framework.functional import _tensor, sqrt
+from pyflow.framework.functional import sqrt
 from pyflow.framework.tensor import Tensor
 from pyflow.nn.module import ArgumentValueError, Module
 from pyflow.nn.parameter import Parameter
@@ -42,7 +43,7 @@ def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None,  #
                bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """Normalise ``input`` over its last ``len(normalized_shape)`` dims, which must equal
     ``normalized_shape``; then ``* weight + bias`` (each of shape ``normalized_shape``) if given."""
-    x = _tensor(input, "layer_norm")
+    x = args.tensor(input, "layer_norm")
     shape = _as_shape(normalized_shape, "layer_norm")
     if tuple(x.shape[x.ndim - len(shape):]) != shape or x.ndim < len(shape):
         raise ShapeError(f"layer_norm: input {describe(x)} must end with normalized_shape {list(shape)}")

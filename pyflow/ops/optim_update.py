@@ -161,7 +161,7 @@ def _run(spec: _Spec, inputs: list, attrs: dict) -> None:
     from pyflow.autograd import is_grad_enabled
     from pyflow.autograd.graph import requires_grad
     from pyflow.framework import interpreter
-    from pyflow.framework.interpreter import _internal_overlap, _same_view, apply, may_overlap
+    from pyflow.framework.interpreter import apply, has_internal_overlap, may_overlap, same_view
     from pyflow.framework.tensor import Tensor
 
     name = spec.name
@@ -183,11 +183,11 @@ def _run(spec: _Spec, inputs: list, attrs: dict) -> None:
         if is_grad_enabled() and requires_grad(x):
             raise AutogradError(f"{name} writes {spec.inputs[k]} ({describe(x)}) in place, and it requires grad: "
                                 "its gradient would be lost. Do it under flow.no_grad() (an optimizer's update)")
-        if _internal_overlap(x):
+        if has_internal_overlap(x):
             raise ShapeError(f"{name}: several elements of {spec.inputs[k]} ({describe(x)}) share one memory "
                              "location (an expanded view); update a .clone() instead")
         for j, y in enumerate(inputs):
-            if j != k and may_overlap(x._blob, y._blob) and not _same_view(x._blob, y._blob):
+            if j != k and may_overlap(x._blob, y._blob) and not same_view(x._blob, y._blob):
                 raise ShapeError(f"{name}: {spec.inputs[k]} ({describe(x)}) overlaps {spec.inputs[j]} "
                                  f"({describe(y)}) without being the same view; pass a .clone()")
     apply(name, inputs, **attrs)

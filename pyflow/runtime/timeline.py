@@ -106,8 +106,9 @@ def _draw(axes, records, title: str, span: float) -> None:
 
 def plot_many(timelines: dict, path, title: str = "actor timelines (blue: even calls, grey: odd calls)") -> str:
     """One panel per ``{label: records}`` entry, stacked on one time scale, to a PNG at ``path``."""
-    from pyflow.trace.plot import _matplotlib
-    Figure, FigureCanvasAgg, _ = _matplotlib()
+    from pyflow.trace.plot import matplotlib_classes
+    Figure, FigureCanvasAgg, _ = matplotlib_classes("timeline.plot_many()",
+                                                    "save_chrome_trace(records, path) writes the trace JSON without it")
     rows = [len({r.thread for r in records}) for records in timelines.values()]
     figure = Figure(figsize=(12, 1.2 + sum(0.45 * max(n, 1) + 0.8 for n in rows)), dpi=100)
     FigureCanvasAgg(figure)

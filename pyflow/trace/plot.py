@@ -10,19 +10,20 @@ from __future__ import annotations
 
 from pyflow.trace.chrome import DEVICE, QUEUED, WAIT_DEPENDENCES, assign_lanes, phases
 
-__all__ = ["plot"]
+__all__ = ["plot", "matplotlib_classes"]
 
 COLOURS = {"compute": "tab:blue", WAIT_DEPENDENCES[0]: "0.75", QUEUED[0]: "tab:orange",
            DEVICE[0]: "tab:purple", "failed": "tab:red"}
 
 
-def _matplotlib():
+def matplotlib_classes(drawer: str, without: str):
+    """``(Figure, FigureCanvasAgg, Patch)``, imported on first use; else an ``ImportError`` that says
+    ``drawer`` needs matplotlib, how to install it and what works without it (``without``)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ImportError("tracer.plot() draws with matplotlib, which is not installed: "
-                          "pip install matplotlib (or pip install 'pyflow[trace]'); "
-                          "tracer.save(path) writes the Perfetto JSON without it") from None
+        raise ImportError(f"{drawer} draws with matplotlib, which is not installed: "
+                          f"pip install matplotlib (or pip install 'pyflow[trace]'); {without}") from None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -31,7 +32,8 @@ def _matplotlib():
 
 def plot(records, path) -> str:
     """Draw ``records`` (``InstructionRecord`` list) to a PNG at ``path``; returns the path."""
-    Figure, FigureCanvasAgg, Patch = _matplotlib()
+    Figure, FigureCanvasAgg, Patch = matplotlib_classes("tracer.plot()",
+                                                        "tracer.save(path) writes the Perfetto JSON without it")
     path = str(path)
     records = sorted(records, key=lambda r: (r.received, r.serial))
     streams = [s for _, s in sorted({(r.stream_id, r.stream) for r in records})]

@@ -1,7 +1,7 @@
 """Seed 000: ``DeviceManagerRegistry`` -- the registry that maps a device to its ep
 ("execution provider") device: ``Singleton<ep::DeviceManagerRegistry>::Get()->GetDevice(type, index)``.
 
-One cached ``ep.Device`` per (type, index), created on first use. Providers:
+One cached ``EpDevice`` per (type, index), created on first use. Providers:
 
 ==========  ==========================================================================
 cpu         ``cpu.CpuDevice`` (exactly one device, cpu:0)
@@ -27,14 +27,14 @@ import threading
 
 from pyflow.device.device import Device as DeviceSymbol
 from pyflow.device.device import DeviceLike, DeviceType
-from pyflow.device.ep.base import Device, EpStream, Event, RawBuffer
+from pyflow.device.ep.base import EpDevice, EpStream, Event, RawBuffer
 from pyflow.device.ep.cpu import CpuDevice
 from pyflow.device.ep.emulated import EmulatedDevice, emulation, emulation_settings, shutdown_all_streams
 from pyflow.errors import BackendError, DeviceError
 from pyflow.kernels.backend import is_gpu
 
 __all__ = [
-    "Device",
+    "EpDevice",
     "EpStream",
     "Event",
     "RawBuffer",
@@ -45,7 +45,7 @@ __all__ = [
     "emulation_settings",
 ]
 
-_cache: dict[DeviceSymbol, Device] = {}
+_cache: dict[DeviceSymbol, EpDevice] = {}
 _lock = threading.Lock()
 
 
@@ -91,7 +91,7 @@ def _describe_count(device_type: DeviceType, count: int) -> str:
     return f"{count} {device_type.name} {plural}{how}"
 
 
-def _create(device: DeviceSymbol) -> Device:
+def _create(device: DeviceSymbol) -> EpDevice:
     count = device_count(device.device_type)
     if device.index >= count:
         raise DeviceError(f"{device} does not exist: {_describe_count(device.device_type, count)}")
@@ -104,7 +104,7 @@ def _create(device: DeviceSymbol) -> Device:
     return EmulatedDevice(device, fake_cuda_arrays=device.device_type is DeviceType.cuda)
 
 
-def get_device(device: DeviceLike) -> Device:
+def get_device(device: DeviceLike) -> EpDevice:
     """The ep device for ``device`` (a ``Device`` or a string like ``"cuda:1"``), cached.
 
     ``DeviceError`` if the index does not exist; ``BackendError`` for cuda when the

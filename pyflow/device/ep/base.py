@@ -31,7 +31,7 @@ from pyflow.device.device import Device as DeviceSymbol
 from pyflow.device.device import DeviceType
 from pyflow.errors import DoubleFreeError, InvalidFreeError
 
-__all__ = ["RawBuffer", "LiveBuffers", "Device", "EpStream", "Event", "view_extent", "numpy_view"]
+__all__ = ["RawBuffer", "LiveBuffers", "EpDevice", "EpStream", "Event", "view_extent", "numpy_view"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,7 +98,7 @@ class EpStream(abc.ABC):
     may run in any order unless ordered with ``record_event`` / ``wait_event``.
     """
 
-    device: "Device"
+    device: "EpDevice"
     name: str
 
     @property
@@ -157,8 +157,8 @@ class EpStream(abc.ABC):
         return f"<{type(self).__name__} {self.device.device}/{self.name}>"
 
 
-class Device(abc.ABC):
-    """One physical (or emulated) device (OneFlow ``ep::Device``).
+class EpDevice(abc.ABC):
+    """One physical (or emulated) device (OneFlow ``ep::Device``; ``Device`` is the symbol that names it).
 
     Keeps track of the streams it created so ``close()`` can destroy them.
     """

@@ -68,7 +68,7 @@ class HostMemory:
         raw.handle = None  # drop the memory; later views through raw fail loudly
 
     def view(self, raw: base.RawBuffer, offset: int, shape: Sequence[int], dtype: Any, strides) -> np.ndarray:
-        """A numpy view into a live buffer (see ``base.Device.as_array``)."""
+        """A numpy view into a live buffer (see ``base.EpDevice.as_array``)."""
         if raw.device is not self.device:
             raise ValueError(f"buffer at {raw.ptr:#x} lives on {raw.device}, not {self.device}")
         if raw.handle is None:
@@ -172,7 +172,7 @@ class CpuStream(base.EpStream):
         self._errors.raise_pending()
 
 
-class HostMemoryDevice(base.Device):
+class HostMemoryDevice(base.EpDevice):
     """A device whose memory is host memory (``HostMemory``): the CPU and emulated devices.
 
     ``memory_limit`` (bytes) or ``device.memory.limit`` make ``alloc`` run out of

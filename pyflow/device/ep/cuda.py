@@ -134,7 +134,7 @@ class CudaStream(base.EpStream):
         self._errors.raise_pending()
 
 
-class CudaDevice(base.Device):
+class CudaDevice(base.EpDevice):
     """One GPU: numba streams and events, ``memalloc`` memory, ``DeviceNDArray`` views."""
 
     def __init__(self, device: DeviceSymbol) -> None:
