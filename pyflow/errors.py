@@ -175,7 +175,7 @@ class StateDictError(PyflowError, KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
-# --- flow.save / flow.load (pyflow/serialization.py) ---------------------------------
+# --- flow.save / flow.load (pyflow/serialization/) ------------------------------------
 
 
 class SerializationError(PyflowError, RuntimeError):

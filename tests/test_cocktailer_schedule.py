@@ -32,14 +32,8 @@ from pyflow.cocktailer.ir import Call, UOperator, walk
 from pyflow.cocktailer.optimize import Optimizations
 from pyflow.cocktailer.profiler import CostModel, Profiler
 from pyflow.cocktailer.random_programs import OPS, build, inputs
-from pyflow.cocktailer.schedule import (
-    Level,
-    constraint_violations,
-    schedule,
-    schedule_control_flow,
-    schedule_operator,
-    set_resource,
-)
+from pyflow.cocktailer.schedule import constraint_violations, schedule
+from pyflow.cocktailer.schedule_interfaces import Level, schedule_control_flow, schedule_operator, set_resource
 from tests.strategies import cocktailer_programs
 
 THREADS = 4

@@ -1,6 +1,6 @@
 """Compiling an nn.Graph takes time linear in its size, and the memory guards still keep sharing safe.
 
-The ``mem_guard`` ctrl regsts (``pyflow/compiler/plan.py``) used to be found pair by pair: for every two
+The ``mem_guard`` ctrl regsts (``pyflow/compiler/mem_guards.py``) used to be found pair by pair: for every two
 regsts sharing bytes, reachability sets walked over every task per added edge.  Pairs, guards and work all
 grew with the square of the graph (the 1,014-op training graph of benchmarks/bench_memory_plan.py: 20,499
 pairs, 23,359 guards, 4.3-4.6 s to plan).  These
@@ -8,7 +8,7 @@ tests are the specification of the replacement:
 
 * **the guarantee**: on random task DAGs (micro-batch loops, Acc / Pack, inplace and alias regsts,
   input-wise boxing tasks, a sink tick, two chunks) with random memory plans, every pair of regsts sharing
-  bytes is ordered as plan.py's two rules demand (``guard_violations``: a slow, plain checker of every
+  bytes is ordered as mem_guards.py's two rules demand (``guard_violations``: a slow, plain checker of every
   pair).  The old pairwise algorithm, kept here as the reference, passes the same checker, so the checker
   asks what the old code guaranteed (the new guards are not a subset of the old: each is decided against
   a different graph; on a random DAG there may be one more, on a training graph there are 9x fewer);
@@ -32,13 +32,13 @@ from pyflow import nn
 from pyflow.compiler.ids import TaskId, encode_task_id, per_rank_id
 from pyflow.compiler.memory import plan_memory
 from pyflow.compiler.op_graph import OpGraph
-from pyflow.compiler.plan import (Plan, _GuardPlanner, _readers, _requests, is_input_wise, make_plan, mem_guards,
-                                  replan_memory)
+from pyflow.compiler.mem_guards import _GuardPlanner, is_input_wise, mem_guards, memory_readers
+from pyflow.compiler.plan import Plan, _requests, make_plan, replan_memory
 from pyflow.compiler.task_graph import GUARD_KEY, RegstDesc, TaskGraph, TaskNode, pieces_per_call
 from pyflow.device import DeviceType
 from pyflow.errors import CompileError
 
-# --- the reference: plan.py's guards before the linear sweep (slow, pairwise; docstrings cut, edges once) ----
+# --- the reference: mem_guards.py's guards before the linear sweep (slow, pairwise; docstrings cut, edges once) ----
 
 
 class _Reach:
@@ -106,9 +106,9 @@ def _shared_pairs(memory) -> list:
 
 
 def reference_mem_guards(tasks, regsts, order, memory) -> list:
-    """plan.mem_guards as it was (commit 9bfbcfa): per pair, each rule, an edge unless already implied."""
+    """mem_guards as it was (commit 9bfbcfa): per pair, each rule, an edge unless already implied."""
     reach = _Reach(tasks, regsts, order)
-    readers = _readers(regsts)
+    readers = memory_readers(regsts)
     touchers = {rid: {regsts[rid].producer, *readers[rid]} for rid in memory.offsets}
     guarded = collections.defaultdict(set)
     edges = []
@@ -185,7 +185,7 @@ def _touchers(regsts, rid) -> set:
 
 def guard_violations(tasks, regsts, order, memory, edges) -> list[str]:
     """What ``edges`` (added to the plan's regsts, guards it has included) leave unordered, for every pair
-    r1, r2 of regsts sharing bytes, r1 dead before r2 is born (plan.py's module docstring):
+    r1, r2 of regsts sharing bytes, r1 dead before r2 is born (mem_guards.py's module docstring):
 
     * same piece: every toucher of r1 reaches r2's producer w2;
     * next piece: every toucher t of r2 that reaches no other toucher of r2 has a guard w1 -> t, or w1 is held

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import pyflow as flow
 from pyflow import nn
-from pyflow.compiler.plan import mem_guards
+from pyflow.compiler.mem_guards import mem_guards
 from pyflow.compiler.task_graph import GUARD_KEY
 from pyflow.runtime import Runtime
 from pyflow.runtime.sequential import run_plan

@@ -1,4 +1,4 @@
-"""``flow.save`` / ``flow.load`` (``pyflow/serialization.py``): checkpoints a course can trust.
+"""``flow.save`` / ``flow.load`` (``pyflow/serialization/``): checkpoints a course can trust.
 
 Specified here: random nested containers of tensors (every dtype, 0-d and empty, cpu and the
 simulated cuda, views) come back equal in type, dtype, shape, bytes, device and requires_grad;
@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pyflow as flow
-import pyflow.serialization as serialization
+import pyflow.serialization.writer as writer
 from pyflow.errors import ArgumentTypeError, DeviceError, PyflowError, SerializationError
 from pyflow.kernels.dtypes import SUPPORTED_DTYPES
 from tests.strategies import all_dtypes, shapes, values
@@ -458,7 +458,7 @@ def test_an_interrupted_save_leaves_the_earlier_file_intact_and_nothing_else(fai
     path = tmp_path / "ckpt.pf"
     flow.save({"epoch": 1, "w": flow.ones(3)}, path)
     before = path.read_bytes()
-    real, calls = serialization._write_array, []
+    real, calls = writer._write_array, []
 
     def write_then_fail(member, values):
         calls.append(values.shape)
@@ -467,7 +467,7 @@ def test_an_interrupted_save_leaves_the_earlier_file_intact_and_nothing_else(fai
             raise failure
         real(member, values)
 
-    monkeypatch.setattr(serialization, "_write_array", write_then_fail)
+    monkeypatch.setattr(writer, "_write_array", write_then_fail)
     state = {"epoch": 2, "w": flow.zeros(3), "b": flow.zeros(5)}
     with pytest.raises(type(failure)) as raised:
         flow.save(state, path)

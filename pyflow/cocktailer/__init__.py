@@ -15,9 +15,9 @@ recursion), ``ops`` (the ops), ``names``/``checks`` (code names, static ints),
 ``codegen`` (kernel source) with ``codegen_recursion`` (recursion stack),
 ``codegen_groups`` (block groups) and ``codegen_common`` (status words, scalars as
 text), ``barriers`` (where grid barriers go), ``executor``
-(host and compiled executors), ``schedule``/``profiler`` (Algorithm 1 and its cost
-model), ``optimize`` (inline, loop unroll, branch reclustering), ``optimize_recursion``
-(recursion unroll).
+(host and compiled executors), ``schedule_interfaces`` (the paper's three scheduling
+interfaces), ``schedule``/``profiler`` (Algorithm 1 and its cost model), ``optimize``
+(inline, loop unroll, branch reclustering), ``optimize_recursion`` (recursion unroll).
 """
 
 from pyflow.cocktailer.api import Compiled, compile

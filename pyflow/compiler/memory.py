@@ -14,7 +14,7 @@ highest end offset.  No plan can beat the **lower bound**: the most bytes ever a
 one moment.  OneFlow's ViT plan came within 0.23% of it.
 
 Every algorithm is an *order* plus a *placement rule* (OneFlow's
-``MemReusedAlgorithmAllocateByOrder``)::
+``MemReusedAlgorithmAllocateByOrder``, in ``pyflow/compiler/memory_by_order.py``)::
 
     order              who goes first                        ties
     mem_size_first     the largest regst (OneFlow's default)  earlier start
@@ -90,6 +90,7 @@ from collections import defaultdict
 import numpy as np
 
 from pyflow.compiler.memory_bottom_up import plan_bottom_up
+from pyflow.compiler.memory_by_order import place_in_order, placement_order
 from pyflow.errors import ArgumentTypeError, PyflowError
 
 __all__ = ["ALGORITHMS", "ORDERS", "MemRequest", "MemoryPlan", "MemoryPlanError", "draw",
@@ -195,82 +196,6 @@ def lower_bound(requests, *, alignment: int = 512) -> dict[str, int]:
 # --- placement -----------------------------------------------------------------------------
 
 
-def _order(name: str, size, start, end, ids) -> np.ndarray:
-    """Indices of the regsts in the order ``name`` places them (np.lexsort: last key first)."""
-    life = end - start
-    keys = {"mem_size_first": (ids, start, -size),
-            "lifetime_first": (ids, start, -life),
-            "time_line": (ids, -end, -start),
-            "mem_volume_first": (ids, -size, -(size * life))}[name]
-    return np.lexsort(keys)
-
-
-def _first_fit(lo, hi, z: int) -> int:
-    """Lowest offset for ``z`` bytes among conflicting regsts ``[lo, hi)`` sorted by ``lo``."""
-    if not lo.size or lo[0] >= z:
-        return 0  # the room below the lowest conflicting regst is enough
-    heads = np.maximum.accumulate(hi)  # heads[k]: the highest top among regsts 0..k
-    room = lo[1:] - heads[:-1]  # room[k]: the free bytes between regst k + 1 and all below it
-    fits = np.flatnonzero(room >= z)
-    return int(heads[fits[0]]) if fits.size else int(heads[-1])
-
-
-def _compact_fit(lo, hi, z: int, block: int) -> tuple[int, int, int]:
-    """OneFlow's compact insert: ``(offset, gap end, bytes to push up)`` for ``z`` bytes.
-
-    The candidate gaps are those between conflicting regsts plus the one from the highest
-    of them to the block's top.  A gap that fits leaving the least room wins; if none fits,
-    the biggest one does and everything at or above its end moves up by what is missing.
-    """
-    heads = np.concatenate(([0], np.maximum.accumulate(hi)))
-    gap_ends = np.append(lo, max(block, int(heads[-1])))
-    room = gap_ends - heads
-    real = room > 0
-    real[-1] = True  # the top gap counts even when empty (then the regst goes on top)
-    leftover = np.where(real, room - z, np.iinfo(np.int64).min)
-    fits = leftover >= 0
-    k = int(np.where(fits, leftover, np.iinfo(np.int64).max).argmin()) if fits.any() else int(leftover.argmax())
-    return int(heads[k]), int(gap_ends[k]), max(0, -int(leftover[k]))
-
-
-def _place(size, start, end, order, compact: bool, give_up_at: int | None = None):
-    """Offsets (indexed like ``size``) and the block size, placing regsts one by one in ``order``.
-
-    The regsts placed so far are kept sorted by offset in the columns of ``placed``:
-    offset, top (offset + size), start, end, and which regst it is.  A block only grows,
-    so once it reaches ``give_up_at`` (the best block another algorithm found) this one
-    cannot win: it stops and returns None.
-    """
-    placed = np.empty((5, len(order)), np.int64)
-    OFF, TOP, START, END, WHO = range(5)
-    count = block = 0
-    for i in order.tolist():
-        z, s, e = int(size[i]), int(start[i]), int(end[i])
-        rows = placed[:, :count]
-        live = (rows[START] < e) & (rows[END] > s)  # the placed regsts this one conflicts with
-        lo, hi = rows[OFF].compress(live), rows[TOP].compress(live)
-        if compact:
-            x, gap_end, push = _compact_fit(lo, hi, z, block)
-            if push:
-                above = int(np.searchsorted(rows[OFF], gap_end, side="left"))
-                placed[OFF:TOP + 1, above:count] += push
-                # OneFlow adds `push` to its block even when nothing pushed was at the top;
-                # here the block stays the highest top, as everywhere else.
-                block = int(placed[TOP, :count].max(initial=0))
-        else:
-            x = _first_fit(lo, hi, z)
-        block = max(block, x + z)
-        if give_up_at is not None and block >= give_up_at:
-            return None
-        at = int(np.searchsorted(placed[OFF, :count], x, side="right"))
-        placed[:, at + 1:count + 1] = placed[:, at:count]  # numpy copies overlapping slices safely
-        placed[:, at] = (x, x + z, s, e, i)
-        count += 1
-    offsets = np.zeros(len(size), np.int64)
-    offsets[placed[WHO, :count]] = placed[OFF, :count]
-    return offsets, block
-
-
 def _bottom_up(size, start, end, sized, bound: int):
     """``bottom_up``'s offsets (indexed like ``size``; empty regsts at 0) and block size."""
     offsets = np.zeros(len(size), np.int64)
@@ -296,9 +221,9 @@ def _plan_device(requests: list[MemRequest], alignment: int, candidates) -> tupl
                 placed = None  # ties go to the algorithm listed first
         else:
             order_name, _, insert = name.partition("+")
-            order = sized[_order(order_name, size[sized], start[sized], end[sized], ids[sized])]
-            placed = _place(size, start, end, order, compact=insert == "compact",
-                            give_up_at=best[1] if best else None)
+            order = sized[placement_order(order_name, size[sized], start[sized], end[sized], ids[sized])]
+            placed = place_in_order(size, start, end, order, compact=insert == "compact",
+                                    give_up_at=best[1] if best else None)
         if placed is not None:  # it beat every algorithm before it
             best = (*placed, name)
         if best[1] == bound:

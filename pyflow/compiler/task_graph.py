@@ -123,7 +123,7 @@ def pieces_per_call(task, key: str = "out_0") -> int:
 
 
 def add_mem_guards(tasks: dict, regsts: dict, edges) -> None:
-    """The memory guards ``edges`` (``plan.mem_guards``) put in: each source's ctrl regst ``<op>/mem_guard``
+    """The memory guards ``edges`` (``mem_guards.mem_guards``) put in: each source's ctrl regst ``<op>/mem_guard``
     (made once, regst num 1; kept if it has one) gets its destinations as consumers, read under "ctrl".
     A changed task or regst becomes a new TaskNode / RegstDesc in ``tasks`` / ``regsts`` (one per task or regst,
     not one per edge): the objects are never edited in place, so the Plan they came from keeps its own."""

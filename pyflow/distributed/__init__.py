@@ -6,13 +6,14 @@
 * ``mpi_transport``  - ``MPITransport``: ranks as MPI processes; collectives as rounds of messages
 * ``mpi_protocols``  - those rounds: the generators the comm-net thread drives, the descriptor check in round 1
 * ``host_pool``      - ``HostPool``: the caching pool of host arrays the MPI transport receives into
-* ``mpi_commnet``    - ``CommNet``: the thread that alone calls MPI, the control channel, the watchdog
+* ``mpi_commnet``    - ``CommNet``: the thread that alone calls MPI, the control channel
+* ``mpi_watchdog``   - ``CollectiveWatchdog``: divergent code, ranks that ended or died, the collective timeout
 * ``mpi``            - how a process becomes its MPI rank (joined at import under ``mpiexec``), faults, exit
 * ``launch``         - ``python -m pyflow.distributed.launch --nproc_per_node N script.py``: runs it under mpiexec
 * ``ccl``            - collectives as VM instructions on the ccl stream
 * ``global_tensor``  - local <-> global, ``numpy()`` of a global tensor, ``flow.tensor(.., placement, sbp)``
 * ``boxing``         - the chain of boxing builders and their plans
-* ``signatures``     - each op's SBP signatures and the cost model
+* ``signatures``     - the cost model: the cheapest of an op's SBP signatures (declared by each op, ``pyflow/ops/``)
 * ``global_ops``     - the global interpreter (an op on global tensors)
 * ``global_methods`` - views, indexing and ``.to()`` of global tensors
 

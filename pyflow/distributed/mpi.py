@@ -252,7 +252,7 @@ def _exit_after_abort(net) -> None:
             return
         time.sleep(0.1)
     frame = sys._current_frames().get(threading.main_thread().ident)
-    from pyflow.distributed.mpi_commnet import user_line
+    from pyflow.distributed.mpi_watchdog import user_line
 
     print(f"pyflow: rank {net.rank}: the job was aborted ({net.aborted[1].splitlines()[0]}) "
           f"{_ABORT_EXIT_SECONDS:g} s ago and the main thread is still busy at {user_line(frame)}: exiting",

@@ -1,4 +1,4 @@
-"""CommNet: one process's thread that alone talks to MPI (seed 003's CommNet), and its watchdog.
+"""CommNet: one process's thread that alone talks to MPI (seed 003's CommNet); its watchdog is ``mpi_watchdog.py``.
 
 OneFlow's CommNet is a per-process service: actors hand it "send this to rank
 r" / "tell me when rank r's data is here", and its own threads poll the network.
@@ -17,44 +17,31 @@ requests completed at once is resumed without a poll between).  So each collecti
 
 **The control channel** (its own communicator, pickled messages) is served by
 the same loop, every millisecond while operations are in flight (not on every
-poll: it is not on a collective's critical path):
-
-=========  ========================================================================================
-abort      a rank failed: every wait of every rank ends with ``RankAbortedError`` naming it
-waiting    a collective that waited 0.5 s tells the ranks it waits for; two ranks that keep
-           waiting for each other in different collectives ran different code ->
-           ``CollectiveMismatchError`` (``_deadlock``)
-bye        a rank's script ended, after N collectives per group and M sends per (rank, tag): a
-           collective or recv that needs more from it fails at once (``_never_coming``)
-where      the watchdog: a call waiting longer than ``PYFLOW_COLLECTIVE_TIMEOUT`` asks every rank
-           where it is (what it waits for, the Python line its main thread is at), then raises
-           ``CollectiveTimeoutError`` with that table and aborts every rank; ``census`` asks the
-           same when MPI's process manager says a process died, and names the ranks that are silent
-=========  ========================================================================================
+poll: it is not on a collective's critical path).  An ``abort`` message (a rank failed)
+ends every wait of every rank with ``RankAbortedError`` naming it; the others (``waiting``,
+``bye``, ``where``/``here``) go to the watchdog (``mpi_watchdog.py``: divergent code,
+ranks that ended or died, the collective timeout), which the loop also asks to look at the
+operations in flight every ``_WATCH_SECONDS``.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
-import itertools
 import os
 import pickle
 import queue
 import sys
-import sysconfig
 import threading
 import time
 import zlib
 
 import numpy as np
 
-from pyflow.errors import CollectiveMismatchError, CollectiveTimeoutError, DistributedError, RankAbortedError
+from pyflow.distributed.mpi_watchdog import CollectiveWatchdog
+from pyflow.errors import DistributedError, RankAbortedError
 
-__all__ = ["CommNet", "Operation", "mpi", "pack", "unpack", "user_line"]
+__all__ = ["CommNet", "Operation", "mpi", "pack", "unpack"]
 
-_PROBE_SECONDS = 0.5    # a collective waiting this long tells the ranks it waits for (divergence check)
-_ANSWER_SECONDS = 1.5   # how long the watchdog waits for the answers to "where are you?"
 _IDLE_SECONDS = 0.02    # the thread's poll period with nothing in flight
 _SPIN_SECONDS = 0.02    # after progress, poll this long, yielding the core between polls (a peer may need it)
 _NAP_SECONDS = 0.0005   # ... then sleep this long between polls
@@ -89,20 +76,6 @@ def unpack(buf: np.ndarray):
     """What ``pack`` packed (``buf``: the receive buffer it arrived in)."""
     n = int.from_bytes(buf[:4], "little")
     return pickle.loads(buf[4:4 + n])
-
-
-_NOT_USER = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}) + (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "<")   # ... + pyflow/, "<frozen ...>"
-
-
-def user_line(frame) -> str:
-    """The innermost line of ``frame``'s stack outside pyflow, the standard library and installed packages."""
-    from pyflow.vm.failure import describe_site
-
-    while frame is not None and frame.f_code.co_filename.startswith(_NOT_USER):
-        frame = frame.f_back
-    return "no Python frame outside pyflow" if frame is None else describe_site(
-        (frame.f_code.co_filename, frame.f_lineno))
 
 
 def _pickled(error: BaseException | None) -> bytes | None:
@@ -179,18 +152,6 @@ class Operation:
         return [r for r, req in self.header_recvs.items() if not req.Test()]
 
 
-@dataclasses.dataclass
-class _PeerWait:
-    """What another rank last said it waits for (its ``waiting`` message)."""
-
-    key: tuple
-    where: str
-    missing: frozenset
-    since: float
-    count: int
-    sent: int = 0    # for a recv: how many messages of its tag this rank had sent the peer when the peer said it
-
-
 # --- the comm-net thread --------------------------------------------------------------------------------------
 
 
@@ -211,7 +172,7 @@ class CommNet:
         self._gid_bits = min(16, bits - 2 - 8)
         self._seq_bits = bits - 2 - self._gid_bits
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._active: list = []
+        self.active: list = []
         self._ctl_sends: list = []
         self._ctl_recvs: list = []
         self.lock = threading.Lock()
@@ -219,14 +180,9 @@ class CommNet:
         self.aborted_error: BaseException | None = None   # that rank's exception, when it could be pickled
         self._told_abort = False
         self.death: BaseException | None = None
-        self.dead: set = set()               # ranks whose process died (the census)
         self.closed = False
         self._stopping = False
-        self._census: tuple | None = None    # (token, answer by) of a census in progress
-        self._peer_waits: dict = {}          # rank -> _PeerWait
-        self._gone: dict = {}                # rank -> (collectives started per group, sends per (dst, tag)) | None
-        self._answers: dict = {}             # watchdog token -> {rank: where it is}
-        self._tokens = itertools.count()
+        self.watchdog = CollectiveWatchdog(self)   # the other ranks' word, and the checks that end a stuck wait
         self._gids: dict = {}                # group -> its bits of the message tags
         self.last_seen = "none"
         # counts the protocols keep (mpi_protocols.py): for goodbyes, and to pair up the recvs of one (src, tag)
@@ -276,11 +232,11 @@ class CommNet:
                 return
             self.aborted = (self.rank, text)
             self.aborted_error = error
-        self._inbox.put(lambda: self._abort_here(self.rank, text, broadcast=True))
+        self._inbox.put(lambda: self.abort_here(self.rank, text, broadcast=True))
 
     def census(self, seconds: float) -> None:
         """Ask every rank "where are you?"; the ones that do not answer in ``seconds`` are dead (any thread)."""
-        self._inbox.put(lambda: self._start_census(seconds))
+        self._inbox.put(lambda: self.watchdog.start_census(seconds))
 
     def close(self, grace: float) -> bool:
         """Say goodbye to every rank, wait for theirs, stop the thread; True if MPI may be finalized.
@@ -295,7 +251,7 @@ class CommNet:
         if self._thread.is_alive():
             self._inbox.put(lambda: self._say_bye(clean))
             deadline = None if clean else time.monotonic() + grace
-            while len(set(self._gone) | self.dead) < self.world_size - 1 and self._thread.is_alive():
+            while len(self.watchdog.departed()) < self.world_size - 1 and self._thread.is_alive():
                 if deadline is None and self.aborted is not None:
                     deadline = time.monotonic() + grace
                 if deadline is not None and time.monotonic() > deadline:
@@ -305,7 +261,7 @@ class CommNet:
             self._inbox.put(lambda: None)
             self._thread.join(grace if self.aborted is not None else self.timeout)
         self.closed = True
-        return self.aborted is None and not self._thread.is_alive() and not self._active
+        return self.aborted is None and not self._thread.is_alive() and not self.active
 
     def _aborted_error(self, what: str) -> RankAbortedError:
         rank, text = self.aborted
@@ -328,7 +284,7 @@ class CommNet:
         now = last_progress = next_chores = next_watch = time.monotonic()
         try:
             while True:
-                idle = not self._active and not self._ctl_sends
+                idle = not self.active and not self._ctl_sends
                 admitted = self._admit(block=idle and now - last_progress > _LINGER_SECONDS)
                 progressed = self._advance(testall)
                 now = time.monotonic()
@@ -338,16 +294,16 @@ class CommNet:
                     self._serve_control(MPI)
                     next_chores = now + _CHORE_SECONDS
                     if now >= next_watch:
-                        self._watch()
+                        self.watchdog.watch()
                         next_watch = now + _WATCH_SECONDS
-                if self._stopping and not self._active and not self._ctl_sends and self._inbox.empty():
+                if self._stopping and not self.active and not self._ctl_sends and self._inbox.empty():
                     return
                 self._pace(now - last_progress)
         except BaseException as error:  # noqa: BLE001 - every wait here fails, naming this rank and the cause
             self.death = error
             text = f"the comm-net thread of rank {self.rank} failed: {type(error).__name__}: {error}"
             print(f"pyflow: {text}", file=sys.stderr, flush=True)
-            self._abort_here(self.rank, text, broadcast=False)
+            self.abort_here(self.rank, text, broadcast=False)
 
     @staticmethod
     def _pace(since_progress: float) -> None:
@@ -368,9 +324,9 @@ class CommNet:
         while True:
             if isinstance(item, Operation):
                 if self.aborted is not None:
-                    self._finish(item, error=self._aborted_error(item.what))
+                    self.finish(item, error=self._aborted_error(item.what))
                 else:
-                    self._active.append(item)
+                    self.active.append(item)
                     self._resume(item)
             else:
                 item()   # a control action from another thread (abort, bye)
@@ -381,7 +337,7 @@ class CommNet:
 
     def _advance(self, testall) -> bool:
         """Resume every operation whose requests all completed (``MPI.Request.Testall``); any?"""
-        active = self._active
+        active = self.active
         if not active:
             return False
         progressed = False
@@ -398,27 +354,30 @@ class CommNet:
         try:
             op.requests = op.protocol.send(None)
         except StopIteration as stop:
-            self._finish(op, result=stop.value)
+            self.finish(op, result=stop.value)
         except BaseException as error:  # noqa: BLE001 - the op's error, raised in its caller
-            self._finish(op, error=error)
+            self.finish(op, error=error)
 
-    def _finish(self, op: Operation, result=None, error: BaseException | None = None) -> None:
-        if op in self._active:
-            self._active.remove(op)
+    def finish(self, op: Operation, result=None, error: BaseException | None = None) -> None:
+        """End ``op`` (the comm-net thread's side); a failed send nobody waits for aborts the job."""
+        if op in self.active:
+            self.active.remove(op)
         if not op.end(result, error):
             return
         if error is not None and not op.waited and self.aborted is None:   # nobody waits to hear it
-            self._abort_here(self.rank, f"{op.what} failed: {type(error).__name__}: {error}", broadcast=True)
+            self.abort_here(self.rank, f"{op.what} failed: {type(error).__name__}: {error}", broadcast=True)
 
     # --- control messages -------------------------------------------------------------------------------------------
 
-    def _tell(self, rank: int, message: tuple) -> None:
+    def tell(self, rank: int, message: tuple) -> None:
+        """Send a control message to ``rank`` (not waited for: the loop drops the send once it completed)."""
         self._ctl_sends.append(self.ctl.isend(message, rank, 0))
 
-    def _tell_all(self, message: tuple) -> None:
+    def tell_all(self, message: tuple) -> None:
+        """Send a control message to every other rank."""
         for r in range(self.world_size):
             if r != self.rank:
-                self._tell(r, message)
+                self.tell(r, message)
 
     def _serve_control(self, MPI) -> None:
         self._ctl_sends = [req for req in self._ctl_sends if not req.Test()]
@@ -437,24 +396,12 @@ class CommNet:
         self._ctl_recvs = still
 
     def _on_control(self, message: tuple) -> None:
-        kind, sender = message[0], message[1]
-        if kind == "abort":
-            self._abort_here(sender, message[2], broadcast=False, error_blob=message[3])
-        elif kind == "where":
-            self._tell(sender, ("here", self.rank, message[2], self._where_am_i()))
-        elif kind == "here":
-            self._answers.setdefault(message[2], {})[sender] = message[3]
-        elif kind == "waiting":
-            key, where, missing = message[2], message[3], frozenset(message[4])
-            old = self._peer_waits.get(sender)
-            count = old.count + 1 if old is not None and old.key == key and self.rank in old.missing else 1
-            sent = self.sent[(sender, key[2])] if key[0] == "recv" else 0
-            self._peer_waits[sender] = _PeerWait(key, where, missing, time.monotonic(), count, sent)
-        elif kind == "bye":
-            self._gone[sender] = message[2]
-            self._peer_waits.pop(sender, None)
+        if message[0] == "abort":
+            self.abort_here(message[1], message[2], broadcast=False, error_blob=message[3])
+        else:
+            self.watchdog.hear(message)
 
-    def _abort_here(self, rank: int, text: str, broadcast: bool, error_blob: bytes | None = None) -> None:
+    def abort_here(self, rank: int, text: str, broadcast: bool, error_blob: bytes | None = None) -> None:
         """Record the first failure, tell the others if it is this rank's, fail every operation in flight."""
         with self.lock:
             first = self.aborted is None
@@ -463,130 +410,20 @@ class CommNet:
                 self.aborted_error = _unpickled(error_blob)
         if broadcast and self.aborted[0] == self.rank and not self._told_abort:
             self._told_abort = True
-            self._tell_all(("abort", self.rank, self.aborted[1], _pickled(self.aborted_error)))
+            self.tell_all(("abort", self.rank, self.aborted[1], _pickled(self.aborted_error)))
         if first and rank != self.rank:
             summary = text.splitlines()[0] if text else ""
             print(f"pyflow: rank {self.rank} stops: rank {rank} failed: {summary}", file=sys.stderr, flush=True)
-        for op in list(self._active):
+        for op in list(self.active):
             if op.waited:
-                self._finish(op, error=self._aborted_error(op.what))
+                self.finish(op, error=self._aborted_error(op.what))
             else:
-                self._active.remove(op)
+                self.active.remove(op)
 
     def _say_bye(self, clean: bool) -> None:
         with self.lock:
             counts = (dict(self.started), dict(self.sent)) if clean else None
-        self._tell_all(("bye", self.rank, counts))
-
-    def _where_am_i(self) -> str:
-        waits = [op.what for op in self._active if op.waited]
-        state = "waiting for " + "; ".join(waits) if waits else f"running; last collective: {self.last_seen}"
-        frame = sys._current_frames().get(threading.main_thread().ident)
-        return f"{state}; main thread at {user_line(frame)}"
-
-    # --- the watchdog -------------------------------------------------------------------------------------------------
-
-    def _start_census(self, seconds: float) -> None:
-        if self._census is None and self.closed is False:
-            token = next(self._tokens)
-            self._answers[token] = {}
-            self._census = (token, time.monotonic() + seconds)
-            self._tell_all(("where", self.rank, token))
-
-    def _check_census(self, now: float) -> None:
-        token, answer_by = self._census
-        answered = self._answers[token]
-        silent = [r for r in range(self.world_size) if r != self.rank and r not in answered and r not in self._gone]
-        if silent and now < answer_by:
-            return
-        self._census = None
-        if silent:
-            self.dead.update(silent)
-            self._abort_here(silent[0], f"its process died (MPI's process manager reported a failed process, and "
-                                        f"rank(s) {silent} did not answer)", broadcast=False)
-
-    def _watch(self) -> None:
-        now = time.monotonic()
-        if self._census is not None:
-            self._check_census(now)
-        for op in list(self._active):
-            if not op.waited or op.finished:
-                continue
-            missing = op.missing() if op.header_recvs else []
-            error = self._never_coming(op, missing) if missing else None
-            if error is None and missing and now - op.started > _PROBE_SECONDS:
-                if now - op.last_probe >= _PROBE_SECONDS:
-                    op.last_probe = now
-                    for r in missing:
-                        self._tell(r, ("waiting", self.rank, op.key, op.what, missing))
-                error = self._deadlock(op, missing, now)
-            if error is None and now - op.started > self.timeout:
-                error = self._timed_out(op, missing, now)
-            if error is not None:
-                self._finish(op, error=error)
-                self._abort_here(self.rank, f"{type(error).__name__}: {error}", broadcast=True)
-
-    def _never_coming(self, op: Operation, missing: list):
-        """A missing rank said goodbye before reaching this op: it never comes."""
-        for r in missing:
-            if r not in self._gone:
-                continue
-            counts = self._gone[r]
-            if counts is None:
-                return RankAbortedError(f"rank {r} stopped (after a failure) while rank {self.rank} waited for "
-                                        f"{op.what}")
-            started, sent = counts
-            if op.key[0] == "recv":
-                _, src, tag = op.key
-                if self.received[(src, tag)] >= sent.get((self.rank, tag), 0):
-                    return CollectiveMismatchError(
-                        f"rank {self.rank} waits for a message from rank {src} (tag {tag}), which ended its "
-                        f"script without sending it")
-            elif op.key[1] >= started.get(op.key[0], 0):
-                return CollectiveMismatchError(
-                    f"rank {self.rank} waits at {op.what}, but rank {r} ended its script after "
-                    f"{started.get(op.key[0], 0)} collective(s) of group {list(op.key[0])}: the ranks ran "
-                    f"different code")
-        return None
-
-    def _deadlock(self, op: Operation, missing: list, now: float):
-        """A missing rank that keeps waiting, in another collective, for this rank is divergent code."""
-        for r in missing:
-            peer = self._peer_waits.get(r)
-            if (peer is not None and peer.key != op.key and self.rank in peer.missing and peer.count >= 2
-                    and now - peer.since < 3 * _PROBE_SECONDS and not self._gave_since(r, peer)):
-                return CollectiveMismatchError(
-                    f"rank {self.rank} waits at {op.what}, but rank {r} waits at {peer.where}, which needs rank "
-                    f"{self.rank}: the ranks ran different code")
-        return None
-
-    def _gave_since(self, r: int, peer: _PeerWait) -> bool:
-        """Whether this rank has since given what rank ``r`` said it waits for, so that its word is stale: it
-        joined that collective (a peer waiting at #2 of a group, then this rank reached #2, went on and now waits
-        at #6 for the peer, is no divergence: the peer's "waiting" is older than this rank's arrival, and its
-        next word will say #6; first seen on a loaded 16-core machine, a GPU compile slowing one rank), or sent
-        the peer another message of the tag it waits on."""
-        if peer.key[0] == "recv":
-            return self.sent[(r, peer.key[2])] > peer.sent
-        group, seq = peer.key
-        return self.started[group] > seq
-
-    def _timed_out(self, op: Operation, missing: list, now: float):
-        if op.asked is None:
-            op.asked, op.answer_by = next(self._tokens), now + _ANSWER_SECONDS
-            self._answers[op.asked] = {}
-            self._tell_all(("where", self.rank, op.asked))
-            return None
-        answers = self._answers[op.asked]
-        if len(answers) < self.world_size - 1 and now < op.answer_by:
-            return None
-        answers[self.rank] = self._where_am_i()
-        table = "\n".join(f"  rank {r}: {answers.get(r, f'no answer in {_ANSWER_SECONDS:g} s')}"
-                          for r in range(self.world_size))
-        waiting_for = f"rank(s) {missing}" if missing else "the other ranks"
-        return CollectiveTimeoutError(
-            f"rank {self.rank} waited {self.timeout:g} s (PYFLOW_COLLECTIVE_TIMEOUT) for {waiting_for} at "
-            f"{op.what}.\nWhere every rank is:\n{table}")
+        self.tell_all(("bye", self.rank, counts))
 
     # --- message tags ---------------------------------------------------------------------------------------------
 

@@ -129,7 +129,7 @@ def run(fn, world_size: int, args=(), timeout: float | None = None) -> list:
 
 def _where(thread: threading.Thread) -> str:
     """The innermost line of ``thread``'s stack outside pyflow and the standard library."""
-    from pyflow.distributed.mpi_commnet import user_line
+    from pyflow.distributed.mpi_watchdog import user_line
 
     frame = sys._current_frames().get(thread.ident)
     return user_line(frame) if frame is not None else "(ended)"

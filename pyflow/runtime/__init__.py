@@ -25,6 +25,8 @@ Map of the package (read in this order):
                     must be issued before ``nn.Graph`` may return while the call still runs)
 * ``watchdog``    - the hang watchdog and the hang report
 * ``runtime``     - Runtime(plan): construct, launch calls, deterministic stepping, close
+* ``deterministic`` - deterministic mode: the caller's thread delivers the messages (``step``, ``run_until``)
+* ``live``        - the Runtimes alive in this process: ``flow.sync()`` waits for them, exit closes them
 * ``timeline``    - one record per act: Chrome trace, PNG, and the acts inside ``flow.trace()``
 * ``pipeline``    - seed 003's four-stage pipeline as a hand-made Plan (benchmarks, tutorial 8)
 * ``sequential``  - ``run_plan``: the sequential reference interpreter of a Plan (no actors)

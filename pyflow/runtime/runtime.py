@@ -21,12 +21,12 @@ nothing is central: actors react to messages.  pyflow's Runtime:
    value is handed to ``handle.output(i)`` once written: what ``nn.Graph`` waits for.
 4. **Close**: ``close()`` tells the source tick to stop after the calls launched so
    far; its eord spreads through the graph, every actor exits once its regsts are
-   back, every thread leaves its loop and is joined.
+   back, every thread leaves its loop and is joined (``live.py`` closes those still open at exit).
 
 **Deterministic mode** (``deterministic=True``): no threads at all.  One pool of
 messages, delivered on the caller's thread (``CallHandle.result()`` drives it, or
 ``step()`` one message at a time); with ``seed`` the next message is picked at random,
-so tests can try many interleavings and replay any of them.
+so tests can try many interleavings and replay any of them (``deterministic.py``).
 
 **Watchdog** (``watchdog.py``): a thread notices when calls are in flight, no device
 work is pending, and no actor acted for ``hang_timeout`` seconds
@@ -47,11 +47,9 @@ runtime is then dead; make a new one (``nn.Graph`` does).
 
 from __future__ import annotations
 
-import atexit
 import collections
 import threading
 import time
-import weakref
 
 from pyflow import env
 from pyflow.compiler.plan import replan_memory
@@ -60,17 +58,17 @@ from pyflow.errors import OpError, RuntimeHangError
 from pyflow.runtime.act import act_table
 from pyflow.runtime.call import CallContext, CallHandle, check_inputs, frontier_tasks, new_context
 from pyflow.runtime.comm_net import CommOrder
+from pyflow.runtime.deterministic import deliver_until, step_once
+from pyflow.runtime.live import live_runtimes
 from pyflow.runtime.msg import cmd_msg
 from pyflow.runtime.msg_bus import ActorMsgBus
 from pyflow.runtime.regst import RegstMgr, memory_fits
 from pyflow.runtime.thread import DeterministicThread, ThreadMgr
 from pyflow.runtime.timeline import ActRecord, plot, report_to_tracers, save_chrome_trace
 from pyflow.runtime.watchdog import Watchdog, default_hang_timeout, hang_report, wait_until
-from pyflow.vm import add_sync_hook, current_vm
+from pyflow.vm import current_vm
 
 __all__ = ["Runtime", "CallHandle"]
-
-_live: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 
 
 class Runtime:
@@ -141,7 +139,7 @@ class Runtime:
             self._wait(self._all_built.is_set, "constructing the actors")
             self._watchdog = Watchdog(self)
             self._watchdog.start()
-        _live.add(self)
+        live_runtimes.add(self)
 
     # --- calls ----------------------------------------------------------------------------------
 
@@ -339,10 +337,7 @@ class Runtime:
         ``runtime.actor(...).act_until_fail()`` yourself to watch it act.
         """
         self._need_deterministic("step")
-        msg = self.home.take(index)
-        if msg is not None:
-            self._deliver(msg, act)
-        return msg
+        return step_once(self, index, act)
 
     def actor(self, key):
         """The actor of a task id or an op name."""
@@ -356,30 +351,10 @@ class Runtime:
     def run_until(self, predicate, max_call: int | None = None) -> None:
         """Deterministic mode: deliver messages (about calls up to ``max_call``) until ``predicate()``.
 
-        No message left while ``predicate()`` is false: RuntimeHangError at once.
+        No message left while ``predicate()`` is false: RuntimeHangError at once (``deterministic.py``).
         """
         self._need_deterministic("run_until")
-        while not predicate() and self.error is None:
-            seen = self.home.enqueued
-            msg = self.home.take(max_call=max_call)
-            if msg is None:
-                with self._lock:
-                    coming = any(not h.started for h in self._calls.values())
-                if coming and self.home.wait_for_message(seen, self.hang_timeout):
-                    continue   # a launch from another thread (the VM's launch instruction) is on its way
-                error = RuntimeHangError(self.hang_report(0.0, "running calls"))
-                self.fail(error)
-                raise error
-            self._deliver(msg, True)
-
-    def _deliver(self, msg, act: bool) -> None:
-        try:
-            if act or msg.kind == "cmd" and msg.cmd == "construct":
-                self.home.handle(msg)
-            else:
-                self.home.actors[msg.dst].receive(msg)
-        except BaseException as error:  # noqa: BLE001 - the runtime stops; result() raises it
-            self.fail(error)
+        deliver_until(self, predicate, max_call)
 
     def _need_deterministic(self, what: str) -> None:
         if not self.deterministic:
@@ -457,7 +432,7 @@ class Runtime:
                         hang = RuntimeHangError(f"threads {alive} of {self.plan.job_name!r} did not stop")
             if self._watchdog is not None:
                 self._watchdog.stop(join=not own_thread)
-            _live.discard(self)
+            live_runtimes.discard(self)
         if hang is not None:
             raise hang
         if healthy and self.error is not None:   # something failed while the calls finished
@@ -473,29 +448,3 @@ class Runtime:
         mode = f"deterministic(seed={self.seed})" if self.deterministic else f"{len(self.thread_mgr.all())} threads"
         state = "failed" if self.error else "closed" if self.closed else "running"
         return f"<Runtime {self.plan.job_name} (rank {self.rank}): {self._task_count} actors, {mode}, {state}>"
-
-
-def _wait_for_graph_calls() -> None:
-    """``flow.sync()`` waits for this rank's graph calls in flight too, as OneFlow's does (there a call's
-    LaunchLazyJob instruction lasts until the call ends; pyflow's ``nn.Graph`` returns before, see
-    ``pyflow/graph/graph.py``).  Not from an actor's own thread (an act may sync), and not for another rank's
-    runtime (in one process, that rank may wait for this thread's next call)."""
-    me, rank = threading.current_thread(), env.get_rank()
-    runtimes = [r for r in list(_live) if not r.closed]
-    if any(me in r.threads() for r in runtimes):
-        return
-    for runtime in runtimes:
-        if runtime.rank == rank:
-            runtime.wait_calls()
-
-
-add_sync_hook(_wait_for_graph_calls)
-
-
-@atexit.register
-def _close_all() -> None:
-    for runtime in list(_live):
-        try:
-            runtime.close()
-        except Exception:  # noqa: BLE001 - at exit: nothing left to report to
-            pass

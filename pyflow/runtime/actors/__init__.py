@@ -18,7 +18,7 @@ not the actor's.
 
 from __future__ import annotations
 
-from pyflow.compiler.plan import is_input_wise
+from pyflow.compiler.mem_guards import is_input_wise
 from pyflow.runtime.actors.base import Actor, InSlot, OutSlot, pieces_per_call
 from pyflow.runtime.actors.comm import CommActor
 from pyflow.runtime.actors.grad_acc import AccActor, PackActor, RepeatActor, UnpackActor

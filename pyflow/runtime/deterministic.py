@@ -1,0 +1,53 @@
+"""Deterministic mode's driver: the caller's thread delivers a Runtime's messages, one at a time (seed 003).
+
+``Runtime(plan, deterministic=True, seed=...)`` starts no thread at all: every actor lives on
+the ``DeterministicThread`` (``thread.py``), one pool of pending messages, and nothing moves
+until the caller's thread delivers them: ``runtime.step()`` one message,
+``runtime.run_until(predicate)`` until ``predicate()`` holds (``CallHandle.result()`` drives it
+for its own call).  With ``seed`` the next message is picked at random, so tests can try many
+interleavings and replay any of them.  No watchdog is needed: an empty pool while a call is
+unfinished is reported at once.
+"""
+
+from __future__ import annotations
+
+from pyflow.errors import RuntimeHangError
+
+__all__ = ["deliver", "deliver_until", "step_once"]
+
+
+def step_once(runtime, index: int | None = None, act: bool = True):
+    """Deliver one message (the next one, or ``pending()[index]``); returns it (None: the pool is empty)."""
+    msg = runtime.home.take(index)
+    if msg is not None:
+        deliver(runtime, msg, act)
+    return msg
+
+
+def deliver_until(runtime, predicate, max_call: int | None = None) -> None:
+    """Deliver messages (about calls up to ``max_call``) until ``predicate()``; RuntimeHangError if none is left."""
+    home = runtime.home
+    while not predicate() and runtime.error is None:
+        seen = home.enqueued
+        msg = home.take(max_call=max_call)
+        if msg is None:
+            with runtime._lock:
+                coming = any(not h.started for h in runtime._calls.values())
+            if coming and home.wait_for_message(seen, runtime.hang_timeout):
+                continue   # a launch from another thread (the VM's launch instruction) is on its way
+            error = RuntimeHangError(runtime.hang_report(0.0, "running calls"))
+            runtime.fail(error)
+            raise error
+        deliver(runtime, msg, True)
+
+
+def deliver(runtime, msg, act: bool) -> None:
+    """Hand ``msg`` to its actor (``act=False``: the actor only takes it in, ``actor.receive``).  An exception
+    stops the runtime: ``result()`` raises it."""
+    try:
+        if act or msg.kind == "cmd" and msg.cmd == "construct":
+            runtime.home.handle(msg)
+        else:
+            runtime.home.actors[msg.dst].receive(msg)
+    except BaseException as error:  # noqa: BLE001 - the runtime stops; result() raises it
+        runtime.fail(error)
