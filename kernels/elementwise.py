@@ -8,6 +8,8 @@ MiniTorch-style factories build every kernel from a scalar device function
 * **contiguous** - a fast path when every operand is C-contiguous with the
   output's shape (zip: or a single element, as a Python scalar becomes: its
   step is 0, so ``x * 1.5`` needs no index arithmetic per element).
+``launch_map(op, fn, out, x, stream=)`` launches ``make_map(fn)``: every unary op's
+cuda kernel is that call, and so can be an op defined outside the library.
 
 The ops themselves are data in ``kernels/ufuncs.py``: for each op the dtypes it
 accepts, its result dtype (numpy's, with ``int32 / int32`` giving float64 as in
@@ -46,7 +48,7 @@ from pyflow.kernels.registry import register
 from pyflow.kernels.ufuncs import (BINARY, COMPARE, UNARY, binary_result_dtype, compute_dtype, device_function,
                                    unary_result_dtype)
 
-__all__ = ["UNARY", "BINARY", "COMPARE", "make_map", "make_zip", "position",
+__all__ = ["UNARY", "BINARY", "COMPARE", "make_map", "make_zip", "launch_map", "position",
            "unary_result_dtype", "binary_result_dtype", "SUPPORTED_DTYPES"]
 
 
@@ -183,11 +185,20 @@ def _launch(op, strided, contiguous, out, inputs, extra=(), stream=0):
     launcher(strided, grid, block, stream)(*args, *extra, n)
 
 
+def launch_map(op: str, fn, out, x, *, stream=0) -> None:
+    """Launch ``make_map(fn)`` on ``stream``: ``out[idx] = fn(x[idx])`` for device arrays ``out`` and ``x``
+    of one shape (any strides; ``op`` names the op in errors).  The dtypes are the caller's to check.
+
+    Every unary op's cuda kernel is this call with its scalar device function; so is the kernel of an op
+    written outside the library (``tutorials/09_adding_an_op.py``).
+    """
+    _launch(op, *make_map(fn), out, [x], stream=stream)
+
+
 def _unary_cuda(op):
     def run(out, x, *, stream=0):
         _check_out(op, out, x.shape, unary_result_dtype(op, x.dtype))
-        strided, contiguous = make_map(device_function(op, x.dtype))
-        _launch(op, strided, contiguous, out, [x], stream=stream)
+        launch_map(op, device_function(op, x.dtype), out, x, stream=stream)
     return run
 
 
