@@ -16,12 +16,17 @@
   step of the tier's control machine whatever the number of blocks it serves.
 * ``launcher(kernel, grid, block, stream)`` - ``kernel[grid, block, stream]`` built
   once and cached, as numba-cuda recommends for launch overhead.
+* ``one_operation(work)`` - the launches inside are parts of one operation of
+  ``work`` items, which ``compiled_launch`` judged: in the simulator each then
+  runs on the tier the whole operation gets (a reduction's one-block final pass
+  would otherwise run threaded after a compiled first pass); nothing on a GPU.
 * ``require_device_arrays(op, *arrays)`` - CUDA launchers take device arrays
   only: a numpy array would be copied to the device and back at every launch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -31,7 +36,7 @@ from pyflow.errors import DTypeError
 from pyflow.kernels.backend import is_simulator
 from pyflow.kernels.layout import is_device_array
 
-__all__ = ["elementwise_config", "rows_config", "launcher", "require_device_arrays", "compiled_launch",
+__all__ = ["elementwise_config", "rows_config", "launcher", "one_operation", "require_device_arrays", "compiled_launch",
            "GPU_THREADS", "GPU_MAX_BLOCKS", "SIM_MAX_THREADS", "SIM_MAX_BLOCKS"]
 
 GPU_THREADS = 256
@@ -61,6 +66,18 @@ def compiled_launch(work: int, dtypes=()) -> bool:
 
     tier = settings().tier
     return tier == "compiled" or (tier == "auto" and work >= tiers.BIG_WORK)
+
+
+@contextlib.contextmanager
+def one_operation(work: int):
+    """Launches inside belong to one operation of ``work`` items (see the module docstring)."""
+    if not is_simulator():
+        yield
+        return
+    from pyflow.kernels.sim import tiers
+
+    with tiers.operation_work(work):
+        yield
 
 
 def rows_config(rows: int, width: int, max_threads: int | None = None, dtypes=()) -> tuple[int, int]:

@@ -41,7 +41,7 @@ from pyflow.kernels.backend import cuda, is_simulator
 from pyflow.kernels.dtypes import SUPPORTED_DTYPES
 from pyflow.kernels.elementwise import position
 from pyflow.kernels.jit import jit
-from pyflow.kernels.launch import compiled_launch, launcher, require_device_arrays
+from pyflow.kernels.launch import compiled_launch, launcher, one_operation, require_device_arrays
 from pyflow.kernels.layout import as_kernel_shape, flat, may_overlap, padded_strides
 from pyflow.kernels.registry import register
 
@@ -58,8 +58,9 @@ MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z; further batches loop inside the
 def default_tile(work: int = 0) -> int:
     """The tile side the registered ``matmul`` uses: 16 on a GPU, 4 in the simulator's threaded tier.
 
-    ``work`` (the largest operand's elements) says whether a simulated launch will be compiled
-    (``launch.compiled_launch``); there a thread costs no Python thread, so a GPU's tile serves.
+    ``work`` (its multiply-adds, or its largest operand's elements if more) says whether a simulated
+    launch will be compiled (``launch.compiled_launch``); there a thread costs no Python thread, so a
+    GPU's tile serves.
     """
     return SIM_TILE if is_simulator() and not compiled_launch(work) else GPU_TILE
 
@@ -226,8 +227,13 @@ def _check_tile(tile) -> int:
 
 
 def matmul_cuda(out, a, b, *, tile: int | None = None, stream=0) -> None:
-    """``out[...] = a @ b`` on the device, with ``tile`` x ``tile`` blocks (default: ``default_tile()``)."""
-    tile = _check_tile(default_tile(max(a.size, b.size, out.size)) if tile is None else tile)
+    """``out[...] = a @ b`` on the device, with ``tile`` x ``tile`` blocks (default: ``default_tile()``).
+
+    Its work, for the simulator's choice of tier, is its multiply-adds (``batches * m * n * k``): a
+    threaded launch costs a Python thread per output element and a barrier per tile of ``k``.
+    """
+    if tile is not None:
+        tile = _check_tile(tile)
     require_device_arrays("matmul", out, a, b)
     shape = _check(out, a, b)
     if math.prod(shape) == 0:
@@ -244,11 +250,14 @@ def matmul_cuda(out, a, b, *, tile: int | None = None, stream=0) -> None:
     else:  # no batch dims: one batch of shape (1,), stride 0 everywhere
         a_strides, b_strides, o_strides = (0,) + a_strides, (0,) + b_strides, (0,) + o_strides
     batches = math.prod(batch)
+    work = max(a.size, b.size, out.size, batches * m * n * k)
+    tile = _check_tile(default_tile(work)) if tile is None else tile
     grid = (math.ceil(n / tile), math.ceil(m / tile), min(batches, MAX_GRID_Z))
     kernel = make_matmul_kernel(tile, np.dtype(out.dtype))
-    launcher(kernel, grid, (tile, tile), stream)(
-        flat(out)[0], o_strides, flat(a)[0], a_strides, flat(b)[0], b_strides,
-        as_kernel_shape(batch), m, n, k, batches)
+    with one_operation(work):
+        launcher(kernel, grid, (tile, tile), stream)(
+            flat(out)[0], o_strides, flat(a)[0], a_strides, flat(b)[0], b_strides,
+            as_kernel_shape(batch), m, n, k, batches)
 
 
 def _matmul_cuda(out, a, b, *, stream=0) -> None:

@@ -45,7 +45,8 @@ from pyflow.kernels.backend import cuda, is_simulator
 from pyflow.kernels.dtypes import SUPPORTED_DTYPES, check_dtype, kernel_constant
 from pyflow.kernels.elementwise import position
 from pyflow.kernels.jit import jit
-from pyflow.kernels.launch import SIM_MAX_BLOCKS, compiled_launch, elementwise_config, launcher, require_device_arrays, rows_config
+from pyflow.kernels.launch import (SIM_MAX_BLOCKS, compiled_launch, elementwise_config, launcher, one_operation,
+                                   require_device_arrays, rows_config)
 from pyflow.kernels.layout import flat, normalize_axes, normalize_axis
 from pyflow.kernels.registry import register
 
@@ -254,26 +255,28 @@ def _count(op, plan: ReducePlan):
 
 
 def _reduce_two_pass(op, plan, out_storage, x_storage, col_shape, x_cols, stream):
-    """One long row: pass 1 writes a partial result per block, pass 2 reduces them."""
+    """One long row: pass 1 writes a partial result per block, pass 2 reduces them (one operation of the
+    row's width: in the simulator both passes run on the tier that width gets)."""
     _, threads = rows_config(1, plan.width, dtypes=[x_storage.dtype])
     blocks = min(elementwise_config(plan.width, [x_storage.dtype])[0], MAX_PARTIALS)
     if is_simulator():   # fewer blocks: there each block's barrier steps cost more than its share of the loop
         blocks = min(blocks, SIM_PARTIALS if compiled_launch(plan.width, [x_storage.dtype]) else SIM_MAX_BLOCKS)
     _, threads2 = rows_config(1, blocks)
-    if op in ARG_REDUCTIONS:
-        part_v = cuda.device_array(blocks, x_storage.dtype, stream=stream)
-        part_i = cuda.device_array(blocks, np.int64, stream=stream)
-        partials = make_arg_reduce(op, np.dtype(x_storage.dtype), threads)[1]
-        launcher(partials, blocks, threads, stream)(part_v, part_i, x_storage, col_shape, x_cols, plan.width)
-        merge = make_arg_reduce(op, np.dtype(x_storage.dtype), threads2)[2]
-        launcher(merge, 1, threads2, stream)(out_storage, part_v, part_i, blocks)
-        return
-    acc = plan.acc_dtype
-    partial = cuda.device_array(blocks, acc, stream=stream)
-    launcher(make_reduce(REDUCTIONS[op], acc, threads)[1], blocks, threads, stream)(
-        partial, x_storage, col_shape, x_cols, plan.width)
-    launcher(make_reduce(REDUCTIONS[op], acc, threads2)[0], 1, threads2, stream)(
-        out_storage, (0,), partial, (1,), (0,), (blocks,), (1,), 1, blocks, _count(op, plan))
+    with one_operation(plan.width):
+        if op in ARG_REDUCTIONS:
+            part_v = cuda.device_array(blocks, x_storage.dtype, stream=stream)
+            part_i = cuda.device_array(blocks, np.int64, stream=stream)
+            partials = make_arg_reduce(op, np.dtype(x_storage.dtype), threads)[1]
+            launcher(partials, blocks, threads, stream)(part_v, part_i, x_storage, col_shape, x_cols, plan.width)
+            merge = make_arg_reduce(op, np.dtype(x_storage.dtype), threads2)[2]
+            launcher(merge, 1, threads2, stream)(out_storage, part_v, part_i, blocks)
+            return
+        acc = plan.acc_dtype
+        partial = cuda.device_array(blocks, acc, stream=stream)
+        launcher(make_reduce(REDUCTIONS[op], acc, threads)[1], blocks, threads, stream)(
+            partial, x_storage, col_shape, x_cols, plan.width)
+        launcher(make_reduce(REDUCTIONS[op], acc, threads2)[0], 1, threads2, stream)(
+            out_storage, (0,), partial, (1,), (0,), (blocks,), (1,), 1, blocks, _count(op, plan))
 
 
 def _reduce_cuda(op):

@@ -282,3 +282,26 @@ def test_the_threads_setting_keeps_every_launch_threaded(monkeypatch):
 def test_explain_names_what_keeps_a_kernel_threaded():
     text = sim.explain(rotate_through_shared)
     assert "compiled tier: yes" in text and "block barrier" in text
+
+
+def test_a_big_reductions_small_final_pass_runs_on_the_tier_of_its_first_pass(monkeypatch):
+    """x.sum() of a long row is two launches: partial sums over the row (big), then one block over the
+    partials (64 numbers).  They are one operation (launch.one_operation): both compiled, not the second
+    threaded (a Python thread per simulated thread, ~10 ms, after a compiled first pass of ~2 ms)."""
+    import pyflow as flow
+    from pyflow.kernels.sim import kernel as sim_kernel
+
+    seen = []
+    decide = sim_kernel.compiled_for
+
+    def recording(kernel, threads, args, settings):
+        chosen = decide(kernel, threads, args, settings)
+        seen.append((kernel.__name__, "threads" if chosen is None else "compiled"))
+        return chosen
+
+    monkeypatch.setattr(sim_kernel, "compiled_for", recording)
+    x = np.random.default_rng(0).standard_normal(tiers.BIG_WORK * 2).astype(np.float32)
+    with sim.configure(tier="auto"):
+        got = flow.tensor(x, device="cuda").sum().numpy()
+    assert [tier for _, tier in seen] == ["compiled", "compiled"], seen
+    np.testing.assert_allclose(got, x.sum(dtype=np.float64), rtol=1e-5)

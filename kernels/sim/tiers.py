@@ -44,16 +44,20 @@ interprets first and compiles what is worth compiling:
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import numpy as np
 
 from .compiled import CompiledKernel, Unsupported
 
-__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "compiled_for", "explain"]
+__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "compiled_for", "operation_work", "explain"]
 
 TIERS = ("auto", "threads", "compiled")
 BIG_WORK = 1 << 15      # in auto: threads or array elements that make one launch worth compiling
 BIG_THREADS = 1 << 11   # in auto: simulated threads that make one launch worth compiling (each a Python thread)
 HOT_WORK = 1 << 19      # in auto: the work of a kernel's launches so far that makes it worth compiling
+_operation = threading.local()   # .work: the operation the launches of this thread belong to (operation_work)
 
 
 def _compiled(kernel) -> CompiledKernel:
@@ -65,7 +69,26 @@ def _compiled(kernel) -> CompiledKernel:
 
 def _work(threads: int, args) -> int:
     sizes = [a.size for a in args if isinstance(a, np.ndarray)]
-    return max([threads] + sizes)
+    return max([threads, getattr(_operation, "work", 0)] + sizes)
+
+
+@contextlib.contextmanager
+def operation_work(work: int):
+    """The launches made inside (on this thread) are parts of one operation of ``work`` items: each counts
+    that work for its tier, so a reduction's small final pass runs on the tier of its big first pass.
+
+    >>> with operation_work(1 << 20):
+    ...     _work(32, [])
+    1048576
+    >>> _work(32, [])
+    32
+    """
+    outer = getattr(_operation, "work", 0)
+    _operation.work = max(outer, work)
+    try:
+        yield
+    finally:
+        _operation.work = outer
 
 
 def compiled_for(kernel, threads: int, args, settings):
