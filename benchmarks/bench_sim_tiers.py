@@ -8,7 +8,9 @@ ratios compare tiers measured in the same run:
    and the threaded tier once, for scale;
 2. matmul 256 x 256 float32: cuda (compiled) / cpu (target <= 30), beside a plain ``numba.njit``
    triple loop, the floor of a naive compiled kernel;
-3. one SGD step of an MLP 784 -> 256 -> 10, batch 64: cuda / cpu (target <= 3);
+3. one SGD step of an MLP 784 -> 256 -> 10, batch 64: cuda / cpu (target <= 3); and a course-sized
+   one, 8 -> 32 -> 10 on a batch of 128, many small launches: cuda under ``auto`` (small launches
+   threaded) and under ``compiled``, each against cpu (no target: what a course sees);
 4. Cocktailer at the artifact's sizes, compiled executor, in the simulator: the LSTM (10 layers,
    hidden 256, seq 64, batch 1) and the RAE (127 nodes, 1024 -> 512), against references
    (PyTorch if installed, else numpy) and the time per call;
@@ -197,6 +199,35 @@ def mlp(args) -> None:
         losses[device] = seen
     np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-4)
     ratio_row("SGD step", times, 3)
+    small_mlp(args)
+
+
+def small_mlp(args) -> None:
+    """The course-sized step: its kernels are small launches, which ``auto`` runs threaded."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((128, 8)).astype(np.float32)
+    y = rng.integers(0, 10, size=128).astype(np.int64)
+    say("== one SGD step, MLP 8 -> 32 -> 10, batch 128 (small launches) ==")
+    times = {}
+    for device, tier in (("cpu", None), ("cuda", "threads-for-small"), ("cuda", "compiled")):
+        flow.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 10)).to(device)
+        opt = flow.optim.SGD(model.parameters(), lr=0.05)
+        loss_fn = nn.CrossEntropyLoss()
+        xs, ys = flow.tensor(x, device=device), flow.tensor(y, device=device)
+
+        def step(model=model, opt=opt, loss_fn=loss_fn, xs=xs, ys=ys):
+            opt.zero_grad()
+            loss = loss_fn(model(xs), ys)
+            loss.backward()
+            opt.step()
+            loss.item()
+
+        key = "cpu" if device == "cpu" else ("threads" if tier == "threads-for-small" else "compiled")
+        with on(device, "auto" if tier == "threads-for-small" else "compiled"):
+            times[key] = timed(step, max(2, args.repeats // 2))
+    ratio_row("SGD step (auto: threads)", {"cpu": times["cpu"], "threads": times["threads"]}, None)
+    ratio_row("SGD step (compiled)", {"cpu": times["cpu"], "compiled": times["compiled"]}, None)
 
 
 # ---- 4. Cocktailer at the artifact's sizes -------------------------------------------------------
