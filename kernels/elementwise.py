@@ -347,7 +347,8 @@ def ptx_cases():
             cases.append((f"{op}[{a},{b}] strided", strided.py_func,
                           (out, t2, t2, array(a), t2, array(b), t2, i64), False))
             if (a, b) == mixed:
-                cases.append((f"{op}[{a},{b}] contiguous", contiguous.py_func, (out, array(a), array(b), i64), False))
+                cases.append((f"{op}[{a},{b}] contiguous", contiguous.py_func,
+                              (out, array(a), i64, array(b), i64, i64), False))   # operands with their steps
     b1 = array("bool")
     for dtype in SUPPORTED_DTYPES:
         a, scalar = array(dtype.name), getattr(types, dtype.name)
