@@ -1,4 +1,4 @@
-"""Reductions (sum, max, min, mean, argmax, argmin) over any axes (softmax: ``kernels/softmax.py``).
+"""Reductions (sum, prod, max, min, mean, argmax, argmin) over any axes (softmax: ``kernels/softmax.py``).
 
 A reduction is a table of **rows**: the kept axes number the rows (one per output
 element), the reduced axes number the elements of a row.  The host describes both
@@ -17,15 +17,15 @@ Kernel design (as in OneFlow's and CUB's block reductions):
 * argmax and argmin carry (value, index) pairs through the tree (two shared
   arrays; their kernels are in ``kernels/arg_reduce.py``).
 
-numpy is the specification: result dtypes (the sum of bool or int32 is int64, the
-mean of ints float64, the max of bool bool), shapes (``keepdims``), NaN (max/min
+numpy is the specification: result dtypes (the sum or product of bool or int32 is
+int64, the mean of ints float64, the max of bool bool), shapes (``keepdims``), NaN (max/min
 propagate it, argmax and argmin find the first NaN), empty reductions (sum 0, mean
-nan, max/min/argmax/argmin refused with ``ShapeError`` where numpy raises
+nan, prod 1, max/min/argmax/argmin refused with ``ShapeError`` where numpy raises
 ``ValueError``).  The CPU twins are numpy itself.  Every dtype of
 ``kernels/dtypes.py`` is accepted, with two choices of our own:
-* the sum of uint8 is int64 (numpy: uint64, a dtype pyflow does not have;
-  PyTorch: int64);
-* float16 sums and means add up in float32 and round once at the end (numpy does
+* the sum and product of uint8 are int64 (numpy: uint64, a dtype pyflow does not
+  have; PyTorch: int64);
+* float16 sums, products and means accumulate in float32 and round once at the end (numpy does
   so for the mean; PyTorch for both), on both targets; max and min stay float16.
 """
 
@@ -55,22 +55,24 @@ __all__ = ["REDUCTIONS", "ARG_REDUCTIONS", "REDUCE_DTYPES", "TWO_PASS_WIDTH", "M
            "argmax_better"]
 
 # Registered op name (OneFlow's; elementwise already owns "max"/"min") -> numpy's function.
-REDUCTIONS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_mean": "mean",
-              "argmax": "argmax", "argmin": "argmin"}
+REDUCTIONS = {"reduce_sum": "sum", "reduce_prod": "prod", "reduce_max": "max", "reduce_min": "min",
+              "reduce_mean": "mean", "argmax": "argmax", "argmin": "argmin"}
 ARG_REDUCTIONS = ("argmax", "argmin")   # take one axis (or None) and give int64 indices
 REDUCE_DTYPES = SUPPORTED_DTYPES
 TWO_PASS_WIDTH = 1 << 14   # a single row longer than this is reduced in two passes
 MAX_PARTIALS = 1024        # at most this many blocks (partial results) in pass 1
 SIM_PARTIALS = 64          # ... in the simulator's compiled tier (a grid of 2048 threads: its loop stays in cache)
 
-COMBINE = {"sum": scalar_ops.add, "mean": scalar_ops.add,
+COMBINE = {"sum": scalar_ops.add, "prod": scalar_ops.mul, "mean": scalar_ops.add,
            "max": scalar_ops.maximum, "min": scalar_ops.minimum}
 
 
 def _identity(kind: str, dtype: np.dtype):
-    """The value that changes nothing when combined: 0, or the lowest / highest value."""
+    """The value that changes nothing when combined: 0, 1, or the lowest / highest value."""
     if kind in ("sum", "mean"):
         return dtype.type(0)
+    if kind == "prod":
+        return dtype.type(1)
     if dtype.kind == "b":
         low, high = False, True
     else:
@@ -108,7 +110,7 @@ def make_block_fold(combine, block: int):
 
 @functools.cache
 def make_reduce(kind: str, acc_dtype: np.dtype, block: int):
-    """``(reduce_rows, reduce_partials)`` for ``kind`` (sum, max, min, mean) accumulating in
+    """``(reduce_rows, reduce_partials)`` for ``kind`` (sum, prod, max, min, mean) accumulating in
     ``acc_dtype``, for blocks of ``block`` threads."""
     combine, finish = COMBINE[kind], (scalar_ops.divide if kind == "mean" else scalar_ops.keep)
     block_fold = make_block_fold(combine, block)
@@ -157,7 +159,7 @@ def make_reduce(kind: str, acc_dtype: np.dtype, block: int):
 
 
 def result_dtype(op: str, dtype) -> np.dtype:
-    """The dtype reduction ``op`` gives on ``dtype`` (numpy's, but int64 for the sum of uint8).
+    """The dtype reduction ``op`` gives on ``dtype`` (numpy's, but int64 for the sum or product of uint8).
 
     >>> [str(result_dtype(op, "bool")) for op in ("reduce_sum", "reduce_max", "reduce_mean", "argmin")]
     ['int64', 'bool', 'float64', 'int64']
@@ -168,13 +170,13 @@ def result_dtype(op: str, dtype) -> np.dtype:
         return np.dtype(np.int64)
     if dtype.kind == "f" or kind in ("max", "min"):
         return dtype
-    return np.dtype(np.int64 if kind == "sum" else np.float64)
+    return np.dtype(np.int64 if kind in ("sum", "prod") else np.float64)
 
 
 def accumulate_dtype(op: str, dtype) -> np.dtype:
-    """The dtype the kernels add up in: float32 for float16 sums and means, else the result dtype."""
+    """The dtype the kernels add up in: float32 for float16 sums, products and means, else the result dtype."""
     result = result_dtype(op, dtype)
-    return np.dtype(np.float32) if result == np.float16 and REDUCTIONS[op] in ("sum", "mean") else result
+    return np.dtype(np.float32) if result == np.float16 and REDUCTIONS[op] in ("sum", "prod", "mean") else result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,7 +336,7 @@ def ptx_cases():
     block = 256
     cases = [("divide[float32]", scalar_ops.divide.py_func, (types.float32, types.float32), True),
              ("keep[int64]", scalar_ops.keep.py_func, (i64, i64), True)]
-    for kind in ("sum", "max", "min", "mean"):
+    for kind in ("sum", "prod", "max", "min", "mean"):
         op = f"reduce_{kind}"
         for dtype in REDUCE_DTYPES:
             acc, res = accumulate_dtype(op, dtype), result_dtype(op, dtype)

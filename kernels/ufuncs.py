@@ -14,9 +14,11 @@ Result dtypes (the ``result`` rule of an entry):
 * ``"bool"`` - comparisons, logical ops, isnan, isinf.
 
 Accepted dtypes (``kernels/dtypes.py``): arithmetic and math take numbers, not
-bool; comparisons, logical ops, isnan and isinf take every dtype; the bitwise ops
-take integers and bool (a float is a ``DTypeError``).  Integer ``floor_divide`` and
-``remainder`` by zero give 0 on both targets (numpy's value).
+bool, except ``add`` and ``mul``, which on two bools are logical or and logical and
+(numpy's and PyTorch's rule: ``bool + bool`` is bool); comparisons, logical ops, isnan
+and isinf take every dtype; the bitwise ops take integers and bool (a float is a
+``DTypeError``).  Integer ``floor_divide`` and ``remainder`` by zero give 0 on both
+targets (numpy's value).
 
 The device function may depend on the dtype (``DEVICE_KIND`` names the kinds):
 ``floor`` of an integer is the identity, ``isnan`` of an integer is ``never``.
@@ -116,9 +118,9 @@ UNARY = {u.name: u for u in (
     _unary("bitwise_not", {"bool": ops.logical_not, "int": ops.invert}, np.invert, accepts=_BITS),
 )}
 BINARY = {b.name: b for b in (
-    _binary("add", ops.add, np.add),
+    _binary("add", {"bool": ops.logical_or, "*": ops.add}, np.add, accepts=_ANY),
     _binary("sub", ops.sub, np.subtract),
-    _binary("mul", ops.mul, np.multiply),
+    _binary("mul", {"bool": ops.logical_and, "*": ops.mul}, np.multiply, accepts=_ANY),
     _binary("div", ops.div, np.true_divide),
     _binary("max", ops.maximum, np.maximum),
     _binary("min", ops.minimum, np.minimum),

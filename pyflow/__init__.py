@@ -33,7 +33,7 @@ from pyflow.framework.functional import (abs, add, bitwise_and, bitwise_not, bit
 from pyflow.framework.movement import (cat, concat, gather, index_add, index_copy, index_select, scatter_add,
                                        stack)
 from pyflow.framework.reductions import (all, allclose, any, argmax, argmin, cumsum, max, mean, min, norm,
-                                         return_types, std, sum, topk, var)
+                                         prod, return_types, std, sum, topk, var)
 from pyflow.framework.tensor import Tensor, tensor
 from pyflow.framework.views import FUNCTIONS as _VIEW_FUNCTIONS
 from pyflow.kernels.backend import describe as backend_description
@@ -92,3 +92,5 @@ from pyflow.framework.composites import (amax, amin, as_tensor, bmm, equal, flip
 from pyflow.framework.composites_sort import argsort, nonzero, sort, unique  # noqa: E402 - host sorts sync
 __all__ += ["flip", "roll", "logsumexp", "amax", "amin", "mm", "bmm", "outer", "equal", "masked_fill", "as_tensor",
             "is_floating_point", "normal", "t", "sort", "argsort", "nonzero", "unique"]
+from pyflow.framework.einsum import einsum  # noqa: E402
+__all__ += ["prod", "einsum"]

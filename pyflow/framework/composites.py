@@ -41,7 +41,7 @@ def _dim_list(dims, x: Tensor, op: str) -> tuple:
     return args.dims(dims if isinstance(dims, (tuple, list)) else (dims,), x.ndim, op, x)
 
 
-def _place_of(x: Tensor) -> dict:
+def place_of(x: Tensor) -> dict:
     """Where a helper tensor for ``x`` goes: ``x``'s device, or ``x``'s placement, broadcast."""
     if x.is_global:
         from pyflow.framework.sbp import sbp
@@ -58,7 +58,7 @@ def flip(input: Tensor, dims) -> Tensor:   # noqa: A002 - torch's name
     for d in _dim_list(dims, x, "flip"):
         n = x.shape[d]
         if n > 1:
-            result = index_select(result, d, tensor(np.arange(n - 1, -1, -1), **_place_of(x)))
+            result = index_select(result, d, tensor(np.arange(n - 1, -1, -1), **place_of(x)))
     return result.clone() if result is x else result   # always a new tensor, as torch.flip
 
 
@@ -190,7 +190,7 @@ def _fill_value(value, x: Tensor, op: str) -> Tensor:
         if value.ndim:
             raise ShapeError(f"{op}: the value must be a number or a 0-d tensor, got {describe(value)}")
         return value.to(dtype=x.dtype)
-    return creation.full((), to_scalar(value, x.dtype, f"{op} of {describe(x)}"), dtype=x.dtype, **_place_of(x))
+    return creation.full((), to_scalar(value, x.dtype, f"{op} of {describe(x)}"), dtype=x.dtype, **place_of(x))
 
 
 def _bool_mask(mask, x: Tensor, op: str) -> Tensor:

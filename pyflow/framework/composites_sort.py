@@ -90,20 +90,26 @@ def nonzero(input: Tensor, *, as_tuple: bool = False):   # noqa: A002
 def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False,   # noqa: A002 - torch's names
            return_counts: bool = False, dim=None):
     """The distinct values of ``input`` (flattened), in ascending order, and if asked the index of each
-    element's value in them (``input``'s shape) and each value's count (int64).  ``sorted=False`` is
-    accepted and still sorts (one valid order).  NaNs are each their own value, as torch's.  Reads
-    ``input`` on the host (syncs); only ``dim=None``."""
+    element's value in them (``input``'s shape) and each value's count (int64).  With ``dim``: the distinct
+    slices along ``dim``, in lexicographic order, the index of each slice's (a 1-D tensor of
+    ``input.shape[dim]``) and each slice's count, as ``torch.unique(dim=)``.  ``sorted=False`` is accepted
+    and still sorts (one valid order).  NaNs are each their own value, as torch's.  Reads ``input`` on the
+    host (syncs)."""
     x = args.tensor(input, "unique")
-    if dim is not None:
-        raise ArgumentTypeError(f"unique: dim={dim!r} is not supported (only dim=None: the flattened tensor) "
-                                f"for {describe(x)}")
     if x.is_global:
         raise ArgumentTypeError(f"unique: not for a global tensor ({describe(x)}); use .to_local() or numpy()")
     values = x.numpy()
-    found = np.unique(values.reshape(-1), return_inverse=True, return_counts=True, equal_nan=False)
+    if dim is None:
+        found = np.unique(values.reshape(-1), return_inverse=True, return_counts=True, equal_nan=False)
+        inverse = found[1].reshape(values.shape)
+    else:
+        if x.ndim == 0:
+            raise ShapeError(f"unique: dim={dim!r} of a 0-d tensor ({describe(x)}); use dim=None")
+        found = np.unique(values, return_inverse=True, return_counts=True, axis=args.dim(dim, x.ndim, "unique", x))
+        inverse = found[1].reshape(-1)
     result = [tensor(found[0], dtype=x.dtype, device=x.device)]
     if return_inverse:
-        result.append(tensor(found[1].reshape(values.shape).astype(DEFAULT_INT), device=x.device))
+        result.append(tensor(inverse.astype(DEFAULT_INT), device=x.device))
     if return_counts:
         result.append(tensor(found[2].astype(DEFAULT_INT), device=x.device))
     return result[0] if len(result) == 1 else tuple(result)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyflow.errors import ArgumentTypeError
+from pyflow.errors import ArgumentTypeError, DTypeError
 from pyflow.framework import args
 from pyflow.framework.args import describe
 from pyflow.framework.dtypes import is_scalar
@@ -61,7 +61,21 @@ def _operands(a, b, op: str) -> list:
     if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise ArgumentTypeError(f"{op}: needs at least one tensor, got {type(a).__name__} and {type(b).__name__}")
     like = a if isinstance(a, Tensor) else b
-    return [x if isinstance(x, Tensor) or is_scalar(x) else as_tensor_like(x, like) for x in (a, b)]
+    operands = [x if isinstance(x, Tensor) or is_scalar(x) else as_tensor_like(x, like) for x in (a, b)]
+    if op in ("sub", "sub_"):
+        _refuse_bool_subtraction(operands)
+    return operands
+
+
+def _refuse_bool_subtraction(operands) -> None:
+    """PyTorch refuses ``-`` on bools (promotion would silently make ``True - True`` an integer 0)."""
+    bools = [isinstance(x, bool) or (isinstance(x, Tensor) and x.dtype == np.bool_) for x in operands]
+    if all(bools):
+        raise DTypeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
+                         "Use the `^` or `logical_xor()` operator instead.")
+    if any(bools):
+        raise DTypeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
+                         "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
 
 
 def _binary(name, kernel, doc):

@@ -1,8 +1,8 @@
-"""Reductions and scans: ``sum``, ``mean``, ``max``/``min`` (with ``dim``: values and indices),
+"""Reductions and scans: ``sum``, ``prod``, ``mean``, ``max``/``min`` (with ``dim``: values and indices),
 ``argmax``, ``argmin``, ``var``, ``std``, ``norm``, ``cumsum``, ``topk``, ``all``, ``any``, ``allclose``.
 
-``sum``, ``mean``, ``max``, ``min``, ``argmax``, ``argmin``, ``cumsum`` and ``topk`` are
-one op each.  ``var``, ``std``, ``norm`` and ``allclose`` are compositions of
+``sum``, ``prod``, ``mean``, ``max``, ``min``, ``argmax``, ``argmin``, ``cumsum`` and
+``topk`` are one op each.  ``var``, ``std``, ``norm`` and ``allclose`` are compositions of
 those ops, as PyTorch defines them: the variance is the mean of squared
 deviations, corrected by ``correction`` (Bessel's correction by default).
 
@@ -30,7 +30,7 @@ from pyflow.framework.interpreter import apply
 from pyflow.framework.tensor import Tensor
 from pyflow.kernels.sort import MAX_TOPK
 
-__all__ = ["sum", "mean", "max", "min", "argmax", "argmin", "var", "std", "norm", "cumsum", "topk", "all",
+__all__ = ["sum", "prod", "mean", "max", "min", "argmax", "argmin", "var", "std", "norm", "cumsum", "topk", "all",
            "any", "allclose", "return_types"]
 
 
@@ -65,6 +65,15 @@ def sum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None, axis=None
     ``dtype``: ``input`` is cast to it first, as in torch."""
     x = args.tensor(input, "sum")
     return _reduce("reduce_sum", "sum", x if dtype is None else x.to(dtype=dtype), _axis(dim, axis, "sum"), keepdim)
+
+
+def prod(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:   # noqa: A002
+    """The product over ``dim`` (one dim, or None: all elements); bools and integers multiply in int64.
+    ``dtype``: ``input`` is cast to it first, as in torch.  Its gradient is right with zeros in the input."""
+    x = args.tensor(input, "prod")
+    x = x if dtype is None else x.to(dtype=dtype)
+    axis = None if dim is None else args.dim(dim, x.ndim, "prod", x)
+    return apply("reduce_prod", [x], axis=axis, keepdims=_keepdim(keepdim, "prod"))[0]
 
 
 def mean(input: Tensor, dim=None, keepdim: bool = False, *, axis=None) -> Tensor:   # noqa: A002
@@ -218,6 +227,6 @@ def allclose(input: Tensor, other: Tensor, rtol: float = 1e-05, atol: float = 1e
     return bool(all(close).item())
 
 
-for _name in ("sum", "mean", "max", "min", "argmax", "argmin", "var", "std", "norm", "cumsum", "topk", "all",
+for _name in ("sum", "prod", "mean", "max", "min", "argmax", "argmin", "var", "std", "norm", "cumsum", "topk", "all",
               "any", "allclose"):
     setattr(Tensor, _name, globals()[_name])

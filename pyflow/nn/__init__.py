@@ -11,7 +11,7 @@
 * ``batchnorm``  - ``BatchNorm1d``, ``BatchNorm2d``
 * ``normalization`` - ``LayerNorm``
 * ``sparse``     - ``Embedding``
-* ``rnn``        - ``LSTMCell``, ``LSTM``
+* ``rnn``        - ``LSTMCell``, ``LSTM``, ``GRU``
 * ``dropout``    - ``Dropout``
 * ``loss``       - ``MSELoss``, ``L1Loss``, ``SmoothL1Loss``, ``HuberLoss``, ``CrossEntropyLoss``, ``NLLLoss``,
                    ``BCELoss``, ``BCEWithLogitsLoss``, ``KLDivLoss``
@@ -44,12 +44,12 @@ from pyflow.nn.loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberL
 from pyflow.nn.module import Module
 from pyflow.nn.normalization import LayerNorm
 from pyflow.nn.parameter import Parameter
-from pyflow.nn.rnn import LSTM, LSTMCell
+from pyflow.nn.rnn import GRU, LSTM, LSTMCell
 from pyflow.nn.sparse import Embedding
 
 __all__ = ["functional", "init", "Parameter", "Module", "Sequential", "ModuleList", "Linear", "Flatten", "Identity",
            "Conv2d", "MaxPool2d", "AvgPool2d", "ReLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "BatchNorm1d",
-           "BatchNorm2d", "Embedding", "LSTMCell", "LSTM", "Dropout", "MSELoss", "CrossEntropyLoss", "NLLLoss",
+           "BatchNorm2d", "Embedding", "LSTMCell", "LSTM", "GRU", "Dropout", "MSELoss", "CrossEntropyLoss", "NLLLoss",
            "utils", "GELU", "LeakyReLU", "Softplus", "LogSigmoid", "LayerNorm", "L1Loss", "SmoothL1Loss", "HuberLoss",
            "BCELoss", "BCEWithLogitsLoss", "KLDivLoss"]
 

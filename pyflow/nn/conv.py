@@ -3,9 +3,9 @@
 ``Conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0)`` holds
 ``weight`` (out_channels, in_channels, kH, kW) and ``bias`` (out_channels,),
 initialised as PyTorch does: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with
-``fan_in = in_channels * kH * kW``.  The op is ``flow.nn.functional.conv2d``
-(one kernel, ``kernels/conv.py``); it has no groups and no dilation, so those
-arguments are refused with an error rather than ignored.
+``fan_in = in_channels / groups * kH * kW``.  The op is ``flow.nn.functional.conv2d``
+(one kernel, ``kernels/conv.py``); ``dilation`` and ``groups`` are compositions
+around it (``nn/conv_compose.py``): weight (out_channels, in_channels / groups, kH, kW).
 
 >>> import pyflow as flow
 >>> conv = Conv2d(1, 2, 3, padding=1)
@@ -36,15 +36,18 @@ def _pair(value, what: str, layer: str) -> tuple:
     return items
 
 
-def _padding(padding, kernel_size: tuple, stride: tuple) -> tuple:
-    """``padding`` as a pair; ``"valid"`` is no padding, ``"same"`` keeps H and W (stride 1, odd kernel)."""
+def _padding(padding, kernel_size: tuple, stride: tuple, dilation: tuple) -> tuple:
+    """``padding`` as a pair; ``"valid"`` is no padding, ``"same"`` keeps H and W (stride 1, and a dilated
+    kernel of odd size ``d (k - 1) + 1``)."""
     if padding == "valid":
         return (0, 0)
     if padding == "same":
-        if stride != (1, 1) or any(k % 2 == 0 for k in kernel_size):
-            raise ArgumentValueError(f"Conv2d: padding='same' needs stride 1 and an odd kernel here (pyflow "
-                                     f"pads both sides equally), got kernel_size={kernel_size}, stride={stride}")
-        return tuple(k // 2 for k in kernel_size)
+        span = tuple(d * (k - 1) + 1 for k, d in zip(kernel_size, dilation))
+        if stride != (1, 1) or any(n % 2 == 0 for n in span):
+            raise ArgumentValueError(f"Conv2d: padding='same' needs stride 1 and an odd (dilated) kernel here "
+                                     f"(pyflow pads both sides equally), got kernel_size={kernel_size}, "
+                                     f"dilation={dilation}, stride={stride}")
+        return tuple(n // 2 for n in span)
     return _pair(padding, "padding", "Conv2d")
 
 
@@ -54,22 +57,23 @@ class Conv2d(Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None) -> None:
         super().__init__()
-        if groups != 1:
-            raise ArgumentValueError(f"Conv2d: groups={groups} is not supported (pyflow's conv2d kernel has no "
-                                     "groups); use groups=1")
-        if _pair(dilation, "dilation", "Conv2d") != (1, 1):
-            raise ArgumentValueError(f"Conv2d: dilation={dilation} is not supported (pyflow's conv2d kernel has "
-                                     "no dilation); use dilation=1")
         if padding_mode != "zeros":
             raise ArgumentValueError(f"Conv2d: padding_mode={padding_mode!r} is not supported; only 'zeros'")
         for value, what in ((in_channels, "in_channels"), (out_channels, "out_channels")):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ArgumentValueError(f"Conv2d: {what} must be a positive int, got {value!r}")
-        self.in_channels, self.out_channels = in_channels, out_channels
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+            raise ArgumentValueError(f"Conv2d: groups must be a positive int, got {groups!r}")
+        if in_channels % groups or out_channels % groups:
+            raise ArgumentValueError(f"Conv2d: in_channels ({in_channels}) and out_channels ({out_channels}) must "
+                                     f"be divisible by groups ({groups})")
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size = _pair(kernel_size, "kernel_size", "Conv2d")
         self.stride = _pair(stride, "stride", "Conv2d")
-        self.padding = _padding(padding, self.kernel_size, self.stride)
-        self.weight = Parameter(empty(out_channels, in_channels, *self.kernel_size, device=device, dtype=dtype))
+        self.dilation = _pair(dilation, "dilation", "Conv2d")
+        self.padding = _padding(padding, self.kernel_size, self.stride, self.dilation)
+        self.weight = Parameter(empty(out_channels, in_channels // groups, *self.kernel_size, device=device,
+                                      dtype=dtype))
         if bias:
             self.bias = Parameter(empty(out_channels, device=device, dtype=dtype))
         else:
@@ -77,19 +81,24 @@ class Conv2d(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """PyTorch's default: weight and bias uniform in +-1/sqrt(in_channels * kH * kW)."""
+        """PyTorch's default: weight and bias uniform in +-1/sqrt(in_channels / groups * kH * kW)."""
         init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
-            bound = 1 / math.sqrt(self.in_channels * math.prod(self.kernel_size))
+            bound = 1 / math.sqrt(self.in_channels // self.groups * math.prod(self.kernel_size))
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return F.conv2d(input, self.weight, self.bias, stride=self.stride, padding=self.padding)
+        return F.conv2d(input, self.weight, self.bias, stride=self.stride, padding=self.padding,
+                        dilation=self.dilation, groups=self.groups)
 
     def extra_repr(self) -> str:
         text = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}")
         if self.padding != (0, 0):
             text += f", padding={self.padding}"
+        if self.dilation != (1, 1):
+            text += f", dilation={self.dilation}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
         return text + ("" if self.bias is not None else ", bias=False")
 
 

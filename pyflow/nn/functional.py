@@ -1,7 +1,8 @@
 """``flow.nn.functional``: the layers' computations as functions on tensors, as ``torch.nn.functional``.
 
 * ``conv2d``, ``max_pool2d``, ``avg_pool2d`` - one op each (``pyflow/ops/nn.py``, kernels in
-  ``kernels/conv.py``); ``relu``, ``sigmoid``, ``tanh``, ``softmax`` and ``log_softmax`` are
+  ``kernels/conv.py``; conv2d's ``dilation`` and ``groups`` are compositions around the op,
+  ``nn/conv_compose.py``); ``relu``, ``sigmoid``, ``tanh``, ``softmax`` and ``log_softmax`` are
   the same functions as ``flow.relu``...;
 * ``linear``, ``embedding``, ``dropout``, ``batch_norm``, ``layer_norm``, ``one_hot``, the
   activations ``gelu``, ``leaky_relu``, ``softplus``, ``logsigmoid`` and every loss (``mse_loss``,
@@ -38,7 +39,7 @@ from pyflow.framework.creation import arange, rand_like
 from pyflow.framework.functional import log_softmax, relu, sigmoid, softmax, sqrt, tanh, where
 from pyflow.framework.interpreter import apply
 from pyflow.framework.tensor import Tensor
-from pyflow.nn import pooling
+from pyflow.nn import conv_compose, pooling
 from pyflow.nn.module import ArgumentValueError, no_grad
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "relu", "sigmoid", "tanh", "softmax", "log_softmax", "linear",
@@ -47,11 +48,15 @@ __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "relu", "sigmoid", "tanh", "sof
            "binary_cross_entropy_with_logits", "kl_div", "nll_loss", "cross_entropy"]
 
 
-def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0) -> Tensor:  # noqa: A002
-    """2-D cross-correlation: input (N, C_in, H, W), weight (C_out, C_in, kH, kW), bias (C_out,)."""
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,  # noqa: A002
+           groups: int = 1) -> Tensor:
+    """2-D cross-correlation: input (N, C_in, H, W), weight (C_out, C_in / groups, kH, kW), bias (C_out,).
+    ``dilation`` and ``groups``: compositions around the op (``nn/conv_compose.py``)."""
     operands = [args.tensor(input, "conv2d"), args.tensor(weight, "conv2d")]
     if bias is not None:
         operands.append(args.tensor(bias, "conv2d"))
+    if dilation not in (1, (1, 1)) or groups != 1:
+        return conv_compose.conv2d(*operands, stride=stride, padding=padding, dilation=dilation, groups=groups)
     return apply("conv2d", operands, stride=stride, padding=padding)[0]
 
 

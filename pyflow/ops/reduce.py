@@ -1,12 +1,13 @@
-"""Reductions (sum, mean, max, min, argmax, argmin over axes), cumsum, topk, softmax / log_softmax.
+"""Reductions (sum, prod, mean, max, min, argmax, argmin over axes), cumsum, topk, softmax / log_softmax.
 
 Inference reuses the kernel library's own planning (``kernels/reduce.py``), so
-axes, keepdims, result dtypes (PyTorch's: the sum of bools and integers is
-int64) and empty-reduction errors are checked at the call.  ``reduce_mean``,
+axes, keepdims, result dtypes (PyTorch's: the sum or product of bools and integers
+is int64) and empty-reduction errors are checked at the call.  ``reduce_mean``,
 like ``torch.mean``, needs a floating input.
 
 Backward rules (below): a reduction's gradient is ``g`` put back on the reduced
-axes (kept as size 1) and expanded to the input's shape; ``max``/``min`` give it
+axes (kept as size 1) and expanded to the input's shape, times the product of the
+other elements for ``prod`` (written to be right with zeros); ``max``/``min`` give it
 to the elements equal to the result, shared evenly at ties (``torch.amax``'s
 choice); softmax and log_softmax use their outputs; ``topk`` scatters ``g`` to
 the indices it chose; ``argmax``/``argmin`` (integer results) have none.
@@ -27,6 +28,7 @@ import numpy as np
 
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.framework.functional import where
+from pyflow.framework.interpreter import apply
 from pyflow.framework.op_registry import BROADCAST_ONLY, NO_BACKWARD, OpDef, TensorMeta, register_op
 from pyflow.framework.sbp import P, S, Signature
 from pyflow.kernels.layout import normalize_axes, normalize_axis
@@ -36,7 +38,7 @@ from pyflow.ops._grad import keepdims_shape
 
 __all__ = ["REDUCE_OPS"]
 
-REDUCE_OPS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_mean", "argmax", "argmin")
+REDUCE_OPS = ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "reduce_mean", "argmax", "argmin")
 
 
 def _meta_array(meta):
@@ -123,6 +125,20 @@ def _sum_rule(ctx, g):
     return [_spread(ctx, g)]
 
 
+def _prod_rule(ctx, g):
+    """d prod / d x_i = the product of the other elements.  Dividing the product by ``x_i`` is wrong at a
+    zero, so, as PyTorch does, count the zeros of each reduced slice: none, ``prod / x``; exactly one, the
+    product of the nonzero others at that zero and 0 elsewhere; two or more, 0 everywhere."""
+    (x,), axes = ctx.inputs, _axes(ctx)
+    kept = keepdims_shape(ctx.input_shapes[0], ctx.attrs.get("axis"))
+    zero = x == 0
+    zeros = zero.sum(dim=axes, keepdim=True)
+    nonzero = where(zero, 1.0, x)
+    others = apply("reduce_prod", [nonzero], axis=axes, keepdims=True)[0]   # of the nonzero elements
+    grad = where(zeros == 0, others / nonzero, where(zero.logical_and(zeros == 1), others, 0.0))
+    return [g.reshape(kept).expand(x.shape) * grad]
+
+
 def _mean_rule(ctx, g):
     count = math.prod(ctx.input_shapes[0]) // max(1, math.prod(ctx.output_shapes[0]))
     return [_spread(ctx, g) / float(count)]
@@ -163,7 +179,7 @@ def _topk_rule(ctx, grads):
     return [ctx.zeros_like_input(0, g.dtype).scatter_add_(axis, indices, g)]
 
 
-_RULES = {"reduce_sum": _sum_rule, "reduce_mean": _mean_rule, "reduce_max": _extremum_rule,
+_RULES = {"reduce_sum": _sum_rule, "reduce_prod": _prod_rule, "reduce_mean": _mean_rule, "reduce_max": _extremum_rule,
           "reduce_min": _extremum_rule, "argmax": NO_BACKWARD, "argmin": NO_BACKWARD,
           "softmax": _softmax_rule, "log_softmax": _log_softmax_rule}
 
