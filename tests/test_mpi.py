@@ -456,9 +456,17 @@ def test_a_rank_that_raises_ends_every_process_with_an_error_naming_it():
 
 
 def mapped_shared_memory():
-    from pyflow.distributed.mpi import shared_memory_files
+    """The MPICH segments this process maps, by name, whether or not pyflow unlinked them already."""
+    with open("/proc/self/maps") as maps:
+        return sorted({line.split(None, 5)[5].strip().removesuffix(" (deleted)") for line in maps
+                       if "/dev/shm/mpich_shm_" in line})
 
-    return shared_memory_files()
+
+def _no_segment_left(job, nproc: int) -> None:
+    mapped = {path for rank in range(nproc) if job.outcome(rank, 0) for path in job.outcome(rank, 0)[1]}
+    if mpi_flavor() == "mpich":
+        assert mapped, job.explain()   # (the test would prove nothing without one)
+    assert not [path for path in mapped if os.path.exists(path)], job.explain()
 
 
 @needs_mpi
@@ -467,24 +475,41 @@ def test_an_aborted_job_leaves_no_shared_memory_segment_behind():
     job = run_job([call("tests.test_mpi:mapped_shared_memory"), call("tests.test_mpi:raise_while_others_wait")], 3)
     _ended_promptly(job)
     assert sorted(_errors(job, 3, index=1)) == [0, 1, 2], job.explain()
-    mapped = {path for rank in range(3) for path in job.outcome(rank, 0)[1]}
-    if mpi_flavor() == "mpich":
-        assert mapped, job.explain()   # (the test would prove nothing without one)
-    assert not [path for path in mapped if os.path.exists(path)], job.explain()
+    _no_segment_left(job, 3)
 
 
 @needs_mpi
-@pytest.mark.parametrize("launcher, how", [("mpiexec", "kill"), ("launch", "kill"), ("launch", "exit")])
+@pytest.mark.parametrize("how", ["kill", "exit"])
+def test_a_rank_that_dies_under_plain_mpiexec_leaves_no_shared_memory_segment_behind(how):
+    """Plain mpiexec kills every process at once (a signal), or after the dead rank's sentinel let go: nobody
+    could unlink MPICH's segment then, so every rank unlinks it at start-up, once all of them mapped it."""
+    job = run_job([call("tests.test_mpi:mapped_shared_memory"), call("tests.test_mpi:die_while_others_wait", how)],
+                  3)
+    _ended_promptly(job)
+    _no_segment_left(job, 3)
+
+
+@needs_mpi
+@pytest.mark.parametrize("launcher, how", [("mpiexec", "kill"), ("mpiexec", "exit"), ("launch", "kill"),
+                                           ("launch", "exit")])
 def test_a_rank_that_dies_in_a_collective_ends_every_process(launcher, how):
-    """Plain mpiexec: the process manager kills the others at once (Open MPI's names the dead rank, MPICH's
-    prints a PID).  launch: the rank's supervisor names it and exits with a status, MPICH tells the others
-    (-disable-auto-cleanup), and each names the dead rank; Open MPI ends them (``OPENMPI_ENDS_THE_JOB``)."""
+    """Plain mpiexec: Open MPI's process manager kills the others at once and names the dead rank.  MPICH's
+    kills them at once after a death by a signal (a PID in its banner; the rank's sentinel names it, too late
+    for the others); after an exit with a status it waits for the rank's sentinel, which names it, and the
+    other ranks name it too (their peer watch).  launch: the rank's supervisor names it and exits with a
+    status, MPICH tells the others (-disable-auto-cleanup), and each names the dead rank; Open MPI ends them
+    (``OPENMPI_ENDS_THE_JOB``)."""
     job = run_job([call("tests.test_mpi:die_while_others_wait", how)], 3, launcher=launcher)
     _ended_promptly(job)
     assert job.outcome(1, 0) is None
     openmpi = mpi_flavor() == "openmpi"
     if launcher == "mpiexec" and openmpi:   # its PID, or 0 (Open MPI on the H200 image, 2026-11-28)
         assert re.search(rf"process rank 1 with PID ({job.pids[1]}|0) on node", job.stderr), job.explain()
+    if launcher == "mpiexec" and not openmpi:
+        assert f"pyflow: rank 1 (pid {job.pids[1]} on " in job.stderr, job.explain()   # the sentinel
+        if how == "exit":   # and a surviving rank, before the job ends
+            assert re.search(rf"pyflow: rank [02] stops: rank 1 failed: its process died: pid {job.pids[1]} on ",
+                             job.stderr), job.explain()
     if launcher == "launch":
         said = ("was killed by signal 9 (SIGKILL)" if how == "kill" else
                 "exited with status 3 without pyflow's exit handler")

@@ -199,7 +199,8 @@ def _supervise(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGUSR1, quiet)   # MPICH's "a process died" is for the rank, not for its supervisor
     signal.signal(signal.SIGINT, quiet)    # Ctrl-C reaches the rank too (one process group): it decides
     child = subprocess.Popen([sys.executable, "-m", "pyflow.distributed.launch", "--rank-process", args.script,
-                              *args.script_args], close_fds=False)   # the PMI connection is inherited
+                              *args.script_args], close_fds=False,   # the PMI connection is inherited
+                             env=dict(os.environ, PYFLOW_SUPERVISED="1"))   # no sentinel: this is one
     status = child.wait()
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)   # stays ignored while this Python finalizes
     where = f"rank {rank} (pid {child.pid} on {socket.gethostname()})"

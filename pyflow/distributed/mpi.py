@@ -35,6 +35,12 @@ job, that process *is* its MPI rank.
   names the ones that do not answer in 2 s as dead.  ``launch`` runs with
   that flag and puts each rank under a supervisor that turns a death by a
   signal into an exit status (``launch.py``), so the dead rank is always named.
+  Under a plain ``mpiexec`` each rank starts a sentinel that holds what MPICH
+  watches (``mpi_sentinel.py``), and every rank watches the processes of its
+  machine's other ranks (``peers``, gathered here; ``mpi_watchdog.py``): a
+  rank that exits without pyflow is named before MPICH ends the job.  Every
+  rank unlinks MPICH's shared-memory segment once all have mapped it, so no
+  ending of a job leaves it in ``/dev/shm``.
   Open MPI's ``mpiexec`` has no such mode: when a process dies or exits with
   a non-zero status it names it (so does ``launch``'s supervisor) and ends the
   others itself, before they can name it (README, "What differs on Open MPI").
@@ -59,6 +65,7 @@ import threading
 import time
 
 from pyflow import env, vm
+from pyflow.distributed import mpi_sentinel
 from pyflow.distributed.transport import CollectiveDesc
 from pyflow.errors import DistributedError, RankAbortedError, RankError
 
@@ -116,6 +123,8 @@ def init_mpi(expect: tuple | None = None, timeout: float | None = None) -> env.R
                                "pip install -e '.[dist]' (or PYFLOW_MPI=0 to run as a world of one)") from None
     mpi4py.rc.finalize = False          # pyflow finalizes (or not, after an abort) in its exit handler
     mpi4py.rc.thread_level = "multiple"
+    if mpi_sentinel.hydra_without_supervisor():
+        mpi_sentinel.start()   # a plain MPICH mpiexec: this rank's death waits until the others named it
     from mpi4py import MPI
 
     from pyflow.distributed.mpi_commnet import CommNet
@@ -132,7 +141,9 @@ def init_mpi(expect: tuple | None = None, timeout: float | None = None) -> env.R
                                f"python -m pyflow.distributed.launch")
     local_rank = _local_rank(world, MPI)
     seconds = float(os.environ.get("PYFLOW_COLLECTIVE_TIMEOUT", "60")) if timeout is None else timeout
-    net = CommNet(world, seconds)
+    peers = dict(enumerate(world.allgather((socket.gethostname(), os.getpid()))))   # for the peer watch
+    _unlink_shared_memory()   # every rank of this machine mapped it (the allgather came after their MPI_Init)
+    net = CommNet(world, seconds, peers)
     ctx = env.RankContext(rank=rank, world_size=size, local_rank=local_rank, transport=MPITransport(net))
     env.set_process_context(ctx)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(local_rank),
@@ -270,16 +281,23 @@ def shared_memory_files() -> list:
     return sorted(path for path in found if not path.endswith("(deleted)"))
 
 
+def _unlink_shared_memory() -> None:
+    """Unlink the MPI segments this process maps.  MPICH unlinks them only in ``MPI_Finalize``, which a job that
+    is aborted or killed never reaches: each would stay in ``/dev/shm`` (2-3 MB per job and machine) until
+    reboot.  Safe once every rank of the machine mapped them: the ranks keep their memory, and ``MPI_Finalize``
+    does not mind that the file is gone.  Done at start-up, and again on an aborted exit (a segment made later)."""
+    for path in shared_memory_files():
+        try:
+            os.unlink(path)
+        except OSError:
+            pass   # another rank of this machine unlinked it first
+
+
 def _flush_and_exit(status: int, rank: int) -> None:
     _record_for_launch(rank, "exit", f"{status}\n")
+    mpi_sentinel.release()
     if status != 0:
-        # No MPI_Finalize after an abort, so MPICH would leave its segment in /dev/shm (about 3 MB per job and
-        # machine, until reboot).  Unlinking it is safe: the ranks still mapping it keep their memory.
-        for path in shared_memory_files():
-            try:
-                os.unlink(path)
-            except OSError:
-                pass   # another rank of this machine unlinked it first
+        _unlink_shared_memory()   # no MPI_Finalize after an abort
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -300,6 +318,7 @@ def _at_exit(net) -> None:
 
         _record_for_launch(net.rank, "exit", "0\n")
         MPI.Finalize()
+        mpi_sentinel.release()
         if threading.current_thread() is threading.main_thread():
             # done: a late "a process ended" from mpiexec (-disable-auto-cleanup) must not kill this one while
             # Python finalizes (it resets its own handlers to the default, which is to terminate)

@@ -160,10 +160,10 @@ class CommNet:
 
     ``coll`` carries collectives, ``p2p`` sends and recvs, ``ctl`` the control
     messages; all three are duplicates of ``comm`` (made here, on the caller's
-    thread, before the comm-net thread starts).
+    thread, before the comm-net thread starts).  ``peers``: rank -> (host, pid), for the watchdog's peer watch.
     """
 
-    def __init__(self, comm, timeout: float):
+    def __init__(self, comm, timeout: float, peers: dict | None = None):
         MPI = mpi()
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
         self.timeout = timeout
@@ -182,7 +182,7 @@ class CommNet:
         self.death: BaseException | None = None
         self.closed = False
         self._stopping = False
-        self.watchdog = CollectiveWatchdog(self)   # the other ranks' word, and the checks that end a stuck wait
+        self.watchdog = CollectiveWatchdog(self, peers)   # the others' word; the checks that end a wait
         self._gids: dict = {}                # group -> its bits of the message tags
         self.last_seen = "none"
         # counts the protocols keep (mpi_protocols.py): for goodbyes, and to pair up the recvs of one (src, tag)

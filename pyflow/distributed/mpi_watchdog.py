@@ -20,6 +20,13 @@ where      a call waiting longer than ``PYFLOW_COLLECTIVE_TIMEOUT`` asks every r
            same when MPI's process manager says a process died, and names the ranks that are silent
 =========  ========================================================================================
 
+It also watches the processes of the other ranks on this machine (``peers``: every rank's host
+and pid, gathered at start-up): one that ended without saying goodbye died, and every wait ends
+with ``RankAbortedError`` naming it and how it ended (``rank 1 failed: its process died: pid 4242
+on node0 was killed by signal 9 (SIGKILL)``).  Under a plain MPICH ``mpiexec`` that is the only
+word about a dead rank (its process manager kills the others a few seconds later, once the dead
+rank's sentinel lets go: ``mpi_sentinel.py``); under ``launch`` it comes before MPICH's ``SIGUSR1``.
+
 It runs on the comm-net thread (no lock of its own; ``CommNet.close`` only reads ``departed()``):
 it reads the CommNet's counts and operations in flight, and acts through it (``tell``,
 ``finish``, ``abort_here``).
@@ -30,17 +37,20 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import socket
 import sys
 import sysconfig
 import threading
 import time
 
+from pyflow.distributed.mpi_sentinel import how_it_ended
 from pyflow.errors import CollectiveMismatchError, CollectiveTimeoutError, RankAbortedError
 
 __all__ = ["CollectiveWatchdog", "user_line"]
 
 _PROBE_SECONDS = 0.5    # a collective waiting this long tells the ranks it waits for (divergence check)
 _ANSWER_SECONDS = 1.5   # how long the watchdog waits for the answers to "where are you?"
+_PEER_SECONDS = 0.1     # how often it looks at the processes of the other ranks on this machine
 
 _NOT_USER = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}) + (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "<")   # ... + pyflow/, "<frozen ...>"
@@ -71,8 +81,12 @@ class _PeerWait:
 class CollectiveWatchdog:
     """One CommNet's view of the other ranks, and the checks that turn a wait that cannot end into an error."""
 
-    def __init__(self, net):
+    def __init__(self, net, peers: dict | None = None):
         self.net = net                # the CommNet: its rank, counts, operations in flight and control channel
+        here = socket.gethostname()   # peers: rank -> (host, pid); the ones on this machine are watched
+        self.neighbours = {r: pid for r, (host, pid) in (peers or {}).items() if host == here and r != net.rank}
+        self.ended: dict = {}         # rank -> how its process ended, seen once (confirmed at the next look)
+        self.next_peer_look = 0.0
         self.peer_waits: dict = {}    # rank -> _PeerWait
         self.gone: dict = {}          # rank -> (collectives started per group, sends per (dst, tag)) | None
         self.dead: set = set()        # ranks whose process died (the census)
@@ -135,6 +149,28 @@ class CollectiveWatchdog:
             net.abort_here(silent[0], f"its process died (MPI's process manager reported a failed process, and "
                                       f"rank(s) {silent} did not answer)", broadcast=False)
 
+    # --- the peer watch: the processes of the other ranks on this machine ---------------------------------------------
+
+    def _look_at_peers(self) -> None:
+        """A peer whose process ended twice in a row without a goodbye died: abort, naming it and how it ended.
+        (Twice: a rank that ends cleanly has said goodbye before, but the control channel may hand it over
+        only after this look.)"""
+        net = self.net
+        for r, pid in self.neighbours.items():
+            if r in self.gone or r in self.dead:
+                continue
+            how = how_it_ended(pid)
+            if how is None:
+                self.ended.pop(r, None)
+                continue
+            if r not in self.ended:
+                self.ended[r] = how
+                continue
+            self.dead.add(r)
+            if net.aborted is None:
+                net.abort_here(r, f"its process died: pid {pid} on {socket.gethostname()} {self.ended[r]}",
+                               broadcast=False)
+
     # --- the checks -------------------------------------------------------------------------------------------------
 
     def watch(self) -> None:
@@ -143,6 +179,9 @@ class CollectiveWatchdog:
         now = time.monotonic()
         if self.census is not None:
             self._check_census(now)
+        if now >= self.next_peer_look:
+            self.next_peer_look = now + _PEER_SECONDS
+            self._look_at_peers()
         for op in list(net.active):
             if not op.waited or op.finished:
                 continue
