@@ -14,8 +14,9 @@ Operands are read through their strides (``kernels/layout.py``): ``a.T``, a
 sliced view or a batch broadcast with stride 0 is never copied.  The host turns
 every operand into (batch shape, rows, cols) with one stride per dimension.
 
-The CUDA kernel is the classic shared-memory tiled matmul (MiniTorch's
-"matmul practice"), built per tile size and dtype by ``make_matmul_kernel``.
+The CUDA kernel is the shared-memory tiled matmul (MiniTorch's "matmul
+practice") with a register tile per thread, built per tile size, dtype and
+outputs per thread by ``make_matmul_kernel``.
 float32 inputs accumulate in float32, like cuBLAS by default.
 The CPU twin is ``np.matmul(a, b, out=out)``.
 
@@ -46,93 +47,124 @@ from pyflow.kernels.layout import as_kernel_shape, flat, may_overlap, padded_str
 from pyflow.kernels.registry import register
 
 __all__ = ["make_matmul_kernel", "matmul_cuda", "matmul_result_dtype", "matmul_shape",
-           "default_tile", "MATMUL_DTYPES", "GPU_TILE", "SIM_TILE", "MAX_GRID_Z"]
+           "default_tile", "MATMUL_DTYPES", "GPU_TILE", "GPU_PER_THREAD", "SIM_TILE", "MAX_GRID_Z"]
 
 # Of kernels/dtypes.py: no bool, no 8/16-bit types (they would overflow in their own dtype, as numpy's do).
 MATMUL_DTYPES = tuple(d for d in SUPPORTED_DTYPES if d.name in ("float32", "float64", "int32", "int64"))
 GPU_TILE = 16      # 16 x 16 = 256 threads per block
+GPU_PER_THREAD = 4  # each thread computes 4 x 4 outputs: a block computes a 64 x 64 tile of out
 SIM_TILE = 4       # 16 simulated threads per block: every thread is a Python thread
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z; further batches loop inside the kernel
 
 
-def default_tile(work: int = 0) -> int:
-    """The tile side the registered ``matmul`` uses: 16 on a GPU, 4 in the simulator's threaded tier.
+def default_tile(work: int = 0) -> tuple:
+    """(tile, per_thread) for the registered ``matmul``: (16, 4) on a GPU, (4, 1) in the simulator's threaded tier.
 
     ``work`` (its multiply-adds, or its largest operand's elements if more) says whether a simulated
     launch will be compiled (``launch.compiled_launch``); there a thread costs no Python thread, so a
-    GPU's tile serves.
+    GPU's configuration serves.  The threaded tier keeps the classic kernel (one output per thread):
+    its cost is Python threads and barrier arrivals, and a thread's arithmetic runs in Python.
     """
-    return SIM_TILE if is_simulator() and not compiled_launch(work) else GPU_TILE
+    if is_simulator() and not compiled_launch(work):
+        return SIM_TILE, 1
+    return GPU_TILE, GPU_PER_THREAD
 
 
 # --- device code ----------------------------------------------------------------
 
 
 @functools.cache
-def make_matmul_kernel(tile: int, dtype) -> object:
-    """The tiled matmul kernel for ``tile`` x ``tile`` blocks, computing in ``dtype``.
+def make_matmul_kernel(tile: int, dtype, per_thread: int = 1) -> object:
+    """The tiled matmul kernel for ``tile`` x ``tile`` threads per block, computing in ``dtype``.
 
-    ``dtype`` (a numpy dtype, the result dtype) types the shared tiles and the
-    accumulator; shared arrays need it, and their shape ``(TILE, TILE)``, at
-    compile time, so each (tile, dtype) gets its own kernel.
+    Each thread computes ``per_thread`` x ``per_thread`` outputs (a register tile), so a block
+    computes a (tile * per_thread)-square tile of ``out``.  With ``per_thread=1`` this is the
+    classic shared-memory kernel (MiniTorch's "matmul practice"): per multiply-add a thread reads
+    two shared values.  With ``per_thread=R`` it reads 2R shared values per R*R multiply-adds, the
+    rest comes from registers: what a GPU's fast matmuls do, and what lets the simulator's compiled
+    tier keep a thread's work in CPU registers (its local arrays live on the stack).
+
+    ``dtype`` (a numpy dtype, the result dtype) types the shared tiles and the accumulators;
+    shared and local arrays need it, and their shapes, at compile time, so each
+    (tile, dtype, per_thread) gets its own kernel.
     """
-    TILE = int(tile)
+    T = int(tile)
+    R = int(per_thread)
+    BM = T * R   # rows (and columns) of out per block
     ACC = from_dtype(np.dtype(dtype))
 
     @jit
     def matmul_tiled(out, out_strides, a, a_strides, b, b_strides, batch_shape, m, n, k, batches):
-        """``out[z] = a[z] @ b[z]`` for every batch index ``z``, one output tile per block.
+        """``out[z] = a[z] @ b[z]`` for every batch index ``z``, one BM x BM tile of ``out`` per block.
 
-        Layout: every operand is flat storage plus strides over (batch..., rows,
-        cols); ``batch_shape`` is the broadcast batch shape ((1,) when none).
+        Layout: every operand is flat storage plus strides over (batch..., rows, cols);
+        ``batch_shape`` is the broadcast batch shape ((1,) when none).
         Grid: x -> column tiles of ``out``, y -> row tiles, z -> batches (a
-        grid-stride loop past gridDim.z).  Block: TILE x TILE threads; thread
-        (ty, tx) owns ``out[row, col]`` with row = by*TILE+ty, col = bx*TILE+tx.
+        grid-stride loop past gridDim.z).  Block: T x T threads; thread (ty, tx)
+        owns the R x R outputs at rows ``row0 + ty + i*T``, cols ``col0 + tx + j*T``
+        (i, j < R): strided, so the threads of a warp write neighbouring columns.
 
         Rules kept: each element of ``a`` and ``b`` is read from global memory
         once per block that needs it (into shared memory), each output element is
         written once; cells outside the matrices load as 0, so partial tiles need
         no special case; every thread reaches every ``syncthreads`` (loads and the
-        store are guarded, nobody returns early).
+        store are guarded, nobody returns early).  Every output sums its K products
+        in order, k = 0, 1, ..., whatever T and R: the same bits for every tiling.
         """
-        sa = cuda.shared.array((TILE, TILE), dtype=ACC)
-        sb = cuda.shared.array((TILE, TILE), dtype=ACC)
+        sa = cuda.shared.array((BM, T), dtype=ACC)    # rows of a x a K-step
+        sb = cuda.shared.array((T, BM), dtype=ACC)    # a K-step x columns of b
+        acc = cuda.local.array((R, R), dtype=ACC)     # this thread's outputs
+        ra = cuda.local.array(R, dtype=ACC)           # its rows' values at one k
+        rb = cuda.local.array(R, dtype=ACC)           # its columns' values at one k
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
-        row = cuda.blockIdx.y * TILE + ty
-        col = cuda.blockIdx.x * TILE + tx
+        row0 = cuda.blockIdx.y * BM
+        col0 = cuda.blockIdx.x * BM
         r = len(batch_shape)  # strides[r] steps a row, strides[r + 1] a column
         z = cuda.blockIdx.z
         # Code plan (per batch z of this block; the same z for the whole block):
         # 1. find where batch z starts in each operand (broadcast dims: stride 0);
-        # 2. for each K-step of TILE: each thread copies one cell of the A tile
-        #    (rows of this block) and one of the B tile (cols of this block) into
-        #    shared memory, 0 outside the matrices; barrier;
-        # 3. each thread adds TILE products of its row of sa and column of sb;
-        #    barrier, so nobody overwrites the tiles while others still read them;
-        # 4. threads inside the output write their sum once.
+        # 2. for each K-step of T: each thread copies R cells of the A tile
+        #    (rows ty + i*T, column tx) and R of the B tile (row ty, columns
+        #    tx + j*T) into shared memory, 0 outside the matrices; barrier;
+        # 3. for each k of the step, each thread reads its R rows' and R columns'
+        #    values and adds the R*R products; barrier, so nobody overwrites the
+        #    tiles while others still read them;
+        # 4. threads write their outputs that are inside ``out``, once.
         while z < batches:
             a0 = position(z, batch_shape, a_strides)
             b0 = position(z, batch_shape, b_strides)
             o0 = position(z, batch_shape, out_strides)
-            acc = ACC(0)
-            for k0 in range(0, k, TILE):
-                ka = k0 + tx
-                if row < m and ka < k:
-                    sa[ty, tx] = a[a0 + row * a_strides[r] + ka * a_strides[r + 1]]
-                else:
-                    sa[ty, tx] = 0
-                kb = k0 + ty
-                if kb < k and col < n:
-                    sb[ty, tx] = b[b0 + kb * b_strides[r] + col * b_strides[r + 1]]
-                else:
-                    sb[ty, tx] = 0
+            for i in range(R):
+                for j in range(R):
+                    acc[i, j] = 0
+            for k0 in range(0, k, T):
+                for i in range(R):
+                    row = row0 + ty + i * T
+                    if row < m and k0 + tx < k:
+                        sa[ty + i * T, tx] = a[a0 + row * a_strides[r] + (k0 + tx) * a_strides[r + 1]]
+                    else:
+                        sa[ty + i * T, tx] = 0
+                    col = col0 + tx + i * T
+                    if k0 + ty < k and col < n:
+                        sb[ty, tx + i * T] = b[b0 + (k0 + ty) * b_strides[r] + col * b_strides[r + 1]]
+                    else:
+                        sb[ty, tx + i * T] = 0
                 cuda.syncthreads()
-                for j in range(TILE):
-                    acc += sa[ty, j] * sb[j, tx]
+                for kk in range(T):
+                    for i in range(R):
+                        ra[i] = sa[ty + i * T, kk]
+                        rb[i] = sb[kk, tx + i * T]
+                    for i in range(R):
+                        for j in range(R):
+                            acc[i, j] += ra[i] * rb[j]
                 cuda.syncthreads()
-            if row < m and col < n:
-                out[o0 + row * out_strides[r] + col * out_strides[r + 1]] = acc
+            for i in range(R):
+                row = row0 + ty + i * T
+                for j in range(R):
+                    col = col0 + tx + j * T
+                    if row < m and col < n:
+                        out[o0 + row * out_strides[r] + col * out_strides[r + 1]] = acc[i, j]
             z += cuda.gridDim.z
 
     return matmul_tiled
@@ -226,14 +258,25 @@ def _check_tile(tile) -> int:
     return int(tile)
 
 
-def matmul_cuda(out, a, b, *, tile: int | None = None, stream=0) -> None:
-    """``out[...] = a @ b`` on the device, with ``tile`` x ``tile`` blocks (default: ``default_tile()``).
+def _check_per_thread(per_thread) -> int:
+    if isinstance(per_thread, bool) or not isinstance(per_thread, (int, np.integer)) or not 1 <= per_thread <= 8:
+        raise LaunchConfigError(f"matmul: per_thread must be an int from 1 to 8 (per_thread**2 outputs "
+                                f"per thread, in registers), got {per_thread!r}")
+    return int(per_thread)
+
+
+def matmul_cuda(out, a, b, *, tile: int | None = None, per_thread: int | None = None, stream=0) -> None:
+    """``out[...] = a @ b`` on the device: ``tile`` x ``tile`` threads per block, each computing
+    ``per_thread`` x ``per_thread`` outputs (defaults: ``default_tile()``; a ``tile`` given alone
+    computes one output per thread).
 
     Its work, for the simulator's choice of tier, is its multiply-adds (``batches * m * n * k``): a
     threaded launch costs a Python thread per output element and a barrier per tile of ``k``.
     """
     if tile is not None:
         tile = _check_tile(tile)
+    if per_thread is not None:
+        per_thread = _check_per_thread(per_thread)
     require_device_arrays("matmul", out, a, b)
     shape = _check(out, a, b)
     if math.prod(shape) == 0:
@@ -251,9 +294,13 @@ def matmul_cuda(out, a, b, *, tile: int | None = None, stream=0) -> None:
         a_strides, b_strides, o_strides = (0,) + a_strides, (0,) + b_strides, (0,) + o_strides
     batches = math.prod(batch)
     work = max(a.size, b.size, out.size, batches * m * n * k)
-    tile = _check_tile(default_tile(work)) if tile is None else tile
-    grid = (math.ceil(n / tile), math.ceil(m / tile), min(batches, MAX_GRID_Z))
-    kernel = make_matmul_kernel(tile, np.dtype(out.dtype))
+    if tile is None:
+        tile, default_per_thread = default_tile(work)
+        per_thread = default_per_thread if per_thread is None else per_thread
+    per_thread = 1 if per_thread is None else per_thread
+    side = tile * per_thread   # of the tile of ``out`` each block computes
+    grid = (math.ceil(n / side), math.ceil(m / side), min(batches, MAX_GRID_Z))
+    kernel = make_matmul_kernel(tile, np.dtype(out.dtype), per_thread)
     with one_operation(work):
         launcher(kernel, grid, (tile, tile), stream)(
             flat(out)[0], o_strides, flat(a)[0], a_strides, flat(b)[0], b_strides,
@@ -282,13 +329,13 @@ def ptx_cases():
 
     i64 = types.int64
     cases = []
-    for tile in (GPU_TILE, 4):
+    for tile, per_thread in ((GPU_TILE, GPU_PER_THREAD), (GPU_TILE, 1), (SIM_TILE, 1)):
         for a, b in (("float32", "float32"), ("float64", "float64"), ("int32", "int32"),
                      ("int64", "int64"), ("int32", "float32")):
             result = matmul_result_dtype(a, b)
             for nb in (1, 2):  # batch rank 1 (also "no batch") and 2
                 t = tuple_of(nb + 2)
                 argtypes = (array(result.name), t, array(a), t, array(b), t, tuple_of(nb), i64, i64, i64, i64)
-                cases.append((f"matmul_tiled[tile={tile},{a}@{b},batch rank {nb}]",
-                              make_matmul_kernel(tile, result).py_func, argtypes, False))
+                cases.append((f"matmul_tiled[tile={tile},per_thread={per_thread},{a}@{b},batch rank {nb}]",
+                              make_matmul_kernel(tile, result, per_thread).py_func, argtypes, False))
     return cases

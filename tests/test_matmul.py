@@ -144,13 +144,49 @@ def test_every_tile_size_gives_the_numpy_result(data, tile, m, n, k, dtype):
     assert_matmul_close(result, a.numpy(), b.numpy(), what=f"tile {tile}: ({m},{k}) @ ({k},{n})")
 
 
-@pytest.mark.parametrize("tile", [2, 3, 4, 5])
+@given(data=st.data(), tile=st.integers(1, 4), per_thread=st.integers(1, 3), m=st.integers(1, 9),
+       n=st.integers(1, 9), k=st.integers(1, 9), dtype=dtypes)
+def test_every_register_tile_gives_the_numpy_result(data, tile, per_thread, m, n, k, dtype):
+    """Each thread computes per_thread x per_thread outputs: partial register tiles in M and N too."""
+    a = data.draw(operands((m, k), dtype), label="a")
+    b = data.draw(operands((k, n), dtype), label="b")
+    out = empty_on("cuda", (m, n), matmul_result_dtype(a.numpy().dtype, b.numpy().dtype))
+    matmul_cuda(out, a.on("cuda"), b.on("cuda"), tile=tile, per_thread=per_thread)
+    assert_matmul_close(to_host(out), a.numpy(), b.numpy(),
+                        what=f"tile {tile}, per_thread {per_thread}: ({m},{k}) @ ({k},{n})")
+
+
+@given(tile=st.integers(1, 4), per_thread=st.integers(1, 3), m=st.integers(1, 8), n=st.integers(1, 8),
+       k=st.integers(1, 12), seed=st.integers(0, 2**16))
+def test_every_tiling_sums_in_the_same_order(tile, per_thread, m, n, k, seed):
+    """The same float32 bits for any tile and register tile: each output adds its products k = 0, 1, ...,
+    so a change of launch configuration (a GPU's or the simulator's) never changes a result."""
+    a, b = values((m, k), np.float32, seed=seed), values((k, n), np.float32, seed=seed + 1)
+    results = []
+    for config in ((1, 1), (tile, per_thread)):
+        out = cuda.device_array((m, n), np.float32)
+        matmul_cuda(out, cuda.to_device(a), cuda.to_device(b), tile=config[0], per_thread=config[1])
+        results.append(out.copy_to_host())
+    np.testing.assert_array_equal(results[1], results[0])
+
+
+@pytest.mark.parametrize("per_thread", [0, 9, 2.0, True])
+def test_bad_per_thread_is_refused(per_thread):
+    a = cuda.device_array((2, 2), np.float32)
+    with pytest.raises(LaunchConfigError, match="per_thread must be an int from 1 to 8"):
+        matmul_cuda(a, cuda.to_device(np.ones((2, 2), np.float32)), cuda.to_device(np.ones((2, 2), np.float32)),
+                    per_thread=per_thread)
+
+
+@pytest.mark.parametrize("tile, per_thread", [(2, 1), (3, 1), (4, 1), (5, 1), (2, 2), (1, 3)])
 @pytest.mark.parametrize("dtype", [np.float32, np.int64])
-def test_several_blocks_in_every_grid_direction(tile, dtype):
-    """(2, 7, 7) @ (7, 6): 2-4 blocks along x and y, 2 batches along z, 2-4 K-steps."""
+def test_several_blocks_in_every_grid_direction(tile, per_thread, dtype):
+    """(2, 7, 7) @ (7, 6): 2-4 blocks along x and y, 2 batches along z, 2-7 K-steps."""
     a, b = values((2, 7, 7), dtype, seed=tile), values((7, 6), dtype, seed=10 + tile)
-    result = run_matmul("cuda", permuted_view(cuda.to_device(a), (0, 2, 1)), cuda.to_device(b), tile=tile)
-    assert_matmul_close(result, a.transpose(0, 2, 1), b, what=f"tile {tile}")
+    out = cuda.device_array((2, 7, 6), dtype)
+    matmul_cuda(out, permuted_view(cuda.to_device(a), (0, 2, 1)), cuda.to_device(b), tile=tile,
+                per_thread=per_thread)
+    assert_matmul_close(out.copy_to_host(), a.transpose(0, 2, 1), b, what=f"tile {tile}, per_thread {per_thread}")
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -305,3 +305,74 @@ def test_a_big_reductions_small_final_pass_runs_on_the_tier_of_its_first_pass(mo
         got = flow.tensor(x, device="cuda").sum().numpy()
     assert [tier for _, tier in seen] == ["compiled", "compiled"], seen
     np.testing.assert_allclose(got, x.sum(dtype=np.float64), rtol=1e-5)
+
+
+@pytest.mark.parametrize("read_first", [False, True], ids=["first launch at exit", "pool made before"])
+def test_launches_left_for_the_exit_drain_run_on_the_compiled_tier(tmp_path, read_first):
+    """A script's last ops, never read (an optimizer's step), run when pyflow drains its streams at exit.
+    Python's executors refuse new work by then; a compiled launch must still run, not fail."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "last_step.py"
+    script.write_text(
+        "import numpy as np\nimport pyflow as flow\n"
+        "x = flow.tensor(np.ones((64, 64), np.float32), device='cuda')\n"
+        + ("assert (x * 2).numpy().sum() == 8192\n" if read_first else "")
+        + "y = x + 1\ny.add_(1)\n")
+    env = {**os.environ, "PYFLOW_SIM_TIER": "compiled"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and "failed" not in done.stderr, done.stderr
+
+
+@jit
+def local_arrays_across_barriers(x, out, rounds, stop_at):
+    """Per thread, three running values in a local array that outlives every barrier, and a local
+    array passed whole to a loop's arithmetic; rounds end early (break) for a block-uniform ``stop_at``."""
+    acc = cuda.local.array(3, np.float64)
+    scratch = cuda.local.array((2, 2), np.float64)
+    s = cuda.shared.array(16, np.float64)
+    t = cuda.threadIdx.x
+    for i in range(3):
+        acc[i] = x[t] + i
+    for r in range(rounds):
+        if r == stop_at:
+            break
+        s[t] = acc[r % 3]
+        cuda.syncthreads()
+        scratch[0, 0] = s[(t + 1) % cuda.blockDim.x]
+        scratch[1, 1] = acc[(r + 1) % 3]
+        acc[(r + 1) % 3] = scratch[0, 0] * 0.5 + scratch[1, 1]
+        cuda.syncthreads()
+    out[t] = acc[0] * 100 + acc[1] * 10 + acc[2]
+
+
+@given(x=st.lists(st.integers(-5, 5), min_size=8, max_size=8), rounds=st.integers(0, 5),
+       stop_at=st.integers(-1, 5))
+@settings(max_examples=15, deadline=None)
+def test_local_arrays_worked_on_from_the_stack_keep_their_values_across_barriers(x, rounds, stop_at):
+    """The compiled tier copies a small local array to the node's stack within a region and back at
+    each way out (the end, a block-level break): the same values as the threaded tier."""
+    results = []
+    for tier in TIERS:
+        out = cuda.device_array(8, np.float64)
+        run(tier, local_arrays_across_barriers, (1, 8), cuda.to_device(np.array(x, np.float64)), out, rounds,
+            stop_at)
+        results.append(out.copy_to_host())
+    np.testing.assert_array_equal(results[1], results[0])
+
+
+def test_a_register_tiled_matmul_keeps_its_accumulators_on_the_stack():
+    """The matmul's per-thread tiles are worked on as stack arrays (where LLVM keeps them in registers)."""
+    from pyflow.kernels.matmul import make_matmul_kernel
+
+    kernel = make_matmul_kernel(4, np.dtype(np.float32), 2)
+    a, b = np.arange(35, dtype=np.float32).reshape(5, 7), np.ones((7, 6), np.float32)
+    out = cuda.device_array((5, 6), np.float32)
+    shape = (0, 7, 1), (0, 6, 1)
+    run("compiled", kernel, ((1, 1, 1), (4, 4, 1)), out.reshape(-1), shape[1], cuda.to_device(a.reshape(-1)),
+        shape[0], cuda.to_device(b.reshape(-1)), shape[1], np.ones(1, np.int64), 5, 6, 7, 1)
+    np.testing.assert_array_equal(out.copy_to_host(), a @ b)
+    source = open(sim.explain(kernel).split("compiled (")[1].split(")")[0]).read()
+    assert "acc = cu_lo2_on_stack(); cu_rt.copy_array(acc, cu_lo2[cu_g])" in source

@@ -221,14 +221,14 @@ def _flow(w, nodes: list, args: str, in_loop: bool) -> None:
                 _flow(w, node.body, args, in_loop=True)
         else:
             counter = f"cu_i{node.id}"
-            out(f"cu_code, cu_lo{node.id}, cu_hi{node.id}, cu_st{node.id}, cu_any = cu_bounds_{node.id}(0, cu_b, {args})")
+            out(f"cu_code, cu_from{node.id}, cu_to{node.id}, cu_step{node.id}, cu_any = cu_bounds_{node.id}(0, cu_b, {args})")
             with out.block("if cu_code != cu_rt.OK:"):
                 out("return cu_code")
             with out.block("if not cu_any:"):
                 out("return cu_rt.OK")
-            with out.block(f"if cu_st{node.id} == 0:"):
+            with out.block(f"if cu_step{node.id} == 0:"):
                 out('raise ValueError("range() arg 3 must not be zero (a for loop around a barrier)")')
-            with out.block(f"for {counter} in range(cu_lo{node.id}, cu_hi{node.id}, cu_st{node.id}):"):
+            with out.block(f"for {counter} in range(cu_from{node.id}, cu_to{node.id}, cu_step{node.id}):"):
                 with out.block("if cu_rt.cancelled(cu_cancel):"):
                     out("return cu_rt.CANCELLED")
                 if node.id in w.assigns:   # the loop variable, stored for every thread

@@ -42,7 +42,7 @@ from numba.core import types as nbtypes
 
 from pyflow.errors import DeadlockError, DivergentBarrierError, GridSyncExitError, KernelError, KernelHangError
 
-from . import cpu_runtime, grid_machine, scopes
+from . import cpu_runtime, grid_machine, scopes, workers
 from .fission import Region, split, variables
 from .translate import BARRIERS, CONTEXT, Unsupported, numba_type_source, translate
 from .writer import write_module
@@ -63,11 +63,7 @@ from pyflow.kernels.sim.scopes import (
 _RUNTIME_STAMP = hashlib.sha1((inspect.getsource(cpu_runtime) + inspect.getsource(scopes)
                                 + inspect.getsource(grid_machine)).encode()).hexdigest()[:12]
 _POLL_SECONDS = 0.02
-_STOP_SECONDS = 10.0   # how long a cancelled launch may take to notice
 _MIN_PART_WORK = 4096   # a core is worth its hand-off for a range of blocks with this much work (threads, elements)
-_pool: concurrent.futures.ThreadPoolExecutor | None = None        # launches (one worker each)
-_part_pool: concurrent.futures.ThreadPoolExecutor | None = None   # the other ranges of a launch's blocks
-_pool_lock = threading.Lock()
 
 
 def cache_dir() -> str:
@@ -107,37 +103,6 @@ def _load(source: str, stem: str):
         del sys.modules[name]
         raise
     return module
-
-
-def _stop(future, cancel) -> bool:
-    """Ask a launch to stop and wait a little; False (and a fresh pool for later launches) if it goes on."""
-    global _pool
-    cancel[0] = 1
-    concurrent.futures.wait([future], timeout=_STOP_SECONDS)
-    if future.done():
-        return True
-    global _part_pool
-    with _pool_lock:   # the stuck workers keep their threads; later launches get threads of their own
-        _pool = _part_pool = None
-    return False
-
-
-def _pool_submit(fn):
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2),
-                                                          thread_name_prefix="pyflow-sim-compiled")
-        return _pool.submit(fn)
-
-
-def _part_submit(fn):
-    global _part_pool
-    with _pool_lock:
-        if _part_pool is None:
-            _part_pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1),
-                                                               thread_name_prefix="pyflow-sim-blocks")
-        return _part_pool.submit(fn)
 
 
 def block_ranges(blocks: int, work: int, independent: bool, cores: int) -> list:
@@ -347,13 +312,13 @@ class CompiledKernel:
                 return 0, _drive(prepared.module, grid, block, dynshared, args, report[0], where[0], cancel)
             return _drive_ranges(prepared.module, ranges, grid, block, dynshared, args, report, where, cancel)
 
-        future = _pool_submit(work)
+        future = workers.launch_submit(work)
         try:
             part, code = self._watch(future, where, cancel, hang_timeout, worker)
         except KernelHangError:
             raise
         except KeyboardInterrupt:
-            _stop(future, cancel)
+            workers.stop(future, cancel)
             raise
         except _PartFailed as failed:
             raise self._located(failed.error, prepared, grid, block, where[failed.part]) from failed.error
@@ -375,7 +340,7 @@ class CompiledKernel:
                 last, since = seen, now
             elif hang_timeout is not None and now - since > hang_timeout:
                 doing = _doing(worker)
-                stopped = _stop(future, cancel)
+                stopped = workers.stop(future, cancel)
                 raise KernelHangError(
                     f"kernel {self.name!r} made no progress for {hang_timeout:g} s (compiled tier; "
                     f"last in block number {where[0, 1]}, thread number {where[0, 2]}); "
@@ -487,7 +452,7 @@ def _drive_ranges(module, ranges, grid, block, dynshared, args, report, where, c
         except Exception as error:   # reported below, in range order
             return _PartFailed(i, error)
 
-    others = [_part_submit(lambda i=i: part(i)) for i in range(1, len(ranges))]
+    others = [workers.part_submit(lambda i=i: part(i)) for i in range(1, len(ranges))]
     outcomes = [part(0)] + [f.result() for f in others]
     for i, outcome in enumerate(outcomes):
         if isinstance(outcome, _PartFailed):

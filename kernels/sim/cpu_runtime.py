@@ -27,6 +27,10 @@ Launch results (``launch`` returns one; ``report`` holds the details):
 
 from __future__ import annotations
 
+import functools
+import math
+
+import numba
 import numpy as np
 from numba import njit, types
 from numba.core import cgutils
@@ -37,7 +41,8 @@ __all__ = ["JIT", "JIT_OPTIONS", "INNER", "DRIVER", "INNER_UNCHECKED", "DRIVER_U
            "GROUP_KEY", "FELL_THROUGH", "EXITED", "BROKE", "CONTINUED", "STOPPED", "UNINITIALIZED_BYTE",
            "atomic_add", "atomic_sub", "atomic_and_", "atomic_or_", "atomic_xor", "atomic_inc", "atomic_dec",
            "atomic_exch", "atomic_max", "atomic_min", "atomic_nanmax", "atomic_nanmin", "atomic_cas",
-           "atomic_compare_and_swap", "garbage", "array_at", "keep_array", "keep_array_everywhere"]
+           "atomic_compare_and_swap", "garbage", "array_at", "keep_array", "keep_array_everywhere", "stack_array",
+           "copy_array"]
 
 # boundscheck: an index out of range raises IndexError, as the threaded tier's numpy does;
 # error_model="numpy": integer division by zero gives 0 and float division inf/nan, as on a GPU;
@@ -111,6 +116,52 @@ def array_at(typingctx, address, shape, dtype):
         populate_array(array, data=data, shape=sizes, strides=strides, itemsize=intp(itemsize), meminfo=None)
         return array._getvalue()
     return result(address, shape, dtype), codegen
+
+
+@functools.cache
+def stack_array(shape: tuple, dtype):
+    """A function ``f()`` giving a fresh C-contiguous array of this ``shape`` and ``dtype`` on the caller's stack.
+
+    A thread's small ``cuda.local.array`` lives in the launch's table of local memory between
+    barriers; inside one region the generated code copies it to such an array and back
+    (``copy_array``).  Its shape and address are then constants LLVM can see, so it keeps the
+    elements in registers: a register-tiled matmul's accumulators cost no memory traffic, as on a
+    GPU.  The shape is fixed when the module is written (an ``alloca`` needs its size).
+    """
+    shape = tuple(int(d) for d in shape)
+    element = numba.from_dtype(np.dtype(dtype))
+    result = types.Array(element, len(shape), "C")
+
+    @intrinsic
+    def on_stack(typingctx):
+        def codegen(context, builder, signature, args):
+            data_type = context.get_data_type(element)
+            data = cgutils.alloca_once(builder, data_type, size=max(1, math.prod(shape)))
+            intp = context.get_value_type(types.intp)
+            itemsize = context.get_abi_sizeof(data_type)
+            strides, step = [], itemsize
+            for size in reversed(shape):
+                strides.insert(0, intp(step))
+                step *= size
+            array = context.make_array(result)(context, builder)
+            populate_array(array, data=data, shape=[intp(d) for d in shape], strides=strides,
+                           itemsize=intp(itemsize), meminfo=None)
+            return array._getvalue()
+        return result(), codegen
+
+    return on_stack
+
+
+@intrinsic
+def copy_array(typingctx, destination, source):
+    """``destination[...] = source`` for two C-contiguous arrays of one shape and dtype: one memcpy."""
+    def codegen(context, builder, signature, args):
+        to = context.make_array(signature.args[0])(context, builder, args[0])
+        from_ = context.make_array(signature.args[1])(context, builder, args[1])
+        nbytes = builder.mul(to.nitems, to.itemsize)
+        cgutils.raw_memcpy(builder, to.data, from_.data, nbytes, 1)
+        return context.get_dummy_value()
+    return types.none(destination, source), codegen
 
 
 @JIT

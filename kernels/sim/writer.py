@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 
 from .blockwise import write_blockwise
+from .region_code import StatusRewriter, copy_statement, on_stack, stack_declarations
 from .fission import BarrierNode, BranchNode, CallNode, Region, Split, Variables, _defs, _exposed, _names, _reads
 from .translate import CONTEXT, Translation
 
@@ -111,8 +112,14 @@ class _ModuleWriter:
         loads = stored & (exposed | (defs - surely) | (defs if node.leaves else set()))
         stores = [f"cu_rt.keep_array(v_{v}, cu_g, {v})" if v in self.arrays else f"v_{v}[cu_g] = {v}"
                   for v in sorted(defs & stored)]
-        body = _StatusRewriter(stores).visit(ast.Module(body=[_copy(s) for s in node.stmts], type_ignores=[]))
-        self.branches[node.id] = ([f"# region {node.id}: {node.where}"] + self.prologue(reads, loads)
+        prologue = self.prologue(reads, loads)
+        stacked = on_stack(node, reads, self.tr.storage, self.var.remat, set(self.arrays))
+        for v, storage in stacked.items():   # copied in, used, copied back
+            prologue[prologue.index(f"{v} = {storage}[cu_g]")] = (
+                f"{v} = {storage}_on_stack(); cu_rt.copy_array({v}, {storage}[cu_g])")
+            stores.append(f"cu_rt.copy_array({storage}[cu_g], {v})")
+        body = StatusRewriter(stores).visit(ast.Module(body=[copy_statement(s) for s in node.stmts], type_ignores=[]))
+        self.branches[node.id] = ([f"# region {node.id}: {node.where}"] + prologue
                                   + ast.unparse(body).splitlines() + stores + ["return cu_rt.FELL_THROUGH"])
 
     def test(self, node, lines: list, reads: set) -> None:
@@ -249,6 +256,8 @@ class _ModuleWriter:
         for v, text in sorted(self.types.items()):
             if text.startswith("numba."):
                 out(f"T_{v} = {text}")
+        for line in stack_declarations(self.tr.storage):
+            out(line)
         self.compile(self.sp.nodes)
         self.emit("END")
         out(f"COOPERATIVE = {self.coop}   # grid or group barriers: the whole grid is one scope")
@@ -445,45 +454,3 @@ class _ModuleWriter:
     def diverge(self) -> None:
         self.out("cu_report[0] = cu_rt.DIVERGENT; cu_report[1] = cu_b; cu_report[2] = cu_t; cu_report[3] = cu_node")
         self.out("return cu_rt.DIVERGENT, cu_res, cu_bounds, cu_live")
-
-
-class _StatusRewriter(ast.NodeTransformer):
-    """In a region: ``return`` ends the thread; a block-level break / continue stores, then reports."""
-
-    def __init__(self, stores: list):
-        self.stores = [ast.parse(s).body[0] for s in stores]
-        self.depth = 0
-
-    def visit_Return(self, node):
-        return ast.copy_location(ast.Return(_runtime("EXITED")), node)
-
-    def loop(self, node):
-        self.depth += 1
-        self.generic_visit(node)
-        self.depth -= 1
-        if isinstance(node, ast.While):   # a spin loop must not outlive a cancelled launch
-            check = ast.parse("if cu_rt.cancelled(cu_cancel):\n    return cu_rt.STOPPED").body[0]
-            node.body.insert(0, check)
-        return node
-
-    visit_For = visit_While = loop
-
-    def leave(self, node, status: str):
-        if self.depth:
-            return node
-        return [*(_copy(s) for s in self.stores), ast.Return(_runtime(status))]
-
-    def visit_Break(self, node):
-        return self.leave(node, "BROKE")
-
-    def visit_Continue(self, node):
-        return self.leave(node, "CONTINUED")
-
-
-def _runtime(name: str) -> ast.expr:
-    """``cu_rt.NAME``: generated code reaches cpu_runtime through one cu_ name, which no kernel variable can hide."""
-    return ast.Attribute(ast.Name("cu_rt", ast.Load()), name, ast.Load())
-
-
-def _copy(node):
-    return ast.parse(ast.unparse(node)).body[0] if isinstance(node, ast.stmt) else node
