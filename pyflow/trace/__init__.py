@@ -17,9 +17,9 @@
 import sys
 import types
 
-from pyflow.trace.tracer import InstructionRecord, Tracer, trace
+from pyflow.trace.tracer import DeviceWorkRecord, InstructionRecord, Tracer, trace
 
-__all__ = ["InstructionRecord", "Tracer", "trace"]
+__all__ = ["InstructionRecord", "DeviceWorkRecord", "Tracer", "trace"]
 
 
 class _CallableModule(types.ModuleType):

@@ -12,6 +12,11 @@ Layout, in one process "pyflow VM":
   (dispatched -> started) and, when it recorded an ep event, "waiting for the
   device" (launched -> released).  A lane slice ends where its compute begins.
 
+* one track per **ep stream** ("<ep stream> (ep stream)"), category ``ep``: each task an
+  instruction launched there, from when the stream began running it to when it finished,
+  named by that instruction (a cuda matmul's kernel is a ``matmul`` slice here, though the
+  matmul's compute slice above is only its queueing).  A stream runs one task at a time.
+
 Timestamps are microseconds since the first record was received, rounded to the
 nanosecond (so touching slices touch exactly).  Every event's ``args`` name its
 instruction (``"relu #42"``).
@@ -57,8 +62,9 @@ def assign_lanes(intervals) -> list[int]:
     return lanes
 
 
-def to_chrome_trace(records) -> dict:
-    """The Chrome trace event format for ``records`` (a list of ``InstructionRecord``)."""
+def to_chrome_trace(records, device_records=()) -> dict:
+    """The Chrome trace event format for ``records`` (of ``InstructionRecord``) and ``device_records``
+    (of ``DeviceWorkRecord``)."""
     records = sorted(records, key=lambda r: (r.received, r.serial))
     events: list[dict] = [{"ph": "M", "name": "process_name", "pid": PID, "tid": 0, "ts": 0,
                            "args": {"name": PROCESS_NAME}}]
@@ -108,6 +114,14 @@ def to_chrome_trace(records) -> dict:
                                           {"instruction": f"{r.name} #{r.serial}", "serial": r.serial,
                                            "stream": stream}, cname))
         tid = stream_tid + (max(lanes) + 1 if lanes else 0)
+    for ep_stream in sorted({d.ep_stream for d in device_records}):
+        tid += 1
+        thread_name(tid, f"{ep_stream} (ep stream)", tid)
+        for d in device_records:
+            if d.ep_stream == ep_stream:
+                events.append(slice_event(d.name, "ep", tid, d.started, d.finished,
+                                          {"instruction": f"{d.name} #{d.serial}", "serial": d.serial,
+                                           "task": d.task, "launched from": d.stream}))
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"clock": "time.perf_counter(), microseconds since the first instruction was received",
                           "instructions": len(records), "streams": [s for _, s in streams]}}

@@ -10,6 +10,12 @@ into an ``InstructionRecord``:
     started    -> launched   : compute (on a GPU: the kernel is queued, not finished)
     launched   -> released   : done-waiting (an ep event, e.g. device2host), then release
 
+Queued is not run: a cuda matmul's compute only queues its kernel on the ep stream, which runs
+it later, often after the matmul was released, while the next ``numpy()`` waits for it.  So
+each task an instruction launches on an ep stream also reports when it ran there (the VM's
+``TracedWork``, ``pyflow/vm/stream.py``): a ``DeviceWorkRecord``, attributed to the
+instruction that launched it (``tracer.device_records``; its own lanes in the Chrome trace).
+
 ``with trace() as tracer:`` (``flow.trace()``, ``flow.trace.trace()``) records exactly the instructions
 received inside the block, on the current VM, and waits for them on exit.
 """
@@ -24,7 +30,7 @@ import time
 
 from pyflow import vm as _vm
 
-__all__ = ["InstructionRecord", "Tracer", "trace"]
+__all__ = ["InstructionRecord", "DeviceWorkRecord", "Tracer", "trace"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +66,24 @@ class InstructionRecord:
         return 0.0 if self.started is None else self.launched - self.started
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceWorkRecord:
+    """One task an instruction launched on an ep stream, and when it *ran* there (perf_counter seconds)."""
+
+    name: str                  # the instruction's name: "matmul", "fuse[fill,fill]"...
+    serial: int                # the instruction's serial (that of its InstructionRecord)
+    stream: str                # the vm stream whose instruction launched it
+    ep_stream: str             # where it ran, e.g. "cuda:0/compute"
+    task: str                  # what ran: the op's kernel ("matmul"), "memcpy_d2h", "record_event"...
+    started: float
+    finished: float
+
+    @property
+    def run_time(self) -> float:
+        """Seconds the ep stream spent on the task."""
+        return self.finished - self.started
+
+
 class Tracer:
     """Collects an ``InstructionRecord`` per released instruction (attach to ``vm.tracers``).
 
@@ -73,6 +97,7 @@ class Tracer:
         self.since, self.until = since, until
         self.closed = False
         self._records: list[InstructionRecord] = []
+        self._device_records: list[DeviceWorkRecord] = []
         self._lock = threading.Lock()
 
     def on_release(self, instruction) -> None:
@@ -92,6 +117,17 @@ class Tracer:
             if not self.closed:
                 self._records.append(record)
 
+    def on_device_work(self, work, ep_stream: str, task: str, started: float, finished: float) -> None:
+        """The VM's hook (``TracedWork.ran``, on the thread that ran the task): ``work``'s instruction's task
+        ran on ``ep_stream`` from ``started`` to ``finished``; recorded if the instruction falls in the window."""
+        if self.closed or work.received is None or not self.since <= work.received < self.until:
+            return
+        record = DeviceWorkRecord(name=work.name, serial=work.serial, stream=work.stream, ep_stream=ep_stream,
+                                  task=task, started=started, finished=finished)
+        with self._lock:
+            if not self.closed:
+                self._device_records.append(record)
+
     def close(self) -> None:
         """Record nothing more."""
         with self._lock:
@@ -102,6 +138,12 @@ class Tracer:
         """A copy of the records so far, in release order."""
         with self._lock:
             return list(self._records)
+
+    @property
+    def device_records(self) -> list[DeviceWorkRecord]:
+        """A copy of the ep-stream task records so far, in the order they finished (per ep stream)."""
+        with self._lock:
+            return list(self._device_records)
 
     def streams(self) -> list[str]:
         """The streams the records ran on, by unique_stream_id."""
@@ -124,6 +166,11 @@ class Tracer:
                          f"{sum(r.compute_time for r in mine) * 1e3:>12.3f}"
                          f"{sum(r.dependence_wait for r in mine) * 1e3:>20.3f}"
                          f"{sum(r.queue_wait for r in mine) * 1e3:>11.3f}")
+        device = self.device_records
+        for ep_stream in sorted({d.ep_stream for d in device}):
+            mine = [d for d in device if d.ep_stream == ep_stream]
+            lines.append(f"ep {ep_stream}: {len(mine)} tasks ran for {sum(d.run_time for d in mine) * 1e3:.3f} ms "
+                         "(when the ep stream ran them: a kernel's time is its op's)")
         span = max(r.released for r in records) - min(r.received for r in records)
         lines.append(f"{len(records)} instructions on {len(self.streams())} streams in {span * 1e3:.3f} ms "
                      "(waits are summed: instructions wait at the same time)")
@@ -132,7 +179,7 @@ class Tracer:
     def to_chrome_trace(self) -> dict:
         """The Chrome trace event format dict (open the saved JSON in ui.perfetto.dev)."""
         from pyflow.trace.chrome import to_chrome_trace
-        return to_chrome_trace(self.records)
+        return to_chrome_trace(self.records, self.device_records)
 
     def save(self, path) -> str:
         """Write ``to_chrome_trace()`` as JSON to ``path``; returns the path as a string."""

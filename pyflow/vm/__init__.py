@@ -36,7 +36,7 @@ from pyflow.vm.virtual_machine import VirtualMachine, report_unseen
 
 __all__ = ["VirtualMachine", "InstructionsBuilder", "physical_run", "EagerBlobObject", "TensorStorage",
            "Failure", "get_vm", "current_vm", "run", "sync", "add_sync_hook", "wait_for_issuers", "sync_mode",
-           "shutdown", "no_instructions"]
+           "add_shutdown_hook", "shutdown", "no_instructions"]
 
 _vm_lock = threading.Lock()
 
@@ -71,6 +71,16 @@ def add_sync_hook(hook) -> None:
     """``hook()`` runs at the start of every ``sync()`` (``wait_for_issuers``): a layer above the VM waits
     there for work it still issues to the VM (the actor runtime: the calls of nn.Graph still in flight)."""
     _sync_hooks.append(hook)
+
+
+_shutdown_hooks: list = []   # callables run first by every shutdown() (see add_shutdown_hook)
+
+
+def add_shutdown_hook(hook) -> None:
+    """``hook()`` runs at the start of every ``shutdown()``, in the rank context whose VM stops: a layer above
+    the VM stops what issues work to it (the actor runtime: that rank's nn.Graph runtimes, whose threads would
+    otherwise outlive the VM they issue to, as long as a graph object is kept, say by a failed rank's traceback)."""
+    _shutdown_hooks.append(hook)
 
 
 def wait_for_issuers() -> None:
@@ -129,6 +139,8 @@ def shutdown(at_exit: bool = False, release_held: bool = False) -> None:
     ended: its tensors are nobody's now, though an exception's frames may keep them);
     otherwise a tensor outlives its VM and the next VM uses it.
     """
+    for hook in list(_shutdown_hooks):
+        hook()
     ctx = env.current()
     with _vm_lock:
         vm, ctx.vm = ctx.vm, None

@@ -14,6 +14,13 @@ the VM is wedged for good.  So the VM marks those stretches *critical*:
   interrupted at once (a kernel running in step-through mode): the remembered
   interrupt is raised on entry, new ones are raised immediately.
 
+**Quitting a debugger** (pdb's ``q``) is the same danger by another road: pdb's trace
+function raises ``bdb.BdbQuit`` at whatever line runs next, bookkeeping included (the VM
+then waited out its hang timeout and reported a hang of nothing).  So while a critical
+stretch runs, the main thread's trace function is wrapped (``_QuitDeferring``): a quit there
+is remembered and raised as the interrupt is, at a checkpoint or where the stretch ends.
+Stepping through the bookkeeping with pdb still works; only the quit waits for it.
+
 Only the main thread receives signals, so only its stretches count; other
 threads' ``critical()`` is free.  ``install()`` wraps the SIGINT handler once
 (only if it is Python's default one: a handler the user installed is kept).
@@ -22,7 +29,9 @@ Tests can inject interrupts through ``VirtualMachineEngine.interrupt_hook``.
 
 from __future__ import annotations
 
+import bdb
 import signal
+import sys
 import threading
 
 __all__ = ["install", "critical", "allowed", "checkpoint"]
@@ -31,6 +40,7 @@ __all__ = ["install", "critical", "allowed", "checkpoint"]
 class _State:
     depth = 0          # nesting of critical() in the main thread
     pending = False    # a SIGINT arrived while depth > 0
+    quit_pending = False   # a debugger's trace function raised BdbQuit while depth > 0
     installed = False
 
 
@@ -59,10 +69,62 @@ def install() -> None:
 
 
 def checkpoint() -> None:
-    """Raise a SIGINT that arrived during the critical stretch (the state is consistent here)."""
-    if _state.pending and threading.get_ident() == _main:
-        _state.pending = False
-        raise KeyboardInterrupt
+    """Raise a SIGINT (or a debugger's quit) that arrived during the critical stretch (the state is consistent
+    here)."""
+    if (_state.pending or _state.quit_pending) and threading.get_ident() == _main:
+        _raise_pending()
+
+
+def _raise_pending() -> None:
+    quit_ = _state.quit_pending
+    _state.pending = _state.quit_pending = False
+    raise bdb.BdbQuit if quit_ else KeyboardInterrupt
+
+
+class _QuitDeferring:
+    """A debugger's trace function during a critical stretch: its ``BdbQuit`` is remembered, not raised.
+
+    Python calls a thread's trace function at each call, and the function it returns at each line of that
+    frame; both are wrapped, so every frame the stretch runs is covered.  Outside a stretch (a frame that
+    outlives it, a kernel inside ``allowed()``) the quit goes up at once.
+    """
+
+    __slots__ = ("tracer",)
+
+    def __init__(self, tracer):
+        self.tracer = tracer
+
+    def __call__(self, frame, event, arg):
+        try:
+            local = self.tracer(frame, event, arg)
+        except bdb.BdbQuit:
+            if _state.depth == 0:
+                raise
+            _state.quit_pending = True   # (pdb stopped tracing before raising: no more events come)
+            return None
+        return local if local is None or not _is_debugger(local) else _QuitDeferring(local)
+
+
+def _is_debugger(tracer) -> bool:
+    """Is ``tracer`` a ``bdb`` debugger's trace function (pdb's ``trace_dispatch``)?  Other tracers (a coverage
+    tool) are left alone: they never raise ``BdbQuit``, and wrapping them would slow every line down."""
+    return isinstance(getattr(tracer, "__self__", None), bdb.Bdb)
+
+
+def _defer_quits(frame) -> None:
+    """Entering the outermost stretch: wrap the thread's trace function and that of ``frame`` (the one
+    entering), if a debugger traces."""
+    tracer = sys.gettrace()
+    if _is_debugger(tracer):
+        sys.settrace(_QuitDeferring(tracer))
+    if _is_debugger(frame.f_trace):
+        frame.f_trace = _QuitDeferring(frame.f_trace)
+
+
+def _undefer_quits() -> None:
+    tracer = sys.gettrace()
+    if isinstance(tracer, _QuitDeferring):
+        sys.settrace(tracer.tracer)
 
 
 class critical:
@@ -74,16 +136,19 @@ class critical:
         self._counted = threading.get_ident() == _main
         if self._counted:
             _state.depth += 1
+            if _state.depth == 1 and sys.gettrace() is not None:
+                _defer_quits(sys._getframe(1))
         return self
 
     def __exit__(self, kind, value, traceback):
         if self._counted:
             _state.depth -= 1
-            if _state.depth == 0 and _state.pending:
-                _state.pending = False
-                if kind is None:
-                    raise KeyboardInterrupt
-                # an exception (perhaps this very interrupt) is already on its way up
+            if _state.depth == 0:
+                _undefer_quits()
+                if (_state.pending or _state.quit_pending) and kind is None:
+                    _raise_pending()
+                # else an exception (perhaps this very interrupt) is already on its way up
+                _state.pending = _state.quit_pending = False
         return False
 
 

@@ -21,7 +21,9 @@ knows:
 
 ``run(instruction)`` is ``StreamPolicy::Run``: activate the device, compute, and
 record an ep event when "done" must wait for the device (device2host streams,
-RecordEvent instructions).
+RecordEvent instructions).  While ``flow.trace()`` records, the ep work it launches
+reports when it *runs* (``TracedWork``): on an asynchronous ep stream that is later than the
+compute that queued it, often after the instruction was released.
 """
 
 from __future__ import annotations
@@ -33,7 +35,24 @@ from pyflow.device import ep
 from pyflow.device.stream import StreamType, allocator_stream_type
 from pyflow.vm.dependence import LocalDepObject
 
-__all__ = ["VmStream"]
+__all__ = ["VmStream", "TracedWork"]
+
+
+class TracedWork:
+    """The work owner (``pyflow.device.ep.base.set_work_owner``) of one instruction while the VM's tracers
+    record: each ep task it launched tells them when it ran.  Holds the instruction's name and marks only
+    (the instruction itself, and its tensors, may be gone by then)."""
+
+    __slots__ = ("vm", "name", "serial", "stream", "received")
+
+    def __init__(self, vm, instruction, stream_name: str):
+        self.vm, self.name, self.serial, self.stream = vm, instruction.name, instruction.serial, stream_name
+        self.received = instruction.times.get("received")
+
+    def ran(self, ep_stream, task: str, started: float, finished: float) -> None:
+        where = f"{ep_stream.device.device}/{ep_stream.name}"
+        for tracer in list(self.vm.tracers):
+            tracer.on_device_work(self, where, task, started, finished)
 
 
 class VmStream:
@@ -101,6 +120,8 @@ class VmStream:
         policy = instruction.policy
         members = policy.members()
         finished = 0
+        traced = bool(self.vm.tracers)
+        previous = ep.base.set_work_owner(TracedWork(self.vm, instruction, self.name)) if traced else None
         try:
             for member in members:   # (a traced op that failed in prepare never starts)
                 if member.failure is None:
@@ -120,6 +141,9 @@ class VmStream:
                 if policy.failure is None:
                     self.vm.fail(policy, error)
             raise
+        finally:
+            if traced:
+                ep.base.set_work_owner(previous)
 
     def __repr__(self) -> str:
         return f"<VmStream {self.name}>"

@@ -22,6 +22,8 @@ import queue
 import threading
 import time
 
+from pyflow.device.ep.base import is_interrupt
+
 __all__ = ["Notifier", "ThreadCtx"]
 
 
@@ -112,13 +114,14 @@ class ThreadCtx:
 def run_instruction(instruction) -> None:
     """Compute one instruction on its stream; op errors are failures, never raised here.
 
-    Only an interrupt (step-through mode, on the main thread) escapes.  Either
-    way the instruction ends *launched*, so the engine can release it.
+    Only an interrupt (step-through mode, on the main thread: Ctrl-C, pdb's quit) escapes.
+    Either way the instruction ends *launched*, so the engine can release it.
     """
     try:
         instruction.stream.run(instruction)
-    except Exception:  # noqa: BLE001 - VmStream.run already failed the members that did not finish
-        pass
+    except Exception as error:  # noqa: BLE001 - VmStream.run already failed the members that did not finish
+        if is_interrupt(error):
+            raise
     finally:
         instruction.launched_at = time.perf_counter()
         instruction.launched = True

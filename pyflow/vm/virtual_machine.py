@@ -48,7 +48,7 @@ import time
 import weakref
 
 from pyflow.device import CachingAllocator, Device, ep
-from pyflow.device.ep.base import RawBuffer
+from pyflow.device.ep.base import RawBuffer, is_interrupt
 from pyflow.device.stream import StreamType
 from pyflow.errors import OutOfMemoryError, VMThreadError
 from pyflow.vm import interrupts
@@ -233,16 +233,21 @@ class VirtualMachine(WaitingMixin):
         if not inline:
             instruction.stream.thread_ctx.submit(instruction)
             return
-        try:
-            with interrupts.allowed():  # a kernel in step-through mode: Ctrl-C at once
-                run_instruction(instruction)
-        finally:
-            self._on_launched(instruction)
+        self._run_barrier(instruction)
 
     def _run_barrier(self, instruction) -> None:
+        """Run ``instruction`` on this thread (a barrier; any instruction in step-through mode), where Ctrl-C
+        and pdb's quit go up at once; launched either way, so the engine releases it."""
         try:
-            with interrupts.allowed():
+            with interrupts.allowed():  # (raises, on the way in, an interrupt the bookkeeping remembered)
                 run_instruction(instruction)
+        except BaseException as error:
+            if not instruction.launched:   # interrupted on the way in: it never ran, and never will
+                for policy in instruction.policy.members():
+                    if policy.failure is None:
+                        self.fail(policy, error)
+                instruction.launched = True
+            raise
         finally:
             self._on_launched(instruction)
 
@@ -273,6 +278,8 @@ class VirtualMachine(WaitingMixin):
                 policy.prepare(instruction)
         except Exception as error:  # noqa: BLE001 - the op fails, the VM goes on
             self.fail(policy, error)
+            if is_interrupt(error):   # pdb's quit: the VM goes on, the program does not
+                raise
 
     def compute_member(self, policy, instruction) -> None:
         """Compute one policy (a fused group's member) unless it, or what it reads, failed."""
@@ -287,11 +294,10 @@ class VirtualMachine(WaitingMixin):
                 return
         try:
             policy.compute(instruction)
-        except Exception as error:  # noqa: BLE001 - the op fails, nothing else
-            self.fail(policy, error)
-        except BaseException as error:  # an interrupt: fail this member, then let it go up
-            self.fail(policy, error)
-            raise
+        except BaseException as error:  # noqa: BLE001 - the op fails, nothing else; but an interrupt (Ctrl-C,
+            self.fail(policy, error)      # pdb's quit) fails this member, then goes up
+            if is_interrupt(error):
+                raise
 
     def _on_launched(self, instruction, wake_scheduler: bool = True) -> None:
         self.launched += 1
@@ -313,7 +319,7 @@ class VirtualMachine(WaitingMixin):
 
     def fail(self, policy, error: BaseException) -> Failure:
         """``policy`` failed: mark what it writes failed; the failure is pending for its thread."""
-        interrupted = not isinstance(error, Exception)  # KeyboardInterrupt, SystemExit: the user saw it
+        interrupted = is_interrupt(error)  # KeyboardInterrupt, SystemExit, pdb's quit: the user saw it
         if interrupted:  # keep a fresh copy: the original's traceback reaches the user's frames and tensors
             error = type(error)(f"{policy.name} was interrupted ({type(error).__name__}) before it finished")
         failure = Failure(policy.name, error, policy.site, policy.thread)

@@ -10,8 +10,10 @@ inherits it; read that module first: this one is where its callers block):
   computing (on a worker or an ep stream), it warns once
   (``SlowInstructionWarning``, naming it and for how long) and keeps waiting;
   only when nothing is running either does it raise ``VMHangError``, naming
-  each blocked instruction, what it waits for and for how long.  A wait from a
-  VM thread itself (a callback calling ``numpy()``) is refused at once.
+  each blocked instruction, what it waits for and for how long.  With nothing
+  blocked either, it is no hang of the VM: ``VMIdleWaitError`` says so (what is
+  awaited was never issued to this VM, or an instruction ended without doing it).
+  A wait from a VM thread itself (a callback calling ``numpy()``) is refused at once.
 * **Out of memory** (``_wait_device_idle``): let the device's running work
   finish before the allocator's cache is shrunk and the prepare retried.
 
@@ -28,12 +30,18 @@ import threading
 import time
 import warnings
 
-from pyflow.errors import SlowInstructionWarning, VMHangError
+from pyflow.errors import PyflowError, SlowInstructionWarning, VMHangError
 
-__all__ = ["WaitingMixin"]
+__all__ = ["WaitingMixin", "VMIdleWaitError"]
 
 _EVENT_POLL_SECONDS = 0.0005
 _IDLE_POLL_SECONDS = 0.05
+
+
+class VMIdleWaitError(PyflowError, RuntimeError):
+    """A wait on the VM made no progress for the hang timeout while the VM had nothing to do: no
+    instruction blocked, none running.  Not a hang of the VM (``VMHangError`` always names what is
+    blocked): what the wait is for is not the VM's work."""
 
 
 class WaitingMixin:
@@ -87,6 +95,11 @@ class WaitingMixin:
                 mark, since = self._progress_mark(), now
             elif self.hang_timeout is not None and now - since > self.hang_timeout:
                 running = self._running()
+                if not running and not self.engine.oldest(1):
+                    raise VMIdleWaitError(
+                        f"{what} is still not done after {now - since:.1f} s, but the VM is idle: no instruction "
+                        f"is blocked or running (PYFLOW_VM_HANG_TIMEOUT={self.hang_timeout:g}); what it waits "
+                        "for was never issued to this VM, or an instruction ended without doing it")
                 if not running:
                     raise VMHangError(self._hang_report(what, now - since))
                 for instruction, seconds, where in running:
@@ -138,7 +151,8 @@ class WaitingMixin:
                     oldest = next(iter(self.engine.lively))
                     blockers = f"every earlier instruction (a barrier; the oldest is {oldest!r})"
                 else:
-                    blockers = ", ".join(repr(i) for i in list(instruction.in_edges)[:3])
+                    blockers = ", ".join(repr(i) for i in list(instruction.in_edges)[:3]) or (
+                        "nothing: it is ready, but the scheduler never dispatched it")
                 state, since = f"waiting for {blockers}", (instruction.received_at or now)
             elif not instruction.launched:
                 state = f"queued on worker {getattr(instruction.stream.thread_ctx, 'key', 'scheduler')}"

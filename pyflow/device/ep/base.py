@@ -13,15 +13,26 @@ Error contract shared by every provider:
 - an exception raised by work queued on a stream never escapes ``launch``: it is
   kept (with the task's and the stream's names) and raised as
   ``StreamExecutionError`` by the next ``sync()`` of that stream, which clears it;
-- bad arguments (wrong shapes, a view past the end of a buffer) raise at once.
+- bad arguments (wrong shapes, a view past the end of a buffer) raise at once;
+- an interrupt (``is_interrupt``: Ctrl-C, or a debugger's quit) raised by work run inline
+  (step-through mode) is not kept: it goes up to the user at once.
+
+Who ran when (``set_work_owner``): launching is not running (a stream runs its work later,
+in order).  Work launched while a thread has a *work owner* set reports to that owner when it
+runs, on the thread that runs it: ``owner.ran(stream, task, started, finished)``
+(``time.perf_counter()`` seconds).  The VM sets one per instruction while ``flow.trace()``
+records, so a kernel's time is the kernel's op's, not that of whatever waits for it.  The
+emulated and CPU streams report; a real GPU's kernels would need device events (not done).
 """
 
 from __future__ import annotations
 
 import abc
+import bdb
 import dataclasses
 import itertools
 import threading
+import time
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -31,7 +42,49 @@ from pyflow.device.device import Device as DeviceSymbol
 from pyflow.device.device import DeviceType
 from pyflow.errors import DoubleFreeError, InvalidFreeError
 
-__all__ = ["RawBuffer", "LiveBuffers", "EpDevice", "EpStream", "Event", "view_extent", "numpy_view"]
+__all__ = ["RawBuffer", "LiveBuffers", "EpDevice", "EpStream", "Event", "view_extent", "numpy_view", "is_interrupt",
+           "set_work_owner", "work_owner", "run_reported"]
+
+
+def is_interrupt(error: BaseException) -> bool:
+    """Does ``error`` stop the user's program rather than fail one piece of work?
+
+    Ctrl-C and ``SystemExit`` (no ``Exception`` subclasses), and pdb's ``q``: it raises
+    ``bdb.BdbQuit``, an ``Exception``, at whatever line the program is, a kernel's included.  Kept as
+    a task's or an op's error, a quit would end nothing: the program went on and failed later.
+
+    >>> is_interrupt(KeyboardInterrupt()), is_interrupt(bdb.BdbQuit()), is_interrupt(ValueError())
+    (True, True, False)
+    """
+    return not isinstance(error, Exception) or isinstance(error, bdb.BdbQuit)
+
+
+_launching = threading.local()
+
+
+def set_work_owner(owner):
+    """Work this thread launches from now on reports to ``owner`` (None: nobody) when it runs; returns
+    the previous owner, to set back (see the module docstring)."""
+    previous = getattr(_launching, "owner", None)
+    _launching.owner = owner
+    return previous
+
+
+def work_owner():
+    """The calling thread's work owner (what a stream's ``launch`` keeps with the task), or None."""
+    return getattr(_launching, "owner", None)
+
+
+def run_reported(owner, stream, fn: Callable[..., Any], args: tuple, name: str) -> None:
+    """Run ``fn(*args)``, task ``name`` of ``stream``, and tell ``owner`` (if any) when it ran."""
+    if owner is None:
+        fn(*args)
+        return
+    started = time.perf_counter()
+    try:
+        fn(*args)
+    finally:
+        owner.ran(stream, name, started, time.perf_counter())
 
 
 @dataclasses.dataclass(eq=False)

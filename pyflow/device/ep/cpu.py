@@ -140,8 +140,10 @@ class CpuStream(base.EpStream):
         if self.destroyed:
             raise StreamExecutionError(f"stream {self.device.device}/{self.name} was destroyed")
         try:
-            fn(*args)
+            base.run_reported(base.work_owner(), self, fn, args, task_name(fn, name))
         except Exception as error:
+            if base.is_interrupt(error):
+                raise
             self._errors.add(task_name(fn, name), error)
 
     def memcpy_h2d(self, dst_dev: np.ndarray, src_host: np.ndarray) -> None:

@@ -162,12 +162,12 @@ class EmulatedStream(base.EpStream):
             task = self._queue.get()
             if task is _STOP:
                 return
-            fn, args, name = task
+            fn, args, name, owner = task
             if self.settings.max_delay > 0:
                 time.sleep(self._rng.uniform(0.0, self.settings.max_delay))
             self._current = (name, time.monotonic())
             try:
-                fn(*args)
+                base.run_reported(owner, self, fn, args, name)
             except BaseException as error:  # never let the worker die silently
                 self._errors.add(name, error)
             finally:
@@ -183,11 +183,13 @@ class EmulatedStream(base.EpStream):
             if self.destroyed:
                 raise StreamExecutionError(f"stream {self.device.device}/{self.name} was destroyed")
             if not self.inline:
-                self._queue.put((fn, args, name))
+                self._queue.put((fn, args, name, base.work_owner()))
                 return
         try:  # inline: run now, keep the error for sync() as a worker would
-            fn(*args)
+            base.run_reported(base.work_owner(), self, fn, args, name)
         except Exception as error:  # noqa: BLE001 - a Ctrl-C must reach the user, not wait for sync()
+            if base.is_interrupt(error):   # (pdb's quit too)
+                raise
             self._errors.add(name, error)
 
     def launch(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:
@@ -239,7 +241,7 @@ class EmulatedStream(base.EpStream):
         done = threading.Event()
         with self._lock:
             if not self.destroyed:
-                self._queue.put((done.set, (), "sync"))
+                self._queue.put((done.set, (), "sync", None))
         if self.destroyed and not done.is_set():
             self.thread.join()  # destroyed: everything queued runs before the worker stops
         else:

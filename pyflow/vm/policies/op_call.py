@@ -27,6 +27,7 @@ already bound (the framework builds it); the VM never looks inside.
 
 from __future__ import annotations
 
+from pyflow.device.ep.base import is_interrupt
 from pyflow.device.stream import StreamType
 from pyflow.vm.eager_blob_object import NoMemoryError as _NoMemory
 from pyflow.vm.failure import first_failure
@@ -109,12 +110,11 @@ class OpCall(InstructionPolicy):
                 return
             try:
                 self.run(outputs, inputs, ep_stream.native)
-            except Exception as error:  # noqa: BLE001 - the op fails, nothing else
-                vm.fail(self, error)
+            except BaseException as error:  # noqa: BLE001 - the op fails, nothing else; but an interrupt
+                vm.fail(self, error)          # (step-through mode: Ctrl-C, pdb's quit) goes up after that
+                if is_interrupt(error):
+                    raise
                 return
-            except BaseException as error:  # an interrupt (step-through mode): fail, then let it go up
-                vm.fail(self, error)
-                raise
             for blob in self.outputs:
                 if blob.storage.failure is not None and blob.covers_storage():
                     blob.storage.failure = None  # fully rewritten: healthy again
