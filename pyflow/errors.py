@@ -100,6 +100,12 @@ class VMHangError(PyflowError, RuntimeError):
     wait that can never end (a VM thread waiting for the VM itself)."""
 
 
+class VMIdleWaitError(PyflowError, RuntimeError):
+    """A wait on the VM made no progress for the hang timeout while the VM had nothing to do: no
+    instruction blocked, none running.  Not a hang of the VM (``VMHangError`` always names what is
+    blocked): what the wait is for is not the VM's work."""
+
+
 class VMThreadError(PyflowError, RuntimeError):
     """A VM thread (the scheduler or a worker) hit an unexpected error.
 
@@ -295,5 +301,5 @@ class IterationLimitError(CocktailerError):
 
 class RuntimeHangError(PyflowError, RuntimeError):
     """The actor runtime made no progress for its hang timeout (``PYFLOW_HANG_TIMEOUT``) with calls in
-    flight and no device work pending, or (deterministic mode) ran out of messages before a call
+    flight and no device work the VM has reached, or (deterministic mode) ran out of messages before a call
     finished: names every waiting actor and the regst desc it waits for."""

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import pyflow as flow
 from pyflow import vm
 from pyflow.vm import VirtualMachine
-from pyflow.vm.waiting import VMIdleWaitError
+from pyflow.errors import VMIdleWaitError
 
 
 def _quit(*_):

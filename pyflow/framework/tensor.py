@@ -302,11 +302,15 @@ class Tensor:
 
         ``x.to("cuda")``, ``x.to(flow.float64)``, ``x.to("cpu", flow.int32)``, ``x.to(other)``
         (other's device and dtype).  The device must exist and the dtype be supported:
-        both are checked before anything is issued.
+        both are checked before anything is issued.  ``x.to(flow.Tensor)`` is ``x``: OneFlow's
+        graphs hand out proxies of their parameters, and ``.to(flow.Tensor)`` is how a OneFlow
+        program gets the eager tensor behind one; a pyflow graph's parameters are the tensors.
         """
         for value in where:
             if isinstance(value, Tensor):
                 device, dtype = value.device, value.dtype
+            elif value is Tensor:
+                continue
             elif isinstance(value, (np.dtype, type)):
                 dtype = value
             else:

@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 
 from pyflow import vm
 from pyflow.compiler import compile_job
@@ -85,6 +84,7 @@ from pyflow.framework.creation import empty
 from pyflow.framework.tensor import Tensor
 from pyflow.nn.module import Module
 from pyflow.runtime import Runtime
+from pyflow.runtime.live import close_when_collected
 from pyflow.runtime.sequential import run_plan
 
 __all__ = ["Graph", "GraphModule", "GraphConfig"]
@@ -181,6 +181,19 @@ def _flatten(value, found: list):
     return ("leaf", len(found) - 1)
 
 
+def _layout(x: Tensor) -> tuple:
+    """What a graph input must keep from call to call: local or global, then for a global one its
+    dtype, logical shape, placement and SBP (a local one's shape, dtype and device the runtime checks)."""
+    if not x.is_global:
+        return ("local",)
+    return ("global", x.dtype, tuple(x.shape), x.placement, tuple(x.sbp))
+
+
+def _describe(layout: tuple) -> str:
+    _, dtype, shape, placement, sbp = layout
+    return f"dtype {dtype}, logical shape {list(shape)}, {placement}, sbp {sbp}"
+
+
 def _rebuild(shape, values: list):
     kind, parts = shape
     if kind == "leaf":
@@ -205,6 +218,7 @@ class Graph:
         self._debug_level = 0
         self._tracer = None
         self._out_shape = None
+        self._input_layouts = []   # each input's _layout at the trace: later calls must match it
         self._calls = 0
         self.compile_log = []     # (step, seconds) of the first call
 
@@ -259,9 +273,31 @@ class Graph:
                                  "nested; call its modules directly")
         if self._plan is None:
             self._compile(args)
+        else:
+            self._check_layouts(args)
         outputs = self._run(list(args))
         self._after_call()
         return _rebuild(self._out_shape, outputs)
+
+    def _check_layouts(self, args) -> None:
+        """Raise ``GraphError`` naming the input if a call's input is not laid out as the traced one.
+
+        The runtime checks a local input's shape, dtype and device against its input regst; a
+        global input's pieces are cut per rank by the Plan, so another logical shape, dtype,
+        placement or SBP (or a local tensor where a global one was traced, or the reverse) would
+        run and fail deep inside an actor, or run wrong.  OneFlow's graph checks each input against
+        the meta it was compiled with, at the call; so does this, against ``_input_layouts``.
+        """
+        for i, (x, traced) in enumerate(zip(args, self._input_layouts)):
+            given = _layout(x)
+            if given[0] != traced[0]:
+                raise GraphError(f"nn.Graph {self.name}: input {i} is a {given[0]} tensor, but the graph was traced "
+                                 f"with a {traced[0]} one; a compiled graph takes inputs like those it was traced "
+                                 "with (to_global / to_local it, or build a new graph)")
+            if given[0] == "global" and given != traced:
+                raise GraphError(f"nn.Graph {self.name}: input {i} is a global tensor of {_describe(given)}, but the "
+                                 f"graph was traced with {_describe(traced)}; a compiled graph takes inputs like "
+                                 "those it was traced with (to_global it, or build a new graph)")
 
     # --- running the Plan -----------------------------------------------------------------------
 
@@ -283,7 +319,10 @@ class Graph:
         handle = runtime.register(args)   # checks the inputs first: an error here runs nothing
         try:
             outputs, sections = self._output_tensors(runtime, handle)
-            inputs = [a._blob for a in args if not a.is_global]
+            # every input, a global one's piece too: the call starts once their writers are done (were a global
+            # input's writer an output critical section, the actors' first read of it would otherwise queue a wait
+            # on that critical-section stream, behind this call's own output critical section)
+            inputs = [a._blob for a in args]
             vm.run(lambda builder: builder.launch_lazy_job(self.name, lambda: runtime.start(handle), inputs))
             if runtime.deterministic or vm.get_vm().sync_mode:
                 handle.result()        # the caller's thread runs the actors, or every op: the whole call
@@ -323,7 +362,8 @@ class Graph:
 
     def _runtime_for(self, deterministic: bool) -> Runtime:
         runtime = self.__dict__.get("_runtime")
-        if runtime is not None and runtime.error is not None:   # a call failed since the last one returned
+        # a call failed since the last one returned, or the rank's VM shut down (which closes its runtimes)
+        if runtime is not None and (runtime.error is not None or runtime.closed):
             self._close_runtime(quiet=True)
             runtime = None
         if runtime is not None and runtime.deterministic != deterministic:
@@ -333,8 +373,9 @@ class Graph:
             runtime = Runtime(self._plan, self._job, deterministic=deterministic, name=self.name,
                               max_calls_in_flight=self.config.outputs_buffer_size, act_fn=self.act_fn)
             object.__setattr__(self, "_runtime", runtime)
-            # closes the runtime when the graph is garbage-collected, or at exit (holds no ref to the graph)
-            object.__setattr__(self, "_runtime_closer", weakref.finalize(self, runtime.close))
+            # closes the runtime when the graph is garbage-collected (holds no ref to the graph), on a thread
+            # of its own; at exit live.py closes it
+            object.__setattr__(self, "_runtime_closer", close_when_collected(self, runtime))
         return runtime
 
     def _close_runtime(self, quiet: bool = False) -> None:
@@ -345,10 +386,12 @@ class Graph:
         closer = self.__dict__.get("_runtime_closer")
         object.__setattr__(self, "_runtime", None)
         object.__setattr__(self, "_runtime_closer", None)
-        if closer is None:
+        detached = closer.detach() if closer is not None else None   # closed here, not when collected
+        if detached is None:
             return
+        _, _, (runtime,), _ = detached   # (the finalizer's object, function, arguments, keywords)
         try:
-            closer()
+            runtime.close()
         except Exception:  # noqa: BLE001 - see the docstring
             if not quiet:
                 raise
@@ -378,6 +421,7 @@ class Graph:
                     tracer.output(x, i)
         finally:
             self._tracer = None
+        self._input_layouts = [_layout(a) for a in args]
         self._traced_job_text = str(job)
         self._log(f"trace build ({len(job)} ops)", time.perf_counter() - start)
         if self._optimizers and job.loss_lbn is None:

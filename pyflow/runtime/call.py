@@ -44,6 +44,7 @@ from pyflow.distributed.global_tensor import make_global
 from pyflow.errors import DeviceError, DTypeError, GraphError, ShapeError
 from pyflow.framework.tensor import Tensor
 from pyflow.runtime.comm_net import is_comm
+from pyflow.runtime.watchdog import wait_until
 
 __all__ = ["CallContext", "call_context", "CallHandle", "check_inputs", "new_context", "frontier_tasks"]
 
@@ -96,7 +97,6 @@ class CallHandle:
         if not frontier:
             self._issued.set()
         self._delivered: dict = {}               # output index -> (tensor, error) once written
-        self._delivery = threading.Condition()
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -121,27 +121,27 @@ class CallHandle:
 
     def output(self, index: int) -> Tensor:
         """This rank's piece of output ``index``, once its value is written (any thread may wait; nothing is
-        driven); raises what stopped the call, or the failure of the op that made the value."""
-        with self._delivery:
-            while index not in self._delivered and self._error is None:
-                self._delivery.wait()
-            value, error = self._delivered.get(index, (None, self._error))
+        driven); raises what stopped the call, or the failure of the op that made the value.
+
+        The hand-over may come after the sink acted (the call is no longer in flight then), so this wait
+        watches for a hang itself (``watchdog.wait_until``): nothing moving for the hang timeout is a
+        ``RuntimeHangError`` naming this output and call, and the actor whose work never came back."""
+        wait_until(self._runtime, lambda: index in self._delivered or self._error is not None,
+                   f"output {index} of call {self.index} to be handed over")
+        value, error = self._delivered.get(index, (None, self._error))
         if error is not None:
             raise error
         return value
 
     def _deliver(self, index: int, value, error=None) -> None:
-        with self._delivery:
-            self._delivered[index] = (value, error)
-            self._delivery.notify_all()
+        self._delivered[index] = (value, error)
+        self._runtime._notify()   # (the runtime's waiters, this one among them, look again)
 
     def _finish(self, outputs=None, error=None) -> None:
         self._outputs, self._error = outputs, error
         self.context = None   # the inputs and outputs belong to the caller now
         self._issued.set()
-        self._done.set()
-        with self._delivery:
-            self._delivery.notify_all()
+        self._done.set()   # (the runtime then wakes its waiters, ``output`` among them)
 
     def __repr__(self) -> str:
         state = "failed" if self._error is not None else "done" if self.done() else "in flight"

@@ -20,6 +20,12 @@ what it wrote.  On a device the callback also syncs the ep stream (the kernels h
 *run*, not just been queued).  When the last callback has run, ``on_done`` sends the
 messages.  It also reports a kernel that failed writing the act's outputs.
 
+**Reached, or only issued** (``on_reached``): the first callback to run tells the actor runtime
+that the VM got to the act's work; on a device it then waits in the stream's sync while the
+kernels run.  The runtime's watchdog (``watchdog.py``) takes that for device work in progress
+(a long kernel is no hang).  A callback the VM never gets to (its stream's worker blocked, a
+dependence that is never met) is no work in progress: the call is stuck, and the watchdog says so.
+
 pyflow's VM would order a consumer's reads after the producer's writes even without
 the wait (both are eager ops with dependences); the callback is what keeps the seed's
 rule that no actor on another thread touches a regst before its producer's kernel ran.
@@ -36,12 +42,13 @@ from pyflow.vm.failure import first_failure
 __all__ = ["after_device_work"]
 
 
-def after_device_work(reads, writes, name: str, on_done) -> int:
+def after_device_work(reads, writes, name: str, on_done, on_reached=None) -> int:
     """Call ``on_done(failure)`` on a VM worker once the work on ``reads`` / ``writes`` (tensors) is done.
 
     ``failure`` is the first failure among what ``writes`` hold (a kernel that failed),
-    else None.  Returns how many callbacks were issued (0: nothing to wait for, and
-    ``on_done`` has already run on the calling thread).
+    else None.  ``on_reached()``, if given, runs once, before ``on_done``: when the VM got to the
+    first callback (see the module docstring).  Returns how many callbacks were issued (0: nothing
+    to wait for, and both have already run on the calling thread).
     """
     modes: dict[int, tuple] = {}   # storage id -> (blob, modifier)
     for tensor in writes:
@@ -52,13 +59,20 @@ def after_device_work(reads, writes, name: str, on_done) -> int:
         modes[blob.storage.id] = (modes.get(blob.storage.id, (blob,))[0], "mut")
     written = [t._blob for t in writes]
     if not modes:
+        if on_reached is not None:
+            on_reached()
         on_done(None)
         return 0
     remaining = [len(modes)]
+    reached = [on_reached is None]
     errors: list = []
     lock = threading.Lock()
 
     def callback(ep_stream, blob):   # on a VM worker, in stream order
+        with lock:
+            first, reached[0] = not reached[0], True
+        if first:
+            on_reached()
         try:
             if blob.device.device_type is not DeviceType.cpu:
                 ep_stream.sync()   # the kernels queued before this point have run

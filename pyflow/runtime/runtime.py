@@ -29,7 +29,7 @@ messages, delivered on the caller's thread (``CallHandle.result()`` drives it, o
 so tests can try many interleavings and replay any of them (``deterministic.py``).
 
 **Watchdog** (``watchdog.py``): a thread notices when calls are in flight, no device
-work is pending, and no actor acted for ``hang_timeout`` seconds
+work the VM got to is running, and no actor acted for ``hang_timeout`` seconds
 (``PYFLOW_HANG_TIMEOUT``, default 60).  It stops the runtime with a
 ``RuntimeHangError`` naming every waiting actor and the regst desc it waits for.  A caller
 waiting here blocks on ``changed`` (notified by what it waits for) and reports a hang itself the

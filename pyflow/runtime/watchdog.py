@@ -11,7 +11,18 @@ something and cannot act, and why, in the seed's terms:
 * not read-ready: which consumed regst desc lacks the piece this act needs (and from
   which producer it comes);
 * not write-ready: which produced regst desc has no free regst, and which consumers
-  still hold each copy (their reading count).
+  still hold each copy (their reading count);
+* device work that never came back: an act issued its ops, but the VM never got to the
+  callback that tells the actor they are done (``device_ctx.py``).
+
+"No device work pending" means no callback the VM *got to* is waiting for kernels: a kernel
+that runs long holds its callback in the stream's sync, which is no hang; work the VM never
+gets to (an instruction queued behind one that waits for this very call) is, once the VM
+itself stops moving (``vm_mark``: while it launches and releases instructions, the call's
+work may just be queued behind a long stretch of eager work).  One cpu kernel that runs
+longer than the hang timeout, before the call's callback, is reported: raise the timeout.  So a call
+whose outputs wait for such work (``flow.sync()``, a read of an output, the output critical
+section) ends with this report, not a silent wait.
 
 A deterministic runtime needs no watchdog: when no message is left and its call is not
 done, it reports at once.
@@ -35,7 +46,7 @@ import time
 
 from pyflow.errors import RuntimeHangError
 
-__all__ = ["Watchdog", "hang_report", "default_hang_timeout", "wait_until"]
+__all__ = ["Watchdog", "hang_report", "default_hang_timeout", "wait_until", "vm_mark"]
 
 
 def default_hang_timeout() -> float:
@@ -44,7 +55,8 @@ def default_hang_timeout() -> float:
 
 
 def hang_report(runtime, idle: float, what: str) -> str:
-    """Every waiting actor of ``runtime`` and the regst desc it waits for."""
+    """Every waiting actor of ``runtime``: the regst desc it waits for, the device work it issued that never came
+    back."""
     if runtime.deterministic:
         why = "no message is left to deliver"
     else:
@@ -57,6 +69,10 @@ def hang_report(runtime, idle: float, what: str) -> str:
         if actor is None or actor.exited:
             continue
         reasons = actor.why_waiting()
+        issued = sorted(actor.device_work.values())
+        if issued:
+            reasons.append(f"its device work issued after act(s) {issued} never came back from the VM (the VM did "
+                           "not get to it: a stream worker blocked, or a dependence never met)")
         if reasons:
             waiting += 1
             lines.append(f"  actor {tid} {actor.op_name!r} ({actor.kind}, {actor.acts} acts, on "
@@ -67,15 +83,25 @@ def hang_report(runtime, idle: float, what: str) -> str:
     return "\n".join(lines)
 
 
+def vm_mark(runtime):
+    """How far the rank's VM got (instructions launched, released).  A VM that moves is no hang, even while
+    no actor acts: the call's work may be queued behind a long stretch of eager work.  A stuck call's VM
+    stops too (everything waits), or soon has nothing else to do."""
+    vm = getattr(runtime.ctx, "vm", None)
+    return (vm.launched, vm.engine.released) if vm is not None else None
+
+
 def wait_until(runtime, predicate, what: str) -> None:
     """Block until ``predicate()`` (read under ``runtime.changed``, which every change it may depend on
     notifies); raise the runtime's error if it stopped, or stop it with a ``RuntimeHangError`` naming ``what``
     if no actor acted for ``runtime.hang_timeout`` seconds while no device work was pending."""
-    started = time.monotonic()
+    started, mark = time.monotonic(), vm_mark(runtime)
     with runtime.changed:
         while not predicate():
             if runtime.error is not None:
                 raise runtime.error
+            if vm_mark(runtime) != mark:     # the VM moved: progress too
+                started, mark = time.monotonic(), vm_mark(runtime)
             idle = time.monotonic() - max(runtime._progress, started)   # _progress: when an actor last acted
             if idle < runtime.hang_timeout:     # wake at a notify, or when the hang timeout would be reached
                 timeout = runtime.hang_timeout - idle
@@ -111,10 +137,14 @@ class Watchdog:
     def _watch(self) -> None:
         runtime = self.runtime
         interval = max(min(1.0, runtime.hang_timeout / 4), 0.01)
+        mark, moved = vm_mark(runtime), time.monotonic()
         while not self._stop.wait(interval):
             if runtime.error is not None:
                 return
+            if vm_mark(runtime) != mark:     # the VM moved: progress too
+                mark, moved = vm_mark(runtime), time.monotonic()
             busy, idle, device_work = runtime.activity()
+            idle = min(idle, time.monotonic() - moved)
             if busy and not device_work and idle > runtime.hang_timeout:
                 runtime.fail(RuntimeHangError(hang_report(runtime, idle, "running calls")))
                 return

@@ -30,18 +30,12 @@ import threading
 import time
 import warnings
 
-from pyflow.errors import PyflowError, SlowInstructionWarning, VMHangError
+from pyflow.errors import SlowInstructionWarning, VMHangError, VMIdleWaitError
 
-__all__ = ["WaitingMixin", "VMIdleWaitError"]
+__all__ = ["WaitingMixin"]
 
 _EVENT_POLL_SECONDS = 0.0005
 _IDLE_POLL_SECONDS = 0.05
-
-
-class VMIdleWaitError(PyflowError, RuntimeError):
-    """A wait on the VM made no progress for the hang timeout while the VM had nothing to do: no
-    instruction blocked, none running.  Not a hang of the VM (``VMHangError`` always names what is
-    blocked): what the wait is for is not the VM's work."""
 
 
 class WaitingMixin:

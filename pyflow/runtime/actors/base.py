@@ -125,6 +125,7 @@ class Actor:
         self.op_name = task.op_name
         self.acts_per_call = task.time_shape[1]
         self.acts = 0                   # acts done since the runtime started
+        self.device_work: dict = {}     # device work its messages wait for, not done yet -> acts when issued
         self.exited = False
         self.zombie = False
         self.in_slots: dict[int, InSlot] = {}
@@ -321,8 +322,8 @@ class Actor:
             for msg in later:
                 bus.send(msg, here)
             return
-        runtime = self.runtime
-        runtime.callback_started()
+        runtime, token = self.runtime, object()
+        self.device_work[token] = self.acts   # (one dict store / pop each: atomic; the VM worker pops it)
 
         def on_done(failure):   # on a VM worker thread: only the thread-safe channels are touched
             try:
@@ -332,9 +333,10 @@ class Actor:
                 for msg in later:
                     bus.send(msg, None)
             finally:
+                self.device_work.pop(token, None)
                 runtime.callback_finished()
 
-        after_device_work(read, written, f"actor {self.op_name} done", on_done)
+        after_device_work(read, written, f"actor {self.op_name} done", on_done, runtime.callback_started)
 
     # --- eord and exit ----------------------------------------------------------------------
 

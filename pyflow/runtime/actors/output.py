@@ -30,8 +30,12 @@ class OutputActor(Actor):
         handle = self.runtime.handle(n)   # in flight: the sink cannot have acted for this call yet
         index = self.plan.op_attrs[self.op_name][2]["index"]
         value = to_local(handle.context.outputs[index])
+        token = object()
+        self.device_work[token] = self.acts   # (for hang reports: the hand-over is not done yet)
 
         def on_done(failure):   # on a VM worker
+            self.device_work.pop(token, None)
+            self.runtime.callback_finished()
             if failure is None:
                 handle._deliver(index, value)
                 return
@@ -45,5 +49,6 @@ class OutputActor(Actor):
             handle._deliver(index, None, error)
             self.runtime.fail_from_device(self, failure)
 
-        after_device_work([], [value], f"output {self.op_name} of call {n} written", on_done)
+        after_device_work([], [value], f"output {self.op_name} of call {n} written", on_done,
+                          self.runtime.callback_started)
         super().after_act(n, j, start, end, slots, consumed)
