@@ -336,9 +336,6 @@ KNOWN = {
     'upward: pyflow.nn -> pyflow.graph (function-local)':
         ("OneFlow spells nn.Graph as flow.nn.Graph: nn's __getattr__ reaches up to graph; have the public API "
          'floor (pyflow/__init__) provide flow.nn.Graph'),
-    'upward: pyflow.nn.pooling -> pyflow (function-local)':
-        ('_windows calls flow.* functions through the public API: import them from pyflow.framework '
-         '(functional, movement, creation) instead'),
     'upward: pyflow.ops.optim_update -> pyflow.autograd (function-local)':
         ('the fused optimizer ops refuse to run under grad mode: with grad mode kept in framework (see '
          'composites) the op reads it there, or optim (above autograd) checks before issuing the op'),

@@ -35,7 +35,9 @@ import math
 import numpy as np
 
 from pyflow.errors import ArgumentValueError, ShapeError
-from pyflow.framework.tensor import Tensor
+from pyflow.framework.creation import arange, full
+from pyflow.framework.movement import cat, stack
+from pyflow.framework.tensor import Tensor, tensor
 
 __all__ = ["max_pool2d", "avg_pool2d", "pool_output_size"]
 
@@ -77,32 +79,28 @@ def _check(x: Tensor, name: str, kernel_size, stride, padding, dilation) -> tupl
 
 def _windows(x: Tensor, k, s, p, d, out, fill: float) -> Tensor:
     """``(N, C, kH * kW, OH, OW)``: every window's cells, padded with ``fill`` where outside the input."""
-    import pyflow as flow
-
     for axis in (2, 3):
         a = axis - 2
         need = (out[a] - 1) * s[a] + d[a] * (k[a] - 1) + 1          # rows from the top padding on
         after = max(0, need - p[a] - x.shape[axis])
         parts = [x]
         if p[a]:
-            parts.insert(0, flow.full(x.shape[:axis] + (p[a],) + x.shape[axis + 1:], fill, dtype=x.dtype,
+            parts.insert(0, full(x.shape[:axis] + (p[a],) + x.shape[axis + 1:], fill, dtype=x.dtype,
                                       device=x.device))
         if after:
-            parts.append(flow.full(x.shape[:axis] + (after,) + x.shape[axis + 1:], fill, dtype=x.dtype,
+            parts.append(full(x.shape[:axis] + (after,) + x.shape[axis + 1:], fill, dtype=x.dtype,
                                    device=x.device))
-        x = flow.cat(parts, dim=axis) if len(parts) > 1 else x
+        x = cat(parts, dim=axis) if len(parts) > 1 else x
     cells = [x[:, :, dy * d[0]: dy * d[0] + (out[0] - 1) * s[0] + 1: s[0],
                dx * d[1]: dx * d[1] + (out[1] - 1) * s[1] + 1: s[1]]
              for dy in range(k[0]) for dx in range(k[1])]
-    return flow.stack(cells, dim=2)
+    return stack(cells, dim=2)
 
 
 def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,  # noqa: A002
                return_indices: bool = False):
     """The maximum of each window; with ``return_indices`` also its position ``row * W + col`` in the input
     (what ``MaxUnpool2d`` takes)."""
-    import pyflow as flow
-
     batched = input.ndim == 4
     x = input if batched else input.unsqueeze(0)
     k, s, p, d = _check(x, "max_pool2d", kernel_size, stride, padding, dilation)
@@ -116,8 +114,8 @@ def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, c
     if not return_indices:
         return values
     which = which.squeeze(2)
-    rows = flow.arange(out[0], device=x.device).reshape(out[0], 1) * s[0] - p[0] + (which // k[1]) * d[0]
-    cols = flow.arange(out[1], device=x.device).reshape(1, out[1]) * s[1] - p[1] + (which % k[1]) * d[1]
+    rows = arange(out[0], device=x.device).reshape(out[0], 1) * s[0] - p[0] + (which // k[1]) * d[0]
+    cols = arange(out[1], device=x.device).reshape(1, out[1]) * s[1] - p[1] + (which % k[1]) * d[1]
     indices = rows * W + cols
     return values, (indices if batched else indices.squeeze(0))
 
@@ -125,8 +123,6 @@ def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, c
 def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,  # noqa: A002
                count_include_pad: bool = True, divisor_override=None) -> Tensor:
     """The mean of each window, divided as PyTorch divides (see the module docstring)."""
-    import pyflow as flow
-
     batched = input.ndim == 4
     x = input if batched else input.unsqueeze(0)
     k, s, p, d = _check(x, "avg_pool2d", kernel_size, stride, padding, 1)
@@ -146,5 +142,5 @@ def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bo
                 start, end = np.maximum(start, 0), np.minimum(end, n)
             spans.append(end - start)
         divisor = np.outer(spans[0], spans[1]).astype(np.float64)
-    result = sums / flow.tensor(divisor.astype(x.dtype), device=x.device)
+    result = sums / tensor(divisor.astype(x.dtype), device=x.device)
     return result if batched else result.squeeze(0)
