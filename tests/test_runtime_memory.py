@@ -149,7 +149,7 @@ def test_a_training_graph_runs_in_the_plans_shared_memory_and_gives_run_plans_nu
     mine(x)
     rt = Runtime(mine.plan, mine.job, deterministic=True, seed=5)
     assert rt.regst_mgr.chunk_bytes() == _rank0_blocks(mine.plan)
-    assert sum(_rank0_blocks(mine.plan).values()) < 0.5 * _private_bytes(mine.plan)
+    assert sum(_rank0_blocks(mine.plan).values()) <= 0.5 * _private_bytes(mine.plan)   # (views take no memory)
     for _ in range(3):
         want = run_plan(ref.plan, [x], ref.job)[0].numpy()
         ref._after_call()

@@ -11,8 +11,9 @@ produces and its readers' tasks consume.  What backs a regst's memory:
 ``variable``   the eager tensor the variable op reads (parameters persist)
 ``input``      the tensor given to this call
 ``output``     a fresh eager tensor per call (handed back to the user)
-``alias``      another regst's memory: a ``repeat`` passes its input on; an op that
-               writes a variable in place (``out=`` a captured tensor) makes no new blob
+``alias``      another regst's memory: a ``repeat`` passes its input on, a ``view`` (reshape,
+               permute, expand...) looks at it with other strides; an op that writes a
+               variable in place (``out=`` a captured tensor) makes no new blob
 ``ctrl``       nothing: a control edge (``ctrl_inputs``), or a tick
 =============  ===================================================================
 
@@ -341,7 +342,7 @@ class TaskGraph:
             mem = op.type
         elif op.type in ("source_tick", "sink_tick"):
             mem, num = "ctrl", 2 if op.type == "source_tick" else 1
-        elif op.type in ("repeat", "to_global"):   # the same memory, passed on
+        elif op.type in ("repeat", "to_global", "view"):   # the same memory, passed on (a view: other strides)
             mem = "alias"
             alias_of = task.consumed["in_0"][0] if "in_0" in task.consumed else None
         elif j in op.attrs.get("_out_into", ()):

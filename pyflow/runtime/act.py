@@ -13,7 +13,8 @@ Each task kind, at micro-batch ``j``:
 
 ============  ===========================================================================
 compute/copy  the op itself: ``apply(op, inputs, out=[its regsts])`` (the eager op, so
-              eager and graph share one definition); ``view``: a contiguous copy of the view
+              eager and graph share one definition); ``view``: the view of its input (no
+              copy: its regst is an alias of the input's, which stays alive while it is read)
 variable      binds the eager tensor (parameters persist across calls)
 input         binds the call's input
 unpack        micro-batch j of its input (rows ``j*b .. (j+1)*b``)
@@ -37,6 +38,7 @@ timing.)
 
 from __future__ import annotations
 
+from pyflow.autograd import no_grad
 from pyflow.compiler.boxing_tasks import run_boxing_task
 from pyflow.distributed.global_tensor import make_global, to_local
 from pyflow.framework.interpreter import apply
@@ -153,14 +155,19 @@ def _make_act(plan, task):
             return list(outs)
         return pack
     if op_type == "view":
+        # A view's strides are those of its input's blob: contiguous, unless that input is itself a view
+        # (an alias regst, no copy), whose elements this view then reads laid out contiguously first.
+        of_view = _made_by_view(plan, task.consumed["in_0"][0])
+
         def view(ins, outs, j, call):
             (x,) = bind(ins)
+            if of_view and not x.is_contiguous():
+                (x,) = apply("contiguous", [x])
             if "_perm" in attrs:   # a global blob's split piece: permute the piece's own dims
                 seen = x.permute(*attrs["_perm"])
             else:
                 seen = x._view(attrs["shape"], attrs["strides"], x._blob.offset + attrs["offset"])   # relative
-            apply("contiguous", [seen], out=[outs[0]])
-            return list(outs)
+            return [seen]   # no VM instruction: the view's regst is an alias of its input's (task_graph.py)
         return view
     into = list(attrs.get("_out_into", ()))
     kwargs = {k: v for k, v in attrs.items() if not k.startswith("_")}
@@ -171,12 +178,24 @@ def _make_act(plan, task):
     def compute(ins, outs, j, call):
         args = bind(ins)
         targets = [args[into_arg[i]] if i in into_arg else outs[i] for i in range(len(outs))]
-        if k is not None and targets:   # the op writes only parts of input k: it starts as a copy of it
-            apply("contiguous", [args[k]], out=[targets[0]])
-            args[k] = targets[0]
-        results = apply(op_type, args[:n_in], out=targets or None, **kwargs)
+        with no_grad():   # the Plan holds its backward already: nothing is recorded (nor snapshot) for autograd
+            if k is not None and targets:   # the op writes only parts of input k: it starts as a copy of it
+                apply("contiguous", [args[k]], out=[targets[0]])
+                args[k] = targets[0]
+            results = apply(op_type, args[:n_in], out=targets or None, **kwargs)
         return list(results) if results is not None else list(outs)
     return compute
+
+
+def _made_by_view(plan, regst_id: int) -> bool:
+    """Is regst ``regst_id`` a view's output, or an alias passed on from one (a repeat of a view)?"""
+    regst = plan.regsts[regst_id]
+    while True:
+        if plan.tasks[regst.producer].op_type == "view":
+            return True
+        if regst.mem != "alias" or regst.alias_of is None:
+            return False
+        regst = plan.regsts[regst.alias_of]
 
 
 def act_input(plan, task, key: str, x: Tensor, out: Tensor, first: bool) -> None:

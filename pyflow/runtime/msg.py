@@ -30,7 +30,7 @@ __all__ = ["ActorMsg", "REGST", "EORD", "CMD", "regst_msg", "eord_msg", "cmd_msg
 REGST, EORD, CMD = "regst", "eord", "cmd"
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class ActorMsg:
     """One message: ``kind`` (regst / eord / cmd), from actor ``src`` to actor ``dst``."""
 

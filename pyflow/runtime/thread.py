@@ -50,16 +50,16 @@ class _ActorHome:
     constructed = 0   # actors built here so far
 
     def handle(self, msg) -> None:
-        if msg.kind == CMD and msg.cmd == "construct":
-            actor = make_actor(self.runtime, msg.arg, self)
-            self.actors[actor.actor_id] = actor
-            self.constructed += 1
-            self.runtime.on_constructed(actor)
-            return
         actor = self.actors.get(msg.dst)
-        if actor is None and msg.kind == CMD and msg.cmd == "turn":
-            return   # the communication turn passed to an actor that has exited (the runtime is closing)
         if actor is None:
+            if msg.kind == CMD and msg.cmd == "construct":
+                actor = make_actor(self.runtime, msg.arg, self)
+                self.actors[actor.actor_id] = actor
+                self.constructed += 1
+                self.runtime.on_constructed(actor)
+                return
+            if msg.kind == CMD and msg.cmd == "turn":
+                return   # the communication turn passed to an actor that has exited (the runtime is closing)
             raise RuntimeError(f"{msg!r} reached thread {self.name!r}, which has no live actor {msg.dst}")
         actor.process_msg(msg)
         if actor.exited:

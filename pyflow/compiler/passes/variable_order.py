@@ -9,7 +9,8 @@ order, for each variable:
 * a **writer** waits for every reader since the last write, and for that writer
   (write after read, write after write).
 
-Reading a ``repeat`` of the variable (gradient accumulation) counts as reading it.
+Reading a ``repeat`` of the variable (gradient accumulation) or a ``view`` of it (a transposed
+weight: its regst is the variable's memory, no copy) counts as reading it.
 These are OneFlow's ``ctrl_in_op_name``: edges that carry no data.
 """
 
@@ -17,19 +18,21 @@ from __future__ import annotations
 
 __all__ = ["run"]
 
+_ALIASES = ("repeat", "view")   # ops whose output is their input's memory
+
 
 def run(job, tracer) -> None:
-    alias = {}   # lbn -> the variable lbn it stands for (a repeat of a variable)
+    alias = {}   # lbn -> the variable lbn it stands for (a repeat or a view of a variable)
     for op in job.ops:
         if op.type == "variable":
             alias[op.outputs[0]] = op.outputs[0]
-        elif op.type == "repeat" and op.inputs[0] in alias:
+        elif op.type in _ALIASES and op.inputs[0] in alias:
             alias[op.outputs[0]] = alias[op.inputs[0]]
     last_writer: dict[str, str] = {}
     readers: dict[str, list] = {}
     for op in job.ops:
-        if op.type == "repeat":
-            continue
+        if op.type in _ALIASES:
+            continue   # it reads nothing itself: its readers read the variable
         written = {alias[lbn] for lbn in op.writes.values() if lbn in alias}
         for lbn in op.input_lbns():
             var = alias.get(lbn)

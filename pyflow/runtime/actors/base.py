@@ -56,7 +56,7 @@ from pyflow.compiler.task_graph import pieces_per_call
 from pyflow.errors import OpError
 from pyflow.runtime.act import produced_regsts
 from pyflow.runtime.device_ctx import after_device_work
-from pyflow.runtime.msg import CMD, EORD, REGST, eord_msg, regst_msg
+from pyflow.runtime.msg import CMD, EORD, REGST, ActorMsg, eord_msg, regst_msg
 
 __all__ = ["Actor", "InSlot", "OutSlot", "pieces_per_call"]
 
@@ -92,10 +92,25 @@ class InSlot:
         return (n, j)
 
     def add(self, regst) -> None:
-        bisect.insort(self.regsts, regst, key=lambda r: r.piece)
+        regsts = self.regsts
+        if not regsts or regsts[-1].piece < regst.piece:
+            regsts.append(regst)   # the usual case: pieces arrive in order
+        else:
+            bisect.insort(regsts, regst, key=lambda r: r.piece)
 
     def ready(self, acts: int, acts_per_call: int) -> bool:
         return bool(self.regsts) and self.regsts[0].piece == self.expected_piece(acts, acts_per_call)
+
+    def ready_at(self, n: int, j: int) -> bool:
+        """``ready`` for the act at piece ``(n, j)`` (the hot path: one comparison in the common mode)."""
+        regsts = self.regsts
+        if not regsts:
+            return False
+        if self.mode == "one":
+            return regsts[0].piece == (n, j)
+        if self.mode == "held":
+            return regsts[0].piece == (n, j // self.ratio)
+        return regsts[0].piece == (n, j * self.ratio + self.ratio - 1)
 
 
 class OutSlot:
@@ -109,6 +124,7 @@ class OutSlot:
         self.acts_per_piece = acts_per_piece
         self.consumers = consumers      # actor ids
         self.current = None             # the copy being filled (taken from ``free`` by an act)
+        self.pinned_source = None       # the InSlot whose memory this alias (or inplace) regst is, if consumed
 
     def all_back(self) -> bool:
         return self.current is None and len(self.free) == len(self.regsts)
@@ -134,6 +150,7 @@ class Actor:
                 desc = self.plan.regsts[rid]
                 self.in_slots[rid] = InSlot(key, desc, self.plan.tasks[desc.producer], self.acts_per_call)
         self.data_keys = [(key, ids[0]) for key, ids in task.consumed.items() if key != "ctrl"]
+        self.data_in = [(key, self.in_slots[rid]) for key, rid in self.data_keys]
         for slot in self.in_slots.values():
             if slot.mode == "absorb" and slot.desc.mem != "ctrl":
                 raise ValueError(f"actor {self.actor_id} ({self.op_name}): data regst {slot.desc.lbn} arrives "
@@ -145,20 +162,24 @@ class Actor:
                                           self.acts_per_call // pieces_per_call(task, key),
                                           list(dict.fromkeys(desc.consumers)))
         self.data_out = [self.out_slots[r.id] for r in produced_regsts(self.plan, task)]
+        for slot in self.out_slots.values():
+            desc = slot.desc
+            slot.pinned_source = self.in_slots.get(desc.alias_of if desc.mem == "alias" else desc.inplace_of)
+        # what every act walks, as lists made once (OneFlow's actors hold theirs from construction too)
+        self.in_list, self.out_list = list(self.in_slots.values()), list(self.out_slots.values())
         self.pins: collections.Counter = collections.Counter()   # consumed regst -> its aliases in flight
         self.deferred: set = set()      # consumed regsts used up, going back once their pins reach 0
-        self.handler = self.handler_normal
+        self.ended = False              # an eord arrived: from now on, check whether the inputs are finished
+        # ``process_msg(msg)``: update the state with ``msg``, act while possible, wind down once the inputs
+        # ended; the handler of the actor's state (``handler_normal``, then ``handler_zombie``), one call
+        self.process_msg = self.handler_normal
 
     # --- messages ---------------------------------------------------------------------------
-
-    def process_msg(self, msg) -> None:
-        """Update the state with ``msg``, act while possible, wind down once the inputs ended."""
-        self.handler(msg)
 
     def handler_normal(self, msg) -> None:
         self.receive(msg)
         self.act_until_fail()
-        if self.input_finished():
+        if self.ended and self.input_finished():
             self.become_zombie()
 
     def handler_zombie(self, msg) -> None:
@@ -177,6 +198,7 @@ class Actor:
                 self.on_arrived(regst)
         elif msg.kind == EORD:
             self.in_slots[msg.desc_id].eord = True
+            self.ended = True
         elif msg.kind == CMD:
             self.on_cmd(msg)
 
@@ -214,10 +236,23 @@ class Actor:
     # --- readiness --------------------------------------------------------------------------
 
     def is_read_ready(self) -> bool:
-        return all(slot.ready(self.acts, self.acts_per_call) for slot in self.in_slots.values())
+        piece = divmod(self.acts, self.acts_per_call)
+        for slot in self.in_list:
+            regsts = slot.regsts
+            if not regsts:
+                return False
+            if slot.mode == "one":   # (``slot.ready_at`` inlined: the common case, asked at every message)
+                if regsts[0].piece != piece:
+                    return False
+            elif not slot.ready_at(*piece):
+                return False
+        return True
 
     def is_write_ready(self) -> bool:
-        return all(slot.current is not None or slot.free for slot in self.out_slots.values())
+        for slot in self.out_list:
+            if slot.current is None and not slot.free:
+                return False
+        return True
 
     def act_until_fail(self) -> int:
         """Act while read-ready and write-ready; returns how many acts ran."""
@@ -234,10 +269,10 @@ class Actor:
         return divmod(self.acts, self.acts_per_call)
 
     def act_once(self) -> None:
-        n, j = self.piece()
+        n, j = divmod(self.acts, self.acts_per_call)
         call = self.runtime.call_context(n)
-        ins = {key: self.in_slots[rid].regsts[0].tensor for key, rid in self.data_keys}
-        for slot in self.out_slots.values():
+        ins = {key: slot.regsts[0].tensor for key, slot in self.data_in}
+        for slot in self.out_list:
             if slot.current is None:
                 slot.current = slot.free.pop(0)
         start = time.perf_counter()
@@ -257,25 +292,28 @@ class Actor:
     def after_act(self, n: int, j: int, start: float, end: float, slots=None, consumed=None) -> None:
         """Send what is complete downstream, give back what was used up (``slots``: those consumed slots,
         default all); record the act (``consumed``: more (desc, index, piece) it read)."""
-        sends, written = [], []
-        produced = []
-        for slot in self.out_slots.values():
-            if j % slot.acts_per_piece != slot.acts_per_piece - 1:
+        sends, written, produced = [], [], []
+        me = self.actor_id
+        for slot in self.out_list:
+            per = slot.acts_per_piece
+            if per != 1 and j % per != per - 1:
                 continue   # Acc / Pack: this regst is not full yet
             regst, slot.current = slot.current, None
-            regst.piece = (n, j // slot.acts_per_piece)
-            produced.append((slot.desc.id, regst.index, regst.piece))
+            regst.piece = piece = (n, j // per)
+            produced.append((slot.desc.id, regst.index, piece))
             if regst.tensor is not None:
                 written.append(regst.tensor)
-            self.pin_alias(regst)
+            if slot.pinned_source is not None:
+                self.pin_alias(regst, slot.pinned_source)
             if not slot.consumers:
                 self.free_regst(regst)
                 continue
             regst.readers_left = set(slot.consumers)
-            sends.extend(regst_msg(self.actor_id, c, regst) for c in slot.consumers)
+            for consumer in slot.consumers:
+                sends.append(ActorMsg(REGST, me, consumer, regst, piece))
         returned, read = [], []
-        consumed = list(consumed or [])
-        for slot in self.in_slots.values() if slots is None else slots:
+        consumed = list(consumed) if consumed else []
+        for slot in self.in_list if slots is None else slots:
             regst = slot.regsts[0]
             consumed.append((slot.desc.id, regst.index, regst.piece))
             slot.uses += 1
@@ -290,15 +328,14 @@ class Actor:
             if regst.tensor is not None:
                 read.append(regst.tensor)
         self.runtime.record_act(self, (n, j), start, end, consumed, produced)
-        self.dispatch(sends + [regst_msg(self.actor_id, r.producer, r) for r in returned], read, written)
+        for r in returned:
+            sends.append(ActorMsg(REGST, me, r.producer, r, r.piece))
+        self.dispatch(sends, read, written)
 
-    def pin_alias(self, regst) -> None:
-        """An alias (or inplace) regst keeps the consumed regst whose memory it is from going back."""
-        desc = regst.desc
-        source_id = desc.alias_of if desc.mem == "alias" else desc.inplace_of
-        if source_id not in self.in_slots:
-            return
-        source = self.in_slots[source_id].regsts[0]
+    def pin_alias(self, regst, source_slot: InSlot) -> None:
+        """An alias (or inplace) regst keeps the consumed regst whose memory it is (the front of
+        ``source_slot``) from going back."""
+        source = source_slot.regsts[0]
         self.pins[source] += 1
         regst.pinned_input = source
 
@@ -310,10 +347,10 @@ class Actor:
     def dispatch(self, msgs: list, read: list, written: list) -> None:
         """Send ``msgs``: to this thread at once; to other threads once the device work is done."""
         bus, here = self.runtime.bus, self.thread
-        later = []
+        thread_of, later = bus.thread_of, []
         for msg in msgs:
-            if bus.thread_of(msg.dst) is here:
-                bus.send(msg, here)
+            if thread_of(msg.dst) is here:
+                here.enqueue(msg, True)   # the bus's own choice for a message to this thread: its local queue
             else:
                 later.append(msg)
         if not later:
@@ -346,7 +383,7 @@ class Actor:
 
     def become_zombie(self) -> None:
         self.zombie = True
-        self.handler = self.handler_zombie
+        self.process_msg = self.handler_zombie
         self.try_exit()
 
     def try_exit(self) -> None:

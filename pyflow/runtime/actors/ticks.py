@@ -43,6 +43,7 @@ class SourceTickActor(Actor):
             self.calls_done += 1
         elif msg.cmd == "close":
             self.close_after = msg.arg
+            self.ended = True   # no eord comes to a source: close is its end
         else:
             super().on_cmd(msg)
 
