@@ -9,6 +9,12 @@ first imported, before pyflow imports anything else, so it runs after every
 exit handler registered later (numba's, pyflow's own VM shutdown); handlers
 registered before ``import pyflow`` are skipped in that case.
 
+**Ctrl-C at exit** (``abandon``): exit waits for the work still queued (every kernel issued, the
+graph calls in flight), and a user who presses Ctrl-C then wants out, not the rest of the queue.  So
+an interrupt while pyflow's exit handlers wait gives the queued work up and ends the process at once
+with status 130 (128 + SIGINT, what a shell reports for a program Ctrl-C ended), through
+``os._exit``: draining, joining the VM's threads and closing streams would run that very work.
+
 This module imports nothing from pyflow.
 """
 
@@ -17,8 +23,11 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from typing import NoReturn
 
-__all__ = ["mark_unseen_failures"]
+__all__ = ["mark_unseen_failures", "abandon", "INTERRUPTED_STATUS"]
+
+INTERRUPTED_STATUS = 130   # 128 + SIGINT
 
 _unseen = 0
 
@@ -29,13 +38,25 @@ def mark_unseen_failures(count: int) -> None:
     _unseen += count
 
 
+def abandon(what: str) -> NoReturn:
+    """Ctrl-C while an exit handler waits for ``what``: give the queued work up, end now with status 130."""
+    print(f"pyflow: interrupted at exit while waiting for {what}; the work still queued is abandoned",
+          file=sys.stderr)
+    _flush()
+    os._exit(INTERRUPTED_STATUS)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush
+            pass
+
+
 def _finish() -> None:
     if _unseen:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush
-                pass
+        _flush()
         os._exit(1)
 
 

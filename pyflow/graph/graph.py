@@ -63,7 +63,8 @@ A failure in call k stops the runtime and raises ``OpError`` naming the actor an
 raises), else at the readers of call k's outputs (a kernel that fails in the VM after ``g(x)``
 returned); the outputs of later calls in flight raise it too, the next ``g(x)`` makes a new
 runtime.  With ``"deterministic"`` (or the VM in step-through mode, ``PYFLOW_VM_SYNC``) the
-caller's thread runs the whole call before returning.
+caller's thread runs the whole call before returning.  Ctrl-C in ``g(x)`` goes up at once; the calls
+handed to the runtime finish while it closes on a thread of its own (``_close_runtime``).
 
 After each call that trains, the graph steps its learning-rate scheduler (OneFlow steps
 it once per graph call) and counts the step (Adam's bias correction reads it).
@@ -78,13 +79,14 @@ from pyflow import vm
 from pyflow.compiler import compile_job
 from pyflow.compiler.job import Job
 from pyflow.compiler.lazy import LazyTensor, LazyTracer, tracing
+from pyflow.device.ep.base import is_interrupt
 from pyflow.distributed.global_tensor import make_global, to_local
 from pyflow.errors import GraphError
 from pyflow.framework.creation import empty
 from pyflow.framework.tensor import Tensor
 from pyflow.nn.module import Module
 from pyflow.runtime import Runtime
-from pyflow.runtime.live import close_when_collected
+from pyflow.runtime.live import close_in_background, close_when_collected
 from pyflow.runtime.sequential import run_plan
 
 __all__ = ["Graph", "GraphModule", "GraphConfig"]
@@ -331,10 +333,11 @@ class Graph:
             vm.run(lambda builder: builder.launch_lazy_job(self.name, None, [], sections))
             return outputs
         except BaseException as error:
-            # Ctrl-C while waiting, a dead runtime, or a call that never started: stop this runtime
-            # (its threads exit) and let the next call make a new one
-            if isinstance(error, KeyboardInterrupt) or runtime.error is not None or not handle.started:
-                self._close_runtime(quiet=True)
+            # Ctrl-C (or pdb's quit): it goes up at once, the runtime closes on a thread of its own (however long
+            # a stage takes); a dead runtime, or a call that never started: close it now (its threads exit); either
+            # way the next call makes a new one
+            if is_interrupt(error) or runtime.error is not None or not handle.started:
+                self._close_runtime(quiet=True, background=is_interrupt(error))
             raise
 
     def _output_tensors(self, runtime, handle) -> tuple:
@@ -378,10 +381,11 @@ class Graph:
             object.__setattr__(self, "_runtime_closer", close_when_collected(self, runtime))
         return runtime
 
-    def _close_runtime(self, quiet: bool = False) -> None:
+    def _close_runtime(self, quiet: bool = False, background: bool = False) -> None:
         """Close this graph's runtime now (its threads stop); the next call makes a new one.
 
         ``quiet``: an error while closing is dropped (the caller is raising the one that matters).
+        ``background``: on a thread of its own (``live.close_in_background``): an interrupted caller never waits.
         """
         closer = self.__dict__.get("_runtime_closer")
         object.__setattr__(self, "_runtime", None)
@@ -390,6 +394,9 @@ class Graph:
         if detached is None:
             return
         _, _, (runtime,), _ = detached   # (the finalizer's object, function, arguments, keywords)
+        if background:
+            close_in_background(runtime)
+            return
         try:
             runtime.close()
         except Exception:  # noqa: BLE001 - see the docstring

@@ -15,10 +15,10 @@ import atexit
 import threading
 import weakref
 
-from pyflow import env
+from pyflow import _exit, env
 from pyflow.vm import add_shutdown_hook, add_sync_hook
 
-__all__ = ["live_runtimes", "close_when_collected"]
+__all__ = ["live_runtimes", "close_when_collected", "close_in_background"]
 
 live_runtimes: weakref.WeakSet = weakref.WeakSet()
 
@@ -64,24 +64,32 @@ def close_when_collected(owner, runtime) -> weakref.finalize:
     it is closed).  At exit ``_close_all`` closes what is left, on the exiting thread.  The owner closing
     its runtime itself ``detach()``es the finalizer and calls ``runtime.close()``.
     """
-    finalizer = weakref.finalize(owner, _close_in_background, runtime)
+    finalizer = weakref.finalize(owner, close_in_background, runtime)
     finalizer.atexit = False
     return finalizer
 
 
-def _close_in_background(runtime) -> None:
+def close_in_background(runtime) -> None:
+    """Close ``runtime`` on a short-lived daemon thread (``pyflow-close-<graph>``), its errors dropped: for a
+    collected graph (above), and for a graph call Ctrl-C interrupted (``nn.Graph``: the caller gets the
+    interrupt at once, while the calls in flight finish, or hang until the hang timeout, on that thread)."""
     def close():
         try:
             runtime.close()
-        except Exception:  # noqa: BLE001 - the graph is gone: its calls' errors went to their outputs' readers
+        except Exception:  # noqa: BLE001 - nobody waits for this close: the calls' errors went to their readers
             pass
     threading.Thread(target=close, daemon=True, name=f"pyflow-close-{runtime.name or runtime.plan.job_name}").start()
 
 
 @atexit.register
 def _close_all() -> None:
-    for runtime in list(live_runtimes):
-        try:
-            runtime.close()
-        except Exception:  # noqa: BLE001 - at exit: nothing left to report to
-            pass
+    """At exit: close every Runtime still open (their calls in flight finish first); Ctrl-C meanwhile gives
+    them up and ends the process with status 130 (``pyflow/_exit.py``)."""
+    try:
+        for runtime in list(live_runtimes):
+            try:
+                runtime.close()
+            except Exception:  # noqa: BLE001 - at exit: nothing left to report to
+                pass
+    except KeyboardInterrupt:
+        _exit.abandon("the graph calls in flight")

@@ -139,20 +139,35 @@ def shutdown(at_exit: bool = False, release_held: bool = False) -> None:
     ended: its tensors are nobody's now, though an exception's frames may keep them);
     otherwise a tensor outlives its VM and the next VM uses it.
     """
-    for hook in list(_shutdown_hooks):
-        hook()
+    with _abandoned_on_ctrl_c(at_exit, "the graph calls in flight"):
+        for hook in list(_shutdown_hooks):
+            hook()
     ctx = env.current()
     with _vm_lock:
         vm, ctx.vm = ctx.vm, None
     if vm is None or vm.closed:
         return
     try:
-        _drain(vm, "shutdown")
+        with _abandoned_on_ctrl_c(at_exit, "the VM's queued work"):
+            _drain(vm, "shutdown")
     finally:
         unseen = vm.shutdown(release_held=release_held)
         report_unseen(unseen)
         if at_exit and unseen:
             _exit.mark_unseen_failures(len(unseen))
+
+
+@contextlib.contextmanager
+def _abandoned_on_ctrl_c(at_exit: bool, what: str):
+    """At exit, Ctrl-C while the block waits for ``what`` gives the queued work up and ends the process with
+    status 130 (``_exit.abandon``), before anything else would wait for that work (``vm.shutdown`` joins the
+    workers and drains the streams)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if at_exit:
+            _exit.abandon(what)
+        raise
 
 
 atexit.register(shutdown, at_exit=True)

@@ -9,7 +9,8 @@ the VM is wedged for good.  So the VM marks those stretches *critical*:
 * ``with critical():`` - a SIGINT that arrives inside is remembered, not raised;
 * ``checkpoint()`` - at a point where the bookkeeping is consistent, raise the
   remembered interrupt (the engine calls it between the steps of a round);
-* leaving the outermost critical stretch raises it too;
+* leaving the outermost critical stretch raises it too (also when an error ends the stretch: the
+  interrupt goes up, with that error as its context, rather than being lost);
 * ``with allowed():`` - inside a critical stretch, a part that may be
   interrupted at once (a kernel running in step-through mode): the remembered
   interrupt is raised on entry, new ones are raised immediately.
@@ -33,6 +34,8 @@ import bdb
 import signal
 import sys
 import threading
+
+from pyflow.device.ep.base import is_interrupt
 
 __all__ = ["install", "critical", "allowed", "checkpoint"]
 
@@ -145,9 +148,9 @@ class critical:
             _state.depth -= 1
             if _state.depth == 0:
                 _undefer_quits()
-                if (_state.pending or _state.quit_pending) and kind is None:
-                    _raise_pending()
-                # else an exception (perhaps this very interrupt) is already on its way up
+                if (_state.pending or _state.quit_pending) and (kind is None or not is_interrupt(value)):
+                    _raise_pending()   # (over an error that ends the stretch too: the Ctrl-C is never lost)
+                # else an interrupt (perhaps this very one) is already on its way up
                 _state.pending = _state.quit_pending = False
         return False
 

@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 
-from pyflow.device.ep.base import is_interrupt
+from pyflow.device.ep.base import is_interrupt, unmasked
 
 __all__ = ["Notifier", "ThreadCtx"]
 
@@ -120,8 +120,9 @@ def run_instruction(instruction) -> None:
     try:
         instruction.stream.run(instruction)
     except Exception as error:  # noqa: BLE001 - VmStream.run already failed the members that did not finish
+        error = unmasked(error)   # (a Ctrl-C hidden by a lock's error: ``ep.base.unmasked``)
         if is_interrupt(error):
-            raise
+            raise error
     finally:
         instruction.launched_at = time.perf_counter()
         instruction.launched = True

@@ -48,7 +48,7 @@ import time
 import weakref
 
 from pyflow.device import CachingAllocator, Device, ep
-from pyflow.device.ep.base import RawBuffer, is_interrupt
+from pyflow.device.ep.base import RawBuffer, is_interrupt, unmasked
 from pyflow.device.stream import StreamType
 from pyflow.errors import OutOfMemoryError, VMThreadError
 from pyflow.vm import interrupts
@@ -277,9 +277,10 @@ class VirtualMachine(WaitingMixin):
                 instruction.stream.allocator.shrink()
                 policy.prepare(instruction)
         except Exception as error:  # noqa: BLE001 - the op fails, the VM goes on
+            error = unmasked(error)   # (a Ctrl-C hidden by a lock's error: ``ep.base.unmasked``)
             self.fail(policy, error)
             if is_interrupt(error):   # pdb's quit: the VM goes on, the program does not
-                raise
+                raise error
 
     def compute_member(self, policy, instruction) -> None:
         """Compute one policy (a fused group's member) unless it, or what it reads, failed."""
@@ -295,9 +296,10 @@ class VirtualMachine(WaitingMixin):
         try:
             policy.compute(instruction)
         except BaseException as error:  # noqa: BLE001 - the op fails, nothing else; but an interrupt (Ctrl-C,
-            self.fail(policy, error)      # pdb's quit) fails this member, then goes up
+            error = unmasked(error)       # pdb's quit, one a lock's error hides) fails this member, then goes up
+            self.fail(policy, error)
             if is_interrupt(error):
-                raise
+                raise error
 
     def _on_launched(self, instruction, wake_scheduler: bool = True) -> None:
         self.launched += 1

@@ -43,7 +43,7 @@ from pyflow.device.device import DeviceType
 from pyflow.errors import DoubleFreeError, InvalidFreeError
 
 __all__ = ["RawBuffer", "LiveBuffers", "EpDevice", "EpStream", "Event", "view_extent", "numpy_view", "is_interrupt",
-           "set_work_owner", "work_owner", "run_reported"]
+           "unmasked", "set_work_owner", "work_owner", "run_reported"]
 
 
 def is_interrupt(error: BaseException) -> bool:
@@ -57,6 +57,37 @@ def is_interrupt(error: BaseException) -> bool:
     (True, True, False)
     """
     return not isinstance(error, Exception) or isinstance(error, bdb.BdbQuit)
+
+
+def unmasked(error: BaseException) -> BaseException:
+    """The interrupt ``error`` hides, if it was raised while one went up; else ``error`` itself.
+
+    A Ctrl-C lands at any bytecode, so also in the window where ``threading.Condition.wait`` has let
+    its lock go and not yet taken it back (the simulator's launching thread waits so).  The
+    ``with lock:`` around it then raises ``RuntimeError: release unlocked lock`` *while the
+    ``KeyboardInterrupt`` goes up*: the interrupt is only that error's ``__context__``.  Kept as
+    the op's failure, it was lost, and an internal error became the op's.  So whoever keeps a
+    kernel's error looks behind it first, and raises the interrupt it finds (marked not to show the
+    lock's error as its context when it goes up from that handler).
+
+    >>> try:
+    ...     try:
+    ...         raise KeyboardInterrupt
+    ...     finally:
+    ...         raise RuntimeError("release unlocked lock")
+    ... except RuntimeError as error:
+    ...     type(unmasked(error)).__name__, type(unmasked(ValueError())).__name__
+    ('KeyboardInterrupt', 'ValueError')
+    """
+    seen, cause = set(), error
+    while cause is not None and id(cause) not in seen:
+        if is_interrupt(cause):
+            if cause is not error:
+                cause.__suppress_context__ = True
+            return cause
+        seen.add(id(cause))
+        cause = cause.__context__
+    return error
 
 
 _launching = threading.local()

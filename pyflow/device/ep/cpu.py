@@ -142,8 +142,9 @@ class CpuStream(base.EpStream):
         try:
             base.run_reported(base.work_owner(), self, fn, args, task_name(fn, name))
         except Exception as error:
-            if base.is_interrupt(error):
-                raise
+            error = base.unmasked(error)
+            if base.is_interrupt(error):   # (pdb's quit, or a Ctrl-C hidden by a lock's error: base.unmasked)
+                raise error
             self._errors.add(task_name(fn, name), error)
 
     def memcpy_h2d(self, dst_dev: np.ndarray, src_host: np.ndarray) -> None:

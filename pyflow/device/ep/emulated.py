@@ -188,8 +188,9 @@ class EmulatedStream(base.EpStream):
         try:  # inline: run now, keep the error for sync() as a worker would
             base.run_reported(base.work_owner(), self, fn, args, name)
         except Exception as error:  # noqa: BLE001 - a Ctrl-C must reach the user, not wait for sync()
-            if base.is_interrupt(error):   # (pdb's quit too)
-                raise
+            error = base.unmasked(error)
+            if base.is_interrupt(error):   # (pdb's quit too, and a Ctrl-C hidden by a lock's error)
+                raise error
             self._errors.add(name, error)
 
     def launch(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:

@@ -27,7 +27,7 @@ already bound (the framework builds it); the VM never looks inside.
 
 from __future__ import annotations
 
-from pyflow.device.ep.base import is_interrupt
+from pyflow.device.ep.base import is_interrupt, unmasked
 from pyflow.device.stream import StreamType
 from pyflow.vm.eager_blob_object import NoMemoryError as _NoMemory
 from pyflow.vm.failure import first_failure
@@ -111,9 +111,10 @@ class OpCall(InstructionPolicy):
             try:
                 self.run(outputs, inputs, ep_stream.native)
             except BaseException as error:  # noqa: BLE001 - the op fails, nothing else; but an interrupt
-                vm.fail(self, error)          # (step-through mode: Ctrl-C, pdb's quit) goes up after that
+                error = unmasked(error)       # (step-through mode: Ctrl-C, pdb's quit, or a lock's error
+                vm.fail(self, error)          # that hides one) goes up after that
                 if is_interrupt(error):
-                    raise
+                    raise error
                 return
             for blob in self.outputs:
                 if blob.storage.failure is not None and blob.covers_storage():
