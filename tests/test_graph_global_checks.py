@@ -134,3 +134,32 @@ def test_failed_runs_with_global_graphs_leave_no_actor_threads():
         time.sleep(0.05)
     left = [t.name for t in threading.enumerate()]
     assert len(left) == before, left
+
+
+def test_when_one_rank_alone_gives_a_different_input_every_rank_refuses_the_call():
+    """Each rank checks its own inputs; were only rank 1's input local, rank 0 would start the call and
+    wait in a collective for rank 1 until the collective timeout.  The ranks exchange their verdicts
+    first (``pyflow/graph/inputs.py``): both raise GraphError, naming rank 1's input, and the graph runs on."""
+    def body():
+        p = flow.placement("cpu", [0, 1])
+        w = flow.tensor(np.ones((4, 3), np.float32), placement=p, sbp=B)
+
+        class Affine(flow.nn.Graph):
+            def build(self, x):
+                return (x @ w).sum()
+
+        g = Affine()
+        x = _tensor(TRACED)
+        want = g(x).numpy()
+        odd = x.to_local() if flow.env.get_rank() == 1 else x   # rank 1 alone passes its piece, a local tensor
+        try:
+            g(odd).numpy()
+            outcome = "ran"
+        except GraphError as error:
+            outcome = str(error)
+        return outcome, np.array_equal(g(x).numpy(), want)
+
+    (first, works_0), (second, works_1) = flow.distributed.run(body, world_size=2, timeout=40)
+    assert works_0 and works_1
+    assert second.startswith("nn.Graph Affine: input 0 is a local tensor, but the graph was traced with a global")
+    assert first == second + " (on rank 1; every rank of the graph refuses the call)"

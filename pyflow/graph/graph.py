@@ -84,6 +84,7 @@ from pyflow.distributed.global_tensor import make_global, to_local
 from pyflow.errors import GraphError
 from pyflow.framework.creation import empty
 from pyflow.framework.tensor import Tensor
+from pyflow.graph.inputs import check_inputs, input_layout
 from pyflow.nn.module import Module
 from pyflow.runtime import Runtime
 from pyflow.runtime.live import close_in_background, close_when_collected
@@ -183,19 +184,6 @@ def _flatten(value, found: list):
     return ("leaf", len(found) - 1)
 
 
-def _layout(x: Tensor) -> tuple:
-    """What a graph input must keep from call to call: local or global, then for a global one its
-    dtype, logical shape, placement and SBP (a local one's shape, dtype and device the runtime checks)."""
-    if not x.is_global:
-        return ("local",)
-    return ("global", x.dtype, tuple(x.shape), x.placement, tuple(x.sbp))
-
-
-def _describe(layout: tuple) -> str:
-    _, dtype, shape, placement, sbp = layout
-    return f"dtype {dtype}, logical shape {list(shape)}, {placement}, sbp {sbp}"
-
-
 def _rebuild(shape, values: list):
     kind, parts = shape
     if kind == "leaf":
@@ -220,7 +208,7 @@ class Graph:
         self._debug_level = 0
         self._tracer = None
         self._out_shape = None
-        self._input_layouts = []   # each input's _layout at the trace: later calls must match it
+        self._input_layouts = []   # each input's layout (inputs.py) at the trace: later calls must match it
         self._calls = 0
         self.compile_log = []     # (step, seconds) of the first call
 
@@ -276,30 +264,10 @@ class Graph:
         if self._plan is None:
             self._compile(args)
         else:
-            self._check_layouts(args)
+            check_inputs(self.name, args, self._input_layouts)
         outputs = self._run(list(args))
         self._after_call()
         return _rebuild(self._out_shape, outputs)
-
-    def _check_layouts(self, args) -> None:
-        """Raise ``GraphError`` naming the input if a call's input is not laid out as the traced one.
-
-        The runtime checks a local input's shape, dtype and device against its input regst; a
-        global input's pieces are cut per rank by the Plan, so another logical shape, dtype,
-        placement or SBP (or a local tensor where a global one was traced, or the reverse) would
-        run and fail deep inside an actor, or run wrong.  OneFlow's graph checks each input against
-        the meta it was compiled with, at the call; so does this, against ``_input_layouts``.
-        """
-        for i, (x, traced) in enumerate(zip(args, self._input_layouts)):
-            given = _layout(x)
-            if given[0] != traced[0]:
-                raise GraphError(f"nn.Graph {self.name}: input {i} is a {given[0]} tensor, but the graph was traced "
-                                 f"with a {traced[0]} one; a compiled graph takes inputs like those it was traced "
-                                 "with (to_global / to_local it, or build a new graph)")
-            if given[0] == "global" and given != traced:
-                raise GraphError(f"nn.Graph {self.name}: input {i} is a global tensor of {_describe(given)}, but the "
-                                 f"graph was traced with {_describe(traced)}; a compiled graph takes inputs like "
-                                 "those it was traced with (to_global it, or build a new graph)")
 
     # --- running the Plan -----------------------------------------------------------------------
 
@@ -428,7 +396,7 @@ class Graph:
                     tracer.output(x, i)
         finally:
             self._tracer = None
-        self._input_layouts = [_layout(a) for a in args]
+        self._input_layouts = [input_layout(a) for a in args]
         self._traced_job_text = str(job)
         self._log(f"trace build ({len(job)} ops)", time.perf_counter() - start)
         if self._optimizers and job.loss_lbn is None:
