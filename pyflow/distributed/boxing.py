@@ -55,13 +55,14 @@ generic exchange
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from pyflow.distributed.boxing_steps import (AllGather, AllReduce, AllToAll, BoxingContext, Exchange, Layout,
                                              LocalPartial, LocalSlice, ReduceScatter, Step, ToDevice)
 from pyflow.framework.placement import placement as Placement
 from pyflow.framework.sbp import piece_slices
 
-__all__ = ["Layout", "BoxingContext", "Builder", "CHAIN", "choose", "run_boxing_steps"]
+__all__ = ["Layout", "BoxingContext", "Builder", "CHAIN", "choose", "plan_for", "run_boxing_steps"]
 
 
 # --- steps ---------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ class OnEachGroup(Step):
         sub_shape = tuple(s.stop - s.start for s in kept)
         sub_src, sub_dst = Layout(sub, (self.src.sbp[self.axis],)), Layout(sub, (self.dst.sbp[self.axis],))
         sub_ctx = BoxingContext(ctx.rank, sub_shape, ctx.dtype, ctx.what)
-        return run_boxing_steps(choose(sub_src, sub_dst, sub_shape).plan(sub_src, sub_dst, sub_shape), piece, sub_ctx)
+        return run_boxing_steps(plan_for(sub_src, sub_dst, sub_shape), piece, sub_ctx)
 
 
 
@@ -247,7 +248,19 @@ def choose(src: Layout, dst: Layout, shape: tuple) -> Builder:
     return next(b for b in CHAIN if b.can(src, dst, shape))
 
 
-def run_boxing_steps(steps: list, piece, ctx: BoxingContext):
+@functools.lru_cache(maxsize=4096)
+def plan_for(src: Layout, dst: Layout, shape: tuple) -> tuple:
+    """The plan (steps) that boxes ``src`` -> ``dst`` for a logical ``shape``, built once per edge.
+
+    A training loop boxes the same tensors the same way every step (its gradients P -> B, its loss
+    P -> B for ``item()``), so the plan of an edge (source layout, destination layout, shape) is
+    worked out once, as OneFlow's eager boxing caches its boxing interpreters, and reused.  A plan
+    names no rank (every rank runs the same steps on its own piece), so the ranks of a process share it.
+    """
+    return tuple(choose(src, dst, shape).plan(src, dst, shape))
+
+
+def run_boxing_steps(steps, piece, ctx: BoxingContext):
     """Run ``steps`` on this rank's ``piece``; its piece of the result (None off the destination)."""
     for step in steps:
         piece = step.run(piece, ctx)

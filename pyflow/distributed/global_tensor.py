@@ -16,7 +16,8 @@ logical shape and dtype, and runs nothing for the tensor.
 * ``numpy(x)`` - the whole logical value on every rank: box to B on
   ``placement.all("cpu")``, then read the piece.  Every rank must call it.
 * ``tensor(data, placement, sbp)`` - ``data`` is the logical tensor (the same
-  on every rank): local -> global B, then boxed to ``sbp``.
+  on every rank): parallel_id 0's broadcast (B), then boxed to ``sbp``; no
+  blocking exchange first (the broadcast's descriptor checks shape and dtype).
 
 Every collective these issue is checked across ranks (``transport.py``), so a
 rank that skips one is reported, never a hang.
@@ -30,7 +31,7 @@ import numpy as np
 
 from pyflow import env
 from pyflow.device import Device
-from pyflow.distributed.boxing import choose, run_boxing_steps
+from pyflow.distributed.boxing import plan_for, run_boxing_steps
 from pyflow.distributed.boxing_steps import BoxingContext, Layout
 from pyflow.distributed.ccl import collective, describe_call, exchange
 from pyflow.errors import ArgumentTypeError, DTypeError, ShapeError
@@ -97,7 +98,7 @@ def box(x: Tensor, dst: Layout, what: str) -> Tensor:
     info = x._global
     src = layout_of(x)
     ctx = BoxingContext(env.get_rank(), info.shape, x.dtype, what)
-    plan = choose(src, dst, info.shape).plan(src, dst, info.shape)
+    plan = plan_for(src, dst, tuple(info.shape))
     piece = to_local(x) if src.placement.has(ctx.rank) else None
     return make_global(run_boxing_steps(plan, piece, ctx), dst.placement, dst.sbp, info.shape, x.dtype)
 
@@ -214,5 +215,10 @@ def global_tensor(data, dtype=None, placement=None, sbp=None) -> Tensor:
         raise ArgumentTypeError(f"tensor(): placement must be a flow.placement, got {type(placement).__name__}")
     local = local_tensor(data, dtype=dtype, device=placement.device() if placement.has(rank) else "cpu")
     nd = checked_layout(local.shape, placement, sbp, "tensor")
-    as_b = local_to_global(local, placement, (SbpParallel("broadcast"),) * len(placement.hierarchy))
-    return to_global(as_b, placement, nd)
+    # No exchange of local shapes first (local_to_global's, which waits for the other ranks): every rank
+    # holds the whole logical tensor, and the broadcast's descriptor names its shape and dtype, which
+    # the transport checks across the ranks, so a rank with other data still fails on every rank.
+    all_b = (SbpParallel("broadcast"),) * len(placement.hierarchy)
+    piece = _broadcast_from_coordinate_zero(local if placement.has(rank) else None, placement, all_b,
+                                            tuple(local.shape), local.dtype)
+    return to_global(make_global(piece, placement, all_b, tuple(local.shape), local.dtype), placement, nd)
