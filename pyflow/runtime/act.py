@@ -41,9 +41,10 @@ from __future__ import annotations
 from pyflow.autograd import no_grad
 from pyflow.compiler.boxing_tasks import run_boxing_task
 from pyflow.distributed.global_tensor import make_global, to_local
-from pyflow.framework.interpreter import apply
+from pyflow.framework.dtypes import is_scalar, to_scalar
+from pyflow.framework.interpreter import apply, infer
 from pyflow.framework.op_registry import get_op
-from pyflow.framework.tensor import Tensor
+from pyflow.framework.tensor import Tensor, tensor
 from pyflow.runtime.call import CallContext
 
 __all__ = ["act", "make_act", "act_table", "act_input", "produced_regsts"]
@@ -87,8 +88,9 @@ def make_act(plan, task):
     Which input slot feeds which argument, the op's attributes and keyword arguments, the outputs it writes
     into its inputs (``_out_into``), whether it updates a copy of an input: all of it is the same at every
     act, so the actor runtime asks once per task when it starts (OneFlow's actors hold their kernels) and
-    an act only binds this call's tensors and issues its ops.  A task no act can be made for fails when it
-    acts (the runtime names the actor then), not when the runtime starts.
+    an act only binds this call's tensors and issues its ops.  The tensors the op's Python numbers become
+    are made at its first act and reused (``_numbers_as_tensors``).  A task no act can be made for fails
+    when it acts (the runtime names the actor then), not when the runtime starts.
     """
     try:
         return _make_act(plan, task)
@@ -174,6 +176,8 @@ def _make_act(plan, task):
     n_in = len(op_inputs) - len(into)
     into_arg = {i: n_in + into.index(i) for i in into}   # output i written into that argument (a variable)
     k = get_op(op_type).updates_input
+    # the Python numbers among the op's arguments: made into tensors at the first act, then reused
+    constants = {"pending": any(key is None and is_scalar(x) for key, x in arg_spec), "made": None}
 
     def compute(ins, outs, j, call):
         args = bind(ins)
@@ -182,9 +186,35 @@ def _make_act(plan, task):
             if k is not None and targets:   # the op writes only parts of input k: it starts as a copy of it
                 apply("contiguous", [args[k]], out=[targets[0]])
                 args[k] = targets[0]
-            results = apply(op_type, args[:n_in], out=targets or None, **kwargs)
+            inputs = args[:n_in]
+            if constants["pending"]:
+                constants["pending"] = False
+                constants["made"] = _numbers_as_tensors(op_type, inputs, kwargs)
+            if constants["made"] is not None:
+                inputs = [made if made is not None else x for x, made in zip(inputs, constants["made"])]
+            results = apply(op_type, inputs, out=targets or None, **kwargs)
         return list(results) if results is not None else list(outs)
     return compute
+
+
+def _numbers_as_tensors(op_type: str, inputs: list, kwargs: dict) -> list | None:
+    """Per input of one call of ``op_type``: the tensor ``apply`` makes of a Python number at every call
+    (the number converted to the dtype type promotion gives it, on the op's device: one ``tensor``
+    instruction each), made now, once; ``None`` for a tensor.  The whole answer is ``None`` where reusing
+    them would not be the same call: the inputs are global (their numbers become global tensors), or the
+    op's promotion or inference decides otherwise with a 0-d tensor in place of the number.
+
+    Bit for bit the same values: the same tensor is made as before, only not again at every act.
+    """
+    if "device" in kwargs or any(isinstance(x, Tensor) and x.is_global for x in inputs):
+        return None   # (a ``device`` argument: ``apply`` reads it before it infers; left to ``apply``)
+    op = get_op(op_type)
+    inferred = infer(op, inputs, kwargs)
+    made = [tensor(to_scalar(x, d, op_type), device=inferred.device) if is_scalar(x) else None
+            for x, d in zip(inputs, inferred.dtypes)]
+    again = infer(op, [m if m is not None else x for x, m in zip(inputs, made)], kwargs)
+    same = (again.device, again.dtypes, again.metas) == (inferred.device, inferred.dtypes, inferred.metas)
+    return made if same else None
 
 
 def _made_by_view(plan, regst_id: int) -> bool:

@@ -27,18 +27,23 @@ def step_once(runtime, index: int | None = None, act: bool = True):
 def deliver_until(runtime, predicate, max_call: int | None = None) -> None:
     """Deliver messages (about calls up to ``max_call``) until ``predicate()``; RuntimeHangError if none is left."""
     home = runtime.home
+    take, handle = home.take, home.handle
     while not predicate() and runtime.error is None:
         seen = home.enqueued
-        msg = home.take(max_call=max_call)
-        if msg is None:
-            with runtime._lock:
-                coming = any(not h.started for h in runtime._calls.values())
-            if coming and home.wait_for_message(seen, runtime.hang_timeout):
-                continue   # a launch from another thread (the VM's launch instruction) is on its way
-            error = RuntimeHangError(runtime.hang_report(0.0, "running calls"))
-            runtime.fail(error)
-            raise error
-        deliver(runtime, msg, True)
+        msg = take(None, max_call)
+        if msg is not None:   # (``deliver(runtime, msg, True)``, inlined: this loop runs once per message)
+            try:
+                handle(msg)
+            except BaseException as error:  # noqa: BLE001 - the runtime stops; result() raises it
+                runtime.fail(error)
+            continue
+        with runtime._lock:
+            coming = any(not h.started for h in runtime._calls.values())
+        if coming and home.wait_for_message(seen, runtime.hang_timeout):
+            continue   # a launch from another thread (the VM's launch instruction) is on its way
+        error = RuntimeHangError(runtime.hang_report(0.0, "running calls"))
+        runtime.fail(error)
+        raise error
 
 
 def deliver(runtime, msg, act: bool) -> None:

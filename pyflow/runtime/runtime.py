@@ -66,7 +66,6 @@ from pyflow.runtime.regst import RegstMgr, memory_fits
 from pyflow.runtime.thread import DeterministicThread, ThreadMgr
 from pyflow.runtime.timeline import ActRecord, plot, report_to_tracers, save_chrome_trace
 from pyflow.runtime.watchdog import Watchdog, default_hang_timeout, hang_report, wait_until
-from pyflow.vm import current_vm
 
 __all__ = ["Runtime", "CallHandle"]
 
@@ -240,9 +239,9 @@ class Runtime:
                         issued = True
             if issued:
                 self._notify()
-        vm = current_vm()
-        tracing = vm is not None and vm.tracers
-        if self._timeline.maxlen == 0 and not tracing:
+        vm = self.ctx.vm   # (the acts' rank's VM: ``current_vm()`` without two calls per act)
+        tracing = vm is not None and vm.tracers and not vm.closed
+        if not tracing and self._timeline.maxlen == 0:
             return
         record = ActRecord(actor.actor_id, actor.op_name, actor.kind, actor.thread.name, start, end, piece,
                            tuple(consumed), tuple(produced))

@@ -83,6 +83,10 @@ class Thread(_ActorHome):
     def enqueue(self, msg, local: bool = False) -> None:
         (self.local.append if local else self.channel.put)(msg)
 
+    def enqueue_local(self, msgs: list) -> None:
+        """An act's messages to actors of this thread, sent by one of them: its local queue, in order."""
+        self.local.extend(msgs)
+
     def _poll_loop(self) -> None:
         with env.bound(self.runtime.ctx):
             while True:
@@ -176,6 +180,15 @@ class DeterministicThread(_ActorHome):
             if self._waiting:
                 self._cond.notify_all()
 
+    def enqueue_local(self, msgs: list) -> None:
+        """``enqueue`` each of ``msgs`` (an act's messages, in order), taking the lock once for all of them."""
+        with self._lock:
+            for msg in msgs:
+                self._queue.append((self.enqueued, _call_of(msg), msg))
+                self.enqueued += 1
+            if self._waiting:
+                self._cond.notify_all()
+
     def _entries(self) -> list:
         """Every pending ``(seq, call, msg)``, oldest first (for stepping: not on the hot path)."""
         parked = [(seq, call, msg) for call, seq, msg in self._parked]
@@ -192,7 +205,19 @@ class DeterministicThread(_ActorHome):
         With ``max_call``, only messages about calls up to that one are candidates: waiting for
         call n runs the runtime until call n is done, and no further.
         """
-        limit = float("inf") if max_call is None else max_call
+        limit = _NO_LIMIT if max_call is None else max_call
+        parked = self._parked
+        if index is None and self._rng is None and not self._ready and (not parked or parked[0][0] > limit):
+            # the usual case, without the lock: nothing parked is allowed yet, so the queue's head is next
+            # (``popleft`` is atomic against an ``enqueue`` from another thread; only the delivering thread takes)
+            try:
+                seq, call, msg = self._queue.popleft()
+            except IndexError:
+                return None
+            if call <= limit:
+                return msg
+            with self._lock:   # a later call's message: parked, as below, and the general case goes on
+                heapq.heappush(parked, (call, seq, msg))
         with self._lock:
             if index is not None:
                 entries = self._entries()
@@ -229,6 +254,9 @@ class DeterministicThread(_ActorHome):
                 return self._cond.wait_for(lambda: self.enqueued > seen, timeout)
             finally:
                 self._waiting -= 1
+
+
+_NO_LIMIT = float("inf")   # ``take`` without ``max_call``: every call is allowed
 
 
 def _call_of(msg) -> int:

@@ -170,6 +170,10 @@ class Actor:
         self.pins: collections.Counter = collections.Counter()   # consumed regst -> its aliases in flight
         self.deferred: set = set()      # consumed regsts used up, going back once their pins reach 0
         self.ended = False              # an eord arrived: from now on, check whether the inputs are finished
+        # every actor it sends to on its own thread? Then an act's messages go to the local queue in one call
+        thread_of = runtime.bus.thread_of
+        peers = [c for slot in self.out_list for c in slot.consumers] + [s.producer for s in self.in_list]
+        self.all_local = all(thread_of(peer) is thread for peer in peers)
         # ``process_msg(msg)``: update the state with ``msg``, act while possible, wind down once the inputs
         # ended; the handler of the actor's state (``handler_normal``, then ``handler_zombie``), one call
         self.process_msg = self.handler_normal
@@ -177,8 +181,17 @@ class Actor:
     # --- messages ---------------------------------------------------------------------------
 
     def handler_normal(self, msg) -> None:
-        self.receive(msg)
-        self.act_until_fail()
+        # ``receive(msg)``, then ``act_until_fail()``, inlined for a regst message: every message passes here
+        if msg.kind == REGST:
+            regst = msg.regst
+            if regst.producer == self.actor_id:
+                self.on_returned(regst, msg.src)
+            else:
+                self.on_arrived(regst)
+        else:
+            self.receive(msg)
+        while not self.zombie and self.is_read_ready() and self.is_write_ready():
+            self.act_once()
         if self.ended and self.input_finished():
             self.become_zombie()
 
@@ -207,7 +220,10 @@ class Actor:
         if slot.mode == "absorb" and regst.piece[1] % slot.ratio != slot.ratio - 1:
             self.give_back([regst], [])   # not the last of its group: only its arrival counted
             return
-        slot.add(regst)
+        if slot.regsts and not slot.regsts[-1].piece < regst.piece:
+            slot.add(regst)   # out of order: sorted in
+        else:
+            slot.regsts.append(regst)   # (``slot.add``'s usual case, inlined: pieces arrive in order)
 
     def on_returned(self, regst, consumer: int) -> None:
         regst.readers_left.discard(consumer)
@@ -236,7 +252,7 @@ class Actor:
     # --- readiness --------------------------------------------------------------------------
 
     def is_read_ready(self) -> bool:
-        piece = divmod(self.acts, self.acts_per_call)
+        piece = (self.acts, 0) if self.acts_per_call == 1 else divmod(self.acts, self.acts_per_call)   # (no call)
         for slot in self.in_list:
             regsts = slot.regsts
             if not regsts:
@@ -269,16 +285,19 @@ class Actor:
         return divmod(self.acts, self.acts_per_call)
 
     def act_once(self) -> None:
-        n, j = divmod(self.acts, self.acts_per_call)
+        n, j = (self.acts, 0) if self.acts_per_call == 1 else divmod(self.acts, self.acts_per_call)
         call = self.runtime.call_context(n)
-        ins = {key: slot.regsts[0].tensor for key, slot in self.data_in}
+        ins, outs = {}, []   # (plain loops: a comprehension is one more Python call per act)
+        for key, slot in self.data_in:
+            ins[key] = slot.regsts[0].tensor
         for slot in self.out_list:
             if slot.current is None:
                 slot.current = slot.free.pop(0)
+        for slot in self.data_out:
+            outs.append(slot.current.tensor)
         start = time.perf_counter()
         try:
-            results = self.runtime.act_fn(self.plan, self.task, ins, [s.current.tensor for s in self.data_out], j,
-                                          call)
+            results = self.runtime.act_fn(self.plan, self.task, ins, outs, j, call)
         except Exception as error:
             raise OpError(f"actor {self.actor_id} ({self.kind} actor of op {self.op_name!r}, task kind "
                           f"{self.task.kind}) failed at piece {(n, j)}: {type(error).__name__}: {error}",
@@ -311,7 +330,7 @@ class Actor:
             regst.readers_left = set(slot.consumers)
             for consumer in slot.consumers:
                 sends.append(ActorMsg(REGST, me, consumer, regst, piece))
-        returned, read = [], []
+        read = []
         consumed = list(consumed) if consumed else []
         for slot in self.in_list if slots is None else slots:
             regst = slot.regsts[0]
@@ -321,15 +340,13 @@ class Actor:
                 continue
             slot.uses = 0
             slot.regsts.pop(0)
-            if self.pins[regst]:
+            if self.pins and self.pins[regst]:   # (most acts pin nothing: no look-up then)
                 self.deferred.add(regst)   # an alias of it is still out there
                 continue
-            returned.append(regst)
+            sends.append(ActorMsg(REGST, me, regst.producer, regst, regst.piece))   # given back
             if regst.tensor is not None:
                 read.append(regst.tensor)
         self.runtime.record_act(self, (n, j), start, end, consumed, produced)
-        for r in returned:
-            sends.append(ActorMsg(REGST, me, r.producer, r, r.piece))
         self.dispatch(sends, read, written)
 
     def pin_alias(self, regst, source_slot: InSlot) -> None:
@@ -347,6 +364,9 @@ class Actor:
     def dispatch(self, msgs: list, read: list, written: list) -> None:
         """Send ``msgs``: to this thread at once; to other threads once the device work is done."""
         bus, here = self.runtime.bus, self.thread
+        if self.all_local:   # (decided once, when the actor was made)
+            here.enqueue_local(msgs)
+            return
         thread_of, later = bus.thread_of, []
         for msg in msgs:
             if thread_of(msg.dst) is here:
