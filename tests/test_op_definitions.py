@@ -190,9 +190,32 @@ def _softmax_case(data, rng, name):
     return [_values(rng, shape, "float")], {"axis": data.draw(st.integers(-len(shape), len(shape) - 1), label="axis")}
 
 
+def _view_case(data, rng, name):
+    """A view op's normalized attrs, as the Tensor methods give them (``pyflow/framework/views.py``)."""
+    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3), label="shape"))
+    ndim = len(shape)
+    if name == "permute":
+        attrs = {"dims": tuple(data.draw(st.permutations(range(ndim)), label="dims"))}
+    elif name == "narrow":
+        d = data.draw(st.integers(0, ndim - 1), label="dim")
+        start = data.draw(st.integers(0, shape[d]), label="start")
+        attrs = {"dim": d, "start": start, "length": data.draw(st.integers(0, shape[d] - start), label="length")}
+    elif name == "squeeze":
+        shape = tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=4), label="shape"))
+        attrs = {"dims": tuple(d for d, n in enumerate(shape) if n == 1 and data.draw(st.booleans(), label="drop"))}
+    elif name == "unsqueeze":
+        attrs = {"dim": data.draw(st.integers(0, ndim), label="dim")}
+    else:   # expand: new leading dims, size-1 dims stretched, the others kept (-1)
+        lead = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2), label="lead"))
+        shape = tuple(n if n > 1 or not data.draw(st.booleans(), label="stretch") else 1 for n in shape)
+        attrs = {"sizes": lead + tuple(-1 if n > 1 else data.draw(st.integers(1, 3), label="to") for n in shape)}
+    return [_values(rng, shape, "float")], attrs
+
+
 CASES = {**{name: _elementwise_case for name in _KINDS}, "where": _where_case, "clamp": _clamp_case,
          "cast": _cast_case, "contiguous": _one_input_case("float"), "matmul": _matmul_case,
-         **{name: _reduction_case for name in REDUCE_OPS}, "softmax": _softmax_case, "log_softmax": _softmax_case}
+         **{name: _reduction_case for name in REDUCE_OPS}, "softmax": _softmax_case, "log_softmax": _softmax_case,
+         **{name: _view_case for name in ("permute", "narrow", "squeeze", "unsqueeze", "expand")}}
 
 
 def test_every_op_with_sbp_rules_has_inputs_in_the_property_test():
@@ -273,6 +296,8 @@ def test_every_declared_signature_is_true(name, data):
     ("matmul", [np.ones((4, 3)), np.ones((3, 2))], {}, Signature((S(1), S(0)), (B,))),       # a partial product
     ("mul", [np.arange(4.0), np.arange(4.0)], {}, Signature((P, P), (P,))),                 # a product of sums
     ("softmax", [np.arange(8.0).reshape(2, 4)], {"axis": 1}, Signature((S(1),), (S(1),))),   # its own axis
+    ("narrow", [np.arange(8.0).reshape(2, 4)], {"dim": 1, "start": 1, "length": 2},
+     Signature((S(1),), (S(1),))),                                                       # a cut split dim
 ])
 def test_the_check_catches_a_wrong_signature(name, inputs, attrs, wrong):
     with pytest.raises(AssertionError):

@@ -24,6 +24,7 @@ from __future__ import annotations
 from pyflow.autograd.graph import AutogradMeta, Node, meta, requires_grad
 from pyflow.autograd.mode import is_grad_enabled, no_grad
 from pyflow.errors import AutogradError
+from pyflow.framework.op_registry import get_op
 
 __all__ = ["Recorder"]
 
@@ -90,21 +91,29 @@ class Recorder:
                 result._autograd = AutogradMeta(requires_grad=True, grad_fn=node, output_nr=k)
                 if previous is not None and previous.retains_grad:  # an in-place result keeps asking
                     result._autograd.retains_grad = True
+        if get_op(name).view is not None:   # a view op: its result writes through to the input's storage
+            _mark_view(inputs[0], results[0])
 
 
 def record_unary_view(name: str, rule, x, result, attrs=None):
-    """Record a view made outside the interpreter (reshape, permute, x[...]): ``result``'s node."""
+    """Record what is not an op (``x[...]``, ``to_global``, ``to_local``): ``result``'s node."""
     if is_grad_enabled() and requires_grad(x):
         node = Node(name, rule, [x], [result], attrs or {})
         result._autograd = AutogradMeta(requires_grad=True, grad_fn=node, output_nr=0)
-        if getattr(result, "_blob", None) is not None and result._blob.storage is x._blob.storage:   # a view
-            base = x._autograd
-            if base.grad_fn is None:
-                result._autograd.leaf_base = f"{x.dtype}{list(x.shape)}"
-            else:
-                result._autograd.leaf_base = base.leaf_base
-                result._autograd.base = base.base or f"{x.dtype}{list(x.shape)}"
+        _mark_view(x, result)
     return result
+
+
+def _mark_view(x, result) -> None:
+    """If ``result`` is a view of ``x``'s storage, remember the base it writes through to (a leaf, or a
+    tensor with a history), for ``check_inplace``."""
+    if getattr(result, "_blob", None) is not None and result._blob.storage is x._blob.storage:
+        base = x._autograd
+        if base.grad_fn is None:
+            result._autograd.leaf_base = f"{x.dtype}{list(x.shape)}"
+        else:
+            result._autograd.leaf_base = base.leaf_base
+            result._autograd.base = base.base or f"{x.dtype}{list(x.shape)}"
 
 
 def set_requires_grad(t, flag: bool):

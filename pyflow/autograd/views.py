@@ -1,15 +1,12 @@
-"""Gradients of what is not an op: views, indexing, ``x[i] = v``, and moving between local and global.
+"""Gradients of what is not an op yet: indexing, ``x[i] = v``, and moving between local and global.
 
-These Tensor methods do not go through the interpreter (a view is new metadata
-over the same memory), so autograd wraps them (``install``) and records a Node
-for each, with these rules (``g`` is the result's gradient):
+The view ops (``reshape``, ``permute``, ``expand``, ``narrow``, ``squeeze``, ``unsqueeze``) are
+ops with their backward rules in ``pyflow/ops/views.py``.  These Tensor methods do not go through
+the interpreter, so autograd wraps them (``install``) and records a Node for each, with these
+rules (``g`` is the result's gradient):
 
 ============================  ==================================================================
-``reshape``, ``view``,        ``g.reshape(input shape)``
-``squeeze``, ``unsqueeze``
-``permute``                   ``g.permute(inverse permutation)``
-``expand``                    ``g`` summed over the expanded dims (``sum_to``)
-``narrow``, ``x[index]``      zeros of the input's shape with ``g`` added at the elements the index
+``x[index]``                  zeros of the input's shape with ``g`` added at the elements the index
                               selected; an index may select an element twice (``x[[0, 0]]``), so
                               the positions come from indexing ``arange(numel)`` the same way,
                               and ``index_add`` sums
@@ -36,22 +33,6 @@ from pyflow.ops._grad import sum_to
 __all__ = ["install"]
 
 
-def _reshape_rule(ctx, g):
-    return [g.reshape(ctx.input_shapes[0])]
-
-
-def _permute_rule(ctx, g):
-    dims = ctx.attrs["dims"]
-    inverse = [0] * len(dims)
-    for i, d in enumerate(dims):
-        inverse[d] = i
-    return [g.permute(inverse)]
-
-
-def _expand_rule(ctx, g):
-    return [sum_to(g, ctx.input_shapes[0])]
-
-
 def _scatter_into_zeros(shape, dtype, g, index):
     """Zeros of ``shape`` with ``g`` added at the elements ``[index]`` selects (duplicates add up)."""
     from pyflow.framework.creation import arange, zeros
@@ -69,22 +50,6 @@ def _scatter_into_zeros(shape, dtype, g, index):
 
 def _index_rule(ctx, g):
     return [_scatter_into_zeros(ctx.input_shapes[0], g.dtype, g, ctx.attrs["index"])]
-
-
-def _narrow_rule(ctx, g):
-    d, start, length = ctx.attrs["dim"], ctx.attrs["start"], ctx.attrs["length"]
-    index = (slice(None),) * d + (slice(start, start + length),)
-    return _index_rule(_With(ctx, {"index": index}), g)
-
-
-class _With:
-    """``ctx`` with other attrs (so one rule can serve another)."""
-
-    def __init__(self, ctx, attrs):
-        self._ctx, self.attrs = ctx, attrs
-
-    def __getattr__(self, name):
-        return getattr(self._ctx, name)
 
 
 def _setitem_rule(ctx, g):
@@ -110,26 +75,6 @@ def _to_global_rule(ctx, g):
 def _to_local_rule(ctx, g):
     placement, sbp = ctx.input_layouts[0]
     return [g.to_global(placement, dual_sbp(sbp))]
-
-
-def _view_method(method, name, rule, attrs_of=None):
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        result = method(self, *args, **kwargs)
-        if is_grad_enabled() and requires_grad(self):
-            record_unary_view(name, rule, self, result, attrs_of(self, result, *args) if attrs_of else None)
-        return result
-    return wrapper
-
-
-def _permute_attrs(self, result, *dims):
-    dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
-    return {"dims": [d % max(self.ndim, 1) for d in dims]}
-
-
-def _narrow_attrs(self, result, dim, start, length):
-    d = dim % self.ndim
-    return {"dim": d, "start": start % self.shape[d] if start < 0 else start, "length": length}
 
 
 def _getitem(method):
@@ -179,14 +124,9 @@ def _to_local(method):
 
 
 def install() -> None:
-    """Wrap the view and indexing methods (after pyflow.distributed has made them global-aware)."""
+    """Wrap the indexing methods and to_global/to_local (after pyflow.distributed has made them global-aware)."""
     if getattr(Tensor, "_autograd_views_installed", False):
         return
-    for name in ("view", "reshape", "squeeze", "unsqueeze"):
-        setattr(Tensor, name, _view_method(getattr(Tensor, name), name, _reshape_rule))
-    Tensor.permute = _view_method(Tensor.permute, "permute", _permute_rule, _permute_attrs)
-    Tensor.expand = _view_method(Tensor.expand, "expand", _expand_rule)
-    Tensor.narrow = _view_method(Tensor.narrow, "narrow", _narrow_rule, _narrow_attrs)
     Tensor.__getitem__ = _getitem(Tensor.__getitem__)
     Tensor.__setitem__ = _setitem(Tensor.__setitem__)
     Tensor.to_global = _to_global(Tensor.to_global)

@@ -12,7 +12,8 @@ while a trace is open on this thread.
   flow on the device, see ``pyflow.cocktailer``).
 * An **eager tensor** used by ``build`` (a parameter, a buffer, a captured tensor)
   becomes a ``variable`` op, once per tensor: the graph reads its memory at run time.
-* **Views** (``reshape``, ``permute``, ``x[i]``) are ``view`` ops.
+* **Views** (the view ops ``reshape``, ``permute``...; ``x[i]``) are ``view`` JobOps: a
+  layout over the input's blob, run as an alias of its memory.
 * **Writes**: ``x.add_(1)`` on a lazy tensor records the op and renames ``x`` to the
   result (a view's base would not see it, so writing into a view, or into a tensor
   that has views, is an error).  Writing an eager tensor (``running_mean.mul_(m)``,
@@ -31,6 +32,7 @@ import threading
 import numpy as np
 
 from pyflow.compiler.job import BlobDesc, Job, JobOp, lbn_of
+from pyflow.compiler.lazy_views import record_view, record_view_op
 from pyflow.errors import ArgumentTypeError, CompileError, DeviceError, GraphError
 from pyflow.framework import args, interpreter
 from pyflow.framework.dtypes import is_scalar
@@ -320,6 +322,8 @@ class LazyTracer:
     def apply(self, name: str, inputs, out, attrs: dict) -> list:
         """Record op ``name`` (the lazy twin of ``interpreter.apply``): check, infer, append."""
         op = get_op(name)
+        if op.view is not None:
+            return [record_view_op(self, op, inputs[0], attrs)]
         inputs = [self.lazy(x) if isinstance(x, Tensor) else x for x in inputs]
         for x in inputs:
             if not isinstance(x, Tensor) and not is_scalar(x):
@@ -439,24 +443,7 @@ class LazyTracer:
             o._lbn = value._lbn
         return out
 
-    def view(self, x: LazyTensor, shape, strides, offset, detach: bool = False) -> LazyTensor:
-        desc = BlobDesc(tuple(int(n) for n in shape), x.dtype, device=x.device)
-        attrs = {"shape": desc.shape, "strides": tuple(int(s) for s in strides), "offset": int(offset)}
-        if detach:
-            attrs["detach"] = True
-        source = self.job.blobs[x._lbn]
-        if source.placement is not None:   # a global view: its signature says how the pieces view
-            from pyflow.compiler.op_graph import _permutation, _view_signature
-
-            signature = _view_signature(source, attrs)
-            desc = BlobDesc(desc.shape, x.dtype, placement=source.placement, sbp=signature.outputs[0])
-            perm = _permutation(tuple(source.shape), attrs)
-            if perm is not None and signature.inputs[0] == tuple(source.sbp):
-                attrs["_perm"] = tuple(perm)
-        (result,) = self._record("view", [x._lbn], [desc], attrs)
-        x._has_views = True
-        result._is_view = not detach
-        return result
+    view = record_view
 
     def set_loss(self, loss: LazyTensor, gradient) -> None:
         if gradient is not None or loss.numel() != 1:

@@ -4,13 +4,14 @@ Ops (``x + y``, ``x.sum()``, ``flow.matmul``...) reach the global interpreter by
 themselves.  The rest of the Tensor API works on global tensors too:
 
 * ``to_global`` / ``to_local`` (``global_tensor.py``);
-* ``permute``, ``transpose``, ``.T``: the piece is permuted and each split
-  follows its dim - no data moves;
+* the view ops (``permute``, ``transpose``, ``.T``, ``reshape``, ``view``, ``flatten``,
+  ``expand``, ``narrow``, ``split``, ``squeeze``, ``unsqueeze``...) are ops
+  (``pyflow/ops/views.py``): their SBP signatures say which splits carry over
+  (a permuted split follows its dim; ``reshape`` works on the broadcast tensor);
 * ``.to(device type)``, ``.cpu()``, ``.cuda()``: the same ranks on another
   device type (boxing's device copy); ``.to(dtype)``, ``clone()`` and
   ``contiguous()`` are ops (a partial sum stays one); ``detach()`` keeps the layout;
-* every other view and indexing method (``reshape``, ``view``, ``squeeze``,
-  ``x[...]``, ``split``...): computed on the broadcast tensor (every rank of the
+* ``x[...]`` and ``repeat``: computed on the broadcast tensor (every rank of the
   placement holds it all), and the result is broadcast too.  A rank outside the
   placement computes the result's shape on a data-less stand-in and gets an
   empty piece; a method that needs data there is an error naming it.
@@ -35,8 +36,7 @@ from pyflow.vm import no_instructions
 __all__ = ["install", "global_to"]
 
 _B = SbpParallel("broadcast")
-_ON_BROADCAST = ("view", "reshape", "flatten", "unsqueeze", "squeeze", "expand", "expand_as", "narrow", "split",
-                 "chunk", "__getitem__", "view_as", "reshape_as", "repeat")
+_ON_BROADCAST = ("__getitem__", "repeat")
 
 
 def _traced(x: Tensor):
@@ -106,31 +106,6 @@ def _on_broadcast(method, name: str):
         with no_instructions(f"{name} of a global tensor on rank {env.get_rank()}, outside its placement"):
             return _wrap_results(method(_ghost(self), *args, **kwargs), placement)
     return wrapper
-
-
-def _permute(method):
-    @functools.wraps(method)
-    def wrapper(self, *dims):
-        if self._global is None:
-            return method(self, *dims)
-        lazy = _traced(self)
-        if lazy is not None:
-            return method(lazy, *dims)
-        info = self._global
-        ghost = method(_ghost(self), *dims)  # the permuted logical shape, checked by the local method
-        order = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
-        order = tuple(d % len(info.shape) for d in order)
-        sbp = tuple(SbpParallel("split", order.index(s.dim)) if s.is_split else s for s in info.sbp)
-        piece = method(to_local(self), *dims) if info.placement.has(env.get_rank()) else None
-        return make_global(piece, info.placement, sbp, ghost.shape, self.dtype)
-    return wrapper
-
-
-def _transpose(self, dim0, dim1):
-    order = list(range(self.ndim))
-    a, b = dim0 % max(self.ndim, 1), dim1 % max(self.ndim, 1)
-    order[a], order[b] = order[b], order[a]
-    return self.permute(order)
 
 
 def _to(method):
@@ -205,13 +180,7 @@ def install() -> None:
     for name in _ON_BROADCAST:
         if hasattr(Tensor, name):
             setattr(Tensor, name, _on_broadcast(getattr(Tensor, name), name))
-    Tensor.permute = _permute(Tensor.permute)
-    Tensor.transpose = lambda self, dim0, dim1: (_transpose(self, dim0, dim1) if self._global is not None
-                                                 else _local_transpose(self, dim0, dim1))
-    Tensor.T = property(lambda self: self.permute(tuple(reversed(range(self.ndim)))))
     Tensor.to = _to(Tensor.to)
     Tensor.__setitem__ = _setitem(Tensor.__setitem__)
     Tensor._global_methods_installed = True
 
-
-_local_transpose = Tensor.transpose

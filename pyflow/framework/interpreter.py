@@ -21,26 +21,22 @@ calls them one by one):
    dtype (``convert_inputs``); the output tensors are created, with no memory
    yet: the VM allocates when it prepares the instruction (``make_outputs``);
    and **PhysicalRun** issues an ``InstructionsBuilder.call``
-   (``build_op_call``, the OpCall instruction).
+   (``build_op_call``, the OpCall instruction).  A view op issues nothing (``view_ops.py``).
 
-**Writing into existing tensors** (``out=``): in-place ops (``x.add_(y)``,
-``x += y``, ``x[idx] = v``) pass the tensors to write.  The OpCall then *writes*
-their storage, so the VM orders it after every earlier reader (WAR) and writer
-(WAW).  PyTorch's rule applies (``check_out``): the result must broadcast to the
-output's shape and be castable to its dtype (``int_tensor.add_(1.5)`` is a
-``DTypeError``); when it has another shape or dtype, the op writes a temporary
-that a ``cast`` then copies into the output.  An input that overlaps an output's
-memory without being the very same view (``x[1:] += x[:-1]``) is copied first
-(``copy_overlapping_inputs``), decided on the blobs' layouts alone (no data is
-read).  Every write bumps the storage's version counter (``tensor._version``).
+**Writing into existing tensors** (``out=``): in-place ops (``x.add_(y)``, ``x += y``, ``x[idx] = v``) pass the
+tensors to write. The OpCall then *writes* their storage, so the VM orders it after every earlier reader (WAR)
+and writer (WAW). PyTorch's rule applies (``check_out``): the result must broadcast to the output's shape and be
+castable to its dtype (``int_tensor.add_(1.5)`` is a ``DTypeError``); when it has another shape or dtype, the op
+writes a temporary that a ``cast`` then copies into the output. An input that overlaps an output's memory
+without being the very same view (``x[1:] += x[:-1]``) is copied first (``copy_overlapping_inputs``), decided on
+the blobs' layouts alone (no data is read). Every write bumps the storage's version counter
+(``tensor._version``).
 
-**The inference cache.**  Steps 1-3 depend only on the op, each input's (shape,
-dtype, device) or Python scalar type, and the attributes, so their result (an
-``Inferred``: device, stream, each input's kernel dtype, the output metas, the
-kernel) is kept per such *signature*, as OneFlow caches its op interpreter
-contexts.  A signature seen before skips straight to step 4; any change of shape,
-dtype, device, scalar type or attribute is a different signature, inferred (and
-checked) afresh.  A call that fails inference is never cached.
+**The inference cache.** Steps 1-3 depend only on the op, each input's (shape, dtype, device) or Python scalar
+type, and the attributes, so their result (an ``Inferred``: device, stream, each input's kernel dtype, the
+output metas, the kernel) is kept per such *signature*, as OneFlow caches its op interpreter contexts. A
+signature seen before skips straight to step 4; any change of shape, dtype, device, scalar type or attribute is
+a different signature, inferred (and checked) afresh. A call that fails inference is never cached.
 """
 
 from __future__ import annotations
@@ -57,6 +53,7 @@ from pyflow.framework import args
 from pyflow.framework.args import describe
 from pyflow.framework.dtypes import DEFAULT_FLOAT, can_cast, category, is_scalar, result_type, to_scalar
 from pyflow.framework.op_registry import TensorMeta, get_op
+from pyflow.framework.view_ops import apply_view
 from pyflow.kernels.layout import contiguous_strides, padded_strides
 from pyflow.kernels.registry import get_kernel
 
@@ -404,6 +401,8 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
         if recording:
             _recorder.after(name, op.backward, saved, results, attrs)
         return results
+    if op.view is not None:   # a view op: a new layout over the input's storage, no instruction
+        return [apply_view(op, inputs[0], attrs, _recorder if recording else None)]
     for x in inputs if len(tensors) != len(inputs) else ():
         if not isinstance(x, Tensor) and not is_scalar(x):
             raise ArgumentTypeError(f"op {name!r}: expects tensors (or numbers), got {type(x).__name__}: {x!r:.60}")

@@ -33,7 +33,11 @@ An ``OpDef`` says everything the interpreter needs to run an op eagerly:
   runs ops that way, piece by piece);
 * ``backward(ctx, grads) -> input grads`` - the op's gradient, written with the
   public ops (``ctx.inputs``, ``ctx.outputs``, ``ctx.attrs``, ``ctx.needs_grad(i)``;
-  see ``pyflow/autograd/``); ``NO_BACKWARD``: no gradient flows through the op.
+  see ``pyflow/autograd/``); ``NO_BACKWARD``: no gradient flows through the op;
+* ``view(shape, strides, offset, attrs) -> (shape, strides, offset)`` - only for view ops
+  (``permute``, ``reshape``, ``narrow``...; ``pyflow/ops/views.py``): the result is this
+  new layout over the input's storage, made with no kernel and no copy, sharing the input's
+  version counter (OneFlow's view ops, ``oneflow/core/framework/tensor_methods.cpp``).
 
 Every op must declare the last two (``register_op`` refuses one left out), so
 adding an op means deciding how it splits and how it differentiates, and a
@@ -102,6 +106,7 @@ class OpDef:
     same_view_in_place: bool = False
     sbp_signatures: Callable | _Marker = UNDECLARED
     kernel_attrs: tuple = ()  # the attrs passed on to the kernel (others only steer inference)
+    view: Callable | None = None  # a view op: its result's layout over the input's storage
     doc: str = ""
 
     def __post_init__(self):

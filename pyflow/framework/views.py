@@ -27,6 +27,7 @@ import math
 from pyflow.errors import ArgumentTypeError, IndexOutOfRangeError, ShapeError
 from pyflow.framework import args
 from pyflow.framework.args import describe
+from pyflow.framework.interpreter import apply
 from pyflow.framework.tensor import Tensor
 from pyflow.kernels.layout import contiguous_strides
 
@@ -78,12 +79,11 @@ def resolve_shape(shape_args, numel: int, op: str, t) -> tuple:
 def view(self: Tensor, *shape) -> Tensor:
     """The same elements with another shape, sharing the storage; ``ShapeError`` if the strides forbid it."""
     shape = resolve_shape(shape, self.numel(), "view", self)
-    strides = view_strides(self.shape, self._blob.strides, shape)
-    if strides is None:
+    if self._global is None and view_strides(self.shape, self._blob.strides, shape) is None:
         raise ShapeError(f"view: {describe(self)} with strides {self._blob.strides} cannot be viewed as "
                          f"{list(shape)} (its dims are not contiguous with each other); use .reshape(...), "
                          "which copies when it must")
-    return self._view(shape, strides, self._blob.offset)
+    return apply("view", [self], shape=shape)[0]
 
 
 def reshape(self: Tensor, *shape, **kwargs) -> Tensor:
@@ -93,11 +93,10 @@ def reshape(self: Tensor, *shape, **kwargs) -> Tensor:
     if kwargs:
         raise TypeError(f"reshape() got an unexpected keyword argument {next(iter(kwargs))!r}")
     shape = resolve_shape(shape, self.numel(), "reshape", self)
-    strides = view_strides(self.shape, self._blob.strides, shape)
-    if strides is None:
-        source = self.clone()
-        return source._view(shape, contiguous_strides(shape), source._blob.offset)
-    return self._view(shape, strides, self._blob.offset)
+    blob = self._blob   # a global tensor's: this rank's piece, whose layout a broadcast piece keeps
+    viewable = view_strides(self.shape, blob.strides, shape) is not None if self._global is None else \
+        tuple(blob.strides) == contiguous_strides(blob.shape)
+    return apply("view", [self if viewable else self.clone()], shape=shape)[0]
 
 
 def flatten(self: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
@@ -116,32 +115,28 @@ def permute(self: Tensor, *dims) -> Tensor:
     perm = tuple(args.dim(d, self.ndim, "permute", self) for d in dims)
     if sorted(perm) != list(range(self.ndim)):
         raise ShapeError(f"permute: {dims} is not a permutation of the {self.ndim} dims of {describe(self)}")
-    blob = self._blob
-    return self._view([blob.shape[d] for d in perm], [blob.strides[d] for d in perm], blob.offset)
+    return apply("permute", [self], dims=perm)[0]
 
 
 def transpose(self: Tensor, dim0: int, dim1: int) -> Tensor:
     perm = list(range(self.ndim))
     a, b = args.dim(dim0, self.ndim, "transpose", self), args.dim(dim1, self.ndim, "transpose", self)
     perm[a], perm[b] = perm[b], perm[a]
-    return self.permute(perm)
+    return apply("permute", [self], dims=tuple(perm))[0]
 
 
 def unsqueeze(self: Tensor, dim: int) -> Tensor:
     """A new size-1 dim at ``dim`` (in ``[-ndim - 1, ndim]``)."""
     d = args.dim(dim, self.ndim + 1, "unsqueeze", self)
     shape, strides = list(self.shape), list(self._blob.strides)
-    stride = shape[d] * strides[d] if d < self.ndim else 1
-    return self._view(shape[:d] + [1] + shape[d:], strides[:d] + [stride] + strides[d:], self._blob.offset)
+    return apply("unsqueeze", [self], dim=d)[0]
 
 
 def squeeze(self: Tensor, dim=None) -> Tensor:
     """Without size-1 dims (all of them, or those of ``dim`` that have size 1)."""
     chosen = args.dims(dim, self.ndim, "squeeze", self) if self.ndim else None
     chosen = range(self.ndim) if chosen is None else (chosen,) if isinstance(chosen, int) else chosen
-    keep = [d for d in range(self.ndim) if not (d in chosen and self.shape[d] == 1)]
-    blob = self._blob
-    return self._view([blob.shape[d] for d in keep], [blob.strides[d] for d in keep], blob.offset)
+    return apply("squeeze", [self], dims=tuple(d for d in range(self.ndim) if d in chosen and self.shape[d] == 1))[0]
 
 
 def expand(self: Tensor, *sizes) -> Tensor:
@@ -150,16 +145,13 @@ def expand(self: Tensor, *sizes) -> Tensor:
     if any(n == -1 for n in target[:len(target) - self.ndim]) or len(target) < self.ndim:
         raise ShapeError(f"expand: cannot expand {describe(self)} to {tuple(target)}")
     pad = len(target) - self.ndim
-    strides = [0] * pad
-    for d, (n, s) in enumerate(zip(self.shape, self._blob.strides)):
+    for d, n in enumerate(self.shape):
         want = target[pad + d]
-        if want == -1:
-            target[pad + d] = n
-        elif want != n and n != 1:
+        if want not in (-1, n) and n != 1:
             raise ShapeError(f"expand: dim {d} of {describe(self)} has size {n}, which cannot become {want} "
                              f"(only size-1 dims expand); asked for {tuple(sizes)}")
-        strides.append(s if target[pad + d] == n else 0)
-    return self._view(target, strides, self._blob.offset)
+        target[pad + d] = -1 if want in (-1, n) else want   # kept: -1, the same on every rank's piece
+    return apply("expand", [self], sizes=tuple(target))[0]
 
 
 def expand_as(self: Tensor, other: Tensor) -> Tensor:
@@ -176,10 +168,7 @@ def narrow(self: Tensor, dim: int, start: int, length: int) -> Tensor:
     if not 0 <= start <= size or length < 0 or start + length > size:
         raise IndexOutOfRangeError(f"narrow: start {start} and length {length} do not fit dim {d} "
                                    f"of size {size} of {describe(self)}")
-    shape = list(self.shape)
-    shape[d] = length
-    offset = self._blob.offset + (start * self._blob.strides[d] if length else 0)
-    return self._view(shape, self._blob.strides, offset)
+    return apply("narrow", [self], dim=d, start=start, length=length)[0]
 
 
 def split(self: Tensor, split_size_or_sections, dim: int = 0) -> tuple:
@@ -209,7 +198,7 @@ def chunk(self: Tensor, chunks: int, dim: int = 0) -> tuple:
 
 
 def _t(self: Tensor) -> Tensor:
-    return self.permute(tuple(reversed(range(self.ndim))))
+    return apply("permute", [self], dims=tuple(reversed(range(self.ndim))))[0]
 
 
 for _name, _method in (("view", view), ("reshape", reshape), ("flatten", flatten), ("permute", permute),

@@ -91,7 +91,8 @@ def constant(value, dtype, like):
 
 
 def view_backward(job, op: JobOp, grad):
-    """The gradient of a ``view`` op (shape, strides, offset into a contiguous input).
+    """The gradient of a ``view`` JobOp that no view op made (``x[i]``, a strided view: shape, strides,
+    offset into a contiguous input); a view op's has the op's own backward rule (``pyflow/ops/views.py``).
 
     A view that reads every element once (a permutation of the dims, a reshape) has the inverse view as
     its gradient, as in eager autograd: a view again, no op that computes.  Any other view (an expanded dim
@@ -187,18 +188,19 @@ def run(job, tracer) -> None:
             acc = _acc(job, op, out_grads[0])
             add(op.inputs[0], acc)
             continue
-        if op.type == "view":
+        if op.type == "view" and "_op" not in op.attrs:   # a view that is no op (x[i]): scattered back
             add(op.inputs[0], view_backward(job, op, out_grads[0]))
             continue
         if op.type == "to_global":
             add(op.inputs[0], to_global_backward(job, op, out_grads[0]))
             continue
-        definition = get_op(op.type)
+        definition = get_op(op.attrs.get("_op", op.type))   # a view op's JobOp is a ``view``: its own rule
         if not definition.differentiable:
             raise CompileError(f"op {op.name} ({op.type}, at {op.line}) has no backward rule, but the loss needs "
                                "a gradient through it")
         tracer.stage, tracer.line = op.stage, f"backward of {op.line}"
         ctx = JobCtx(job, tracer, op, wants)
+        ctx.attrs = op.attrs.get("_op_attrs", ctx.attrs)
         out_grads = [g if g is not None else zeros(job.blobs[lbn], job.blobs[lbn].dtype)
                      for g, lbn in zip(out_grads, op.outputs)]
         result = definition.backward(ctx, out_grads if len(out_grads) > 1 else out_grads[0])
