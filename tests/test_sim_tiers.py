@@ -12,6 +12,7 @@ from __future__ import annotations
 import _thread
 import threading
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -133,6 +134,21 @@ def add_one(x):
         x[i] += 1
 
 
+@jit
+def store_past_the_end_or_return(x, n):
+    i = cuda.grid(1)
+    if i >= n + 3:
+        return
+    x[i] = 1.0
+
+
+@jit
+def add_many_times(x, times):
+    i = cuda.grid(1)
+    for _ in range(times):
+        x[i] += 1.0
+
+
 def run(tier: str, kernel, config, *args, **setting):
     with sim.configure(tier=tier, **setting):
         kernel[config](*args)
@@ -199,6 +215,28 @@ def test_an_index_out_of_range_names_block_thread_and_line():
     assert caught.value.block_idx == (2, 0, 0)
     assert "IndexError" in message and "test_sim_tiers.py:" in message
     assert "compiled tier" in message or "compiled tier" in str(caught.value.__cause__)
+
+
+@pytest.mark.parametrize("kernel", [store_past_the_end, store_past_the_end_or_return])
+def test_a_kernel_without_barriers_names_the_failing_thread_in_either_thread_loop(kernel):
+    """Without ``return`` the region's code runs inside the loop over threads (``cu_threads_K``); with
+    one, a node per thread.  The compiled tier's own error (the cause of the threaded re-run's) names
+    the thread either way."""
+    with pytest.raises(KernelError) as caught:
+        run("compiled", kernel, (3, 4), np.zeros(8), 8)
+    compiled = caught.value.__cause__
+    assert "compiled tier" in str(compiled) and "IndexError" in str(compiled)
+    assert compiled.block_idx == (2, 0, 0) and compiled.thread_idx == (0, 0, 0)
+    module = open(tiers._compiled(kernel)._prepared[(numba.typeof(np.zeros(8)), numba.int64)].source_path).read()
+    assert ("def cu_threads_0(" in module) == (kernel is store_past_the_end)
+
+
+def test_a_long_launch_of_a_kernel_without_barriers_shows_progress_to_the_hang_watch():
+    """About half a second of work in 64 blocks against a hang timeout of 0.3 s: every block, and
+    every thread, is progress (``cu_threads_K`` keeps the per-thread mark the watch reads)."""
+    x = np.zeros(64 * 32)
+    run("compiled", add_many_times, (64, 32), x, 40_000, hang_timeout=0.3, cores=1)
+    assert (x == 40_000).all()
 
 
 def test_boundscheck_off_compiles_an_unchecked_module_with_the_same_values():

@@ -15,6 +15,10 @@ stay ``if``/``while``/``for``, taken by the whole block::
         ...                             if not that: break
         syncthreads()                   cu_all_2: every thread runs the body's region ...
 
+A kernel without barriers is one region: ``cu_launch`` runs it for every thread of
+every block, written inside the loop over a block's threads (``cu_threads_K``) when no
+thread can return early, else called once per thread.
+
 Everything is numba-compiled, so a barrier costs a loop over the threads and not a
 trip through Python; ``scopes.Machine`` (the Python driver) stays for kernels with
 grid or group barriers, where the whole grid must reach a barrier before any block
@@ -29,6 +33,7 @@ barriers, on which every thread must agree too.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 
 from .fission import BarrierNode, BranchNode, CallNode, Region
@@ -82,12 +87,20 @@ def write_blockwise(w) -> None:
 def _one_region(w, tail: list) -> None:
     """A kernel without barriers: ``cu_launch`` runs its one region for every thread of every block.
 
-    Nothing to agree on and nobody to wait for: a thread that returns is simply done.
+    Nothing to agree on and nobody to wait for: a thread that returns is simply done.  When no
+    thread can return early (the region's only ways out are its end and a cancelled launch), the
+    region's code is written inside the loop over a block's threads (``cu_threads_K``) instead of
+    called once per thread: numba does not inline a node of any size, and a call passing every
+    array, field by field, cost an elementwise kernel 4 times its work per thread.
     """
     out = w.out
     k = w.sp.nodes[0].id
+    params = [t for t in tail if t not in ("cu_alive", "cu_out")]
+    body = _body_without_exits(w.branches[k])
+    if body is not None:
+        _thread_loop(w, k, body, params)
     out(w.driver)
-    out(f"def cu_launch(cu_b0, cu_b1, {', '.join(t for t in tail if t not in ('cu_alive', 'cu_out'))}):")
+    out(f"def cu_launch(cu_b0, cu_b1, {', '.join(params)}):")
     with out:
         out('"""Blocks ``cu_b0`` to ``cu_b1 - 1``, one after another: a launch result code."""')
         out("cu_nt = cu_bdx * cu_bdy * cu_bdz")
@@ -98,16 +111,49 @@ def _one_region(w, tail: list) -> None:
                 out("return cu_rt.CANCELLED")
             out("cu_where[0] += 1   # progress, for the hang watchdog")
             out("cu_where[1] = cu_b")
-            out("cu_bx = cu_b % cu_gdx")
-            out("cu_by = cu_b // cu_gdx % cu_gdy")
-            out("cu_bz = cu_b // (cu_gdx * cu_gdy)")
-            out("cu_t = -1")
-            with _each_thread(out):
-                out("cu_where[2] = cu_t   # where an exception happens; progress too")
-                out(f"cu_r = cu_node_{k}({', '.join(w.node_params[k])})")
-                with out.block("if cu_r == cu_rt.STOPPED:"):
+            if body is not None:
+                with out.block(f"if cu_threads_{k}(cu_b, {', '.join(params)}) == cu_rt.STOPPED:"):
                     out("return cu_rt.CANCELLED")
+            else:
+                out("cu_bx = cu_b % cu_gdx")
+                out("cu_by = cu_b // cu_gdx % cu_gdy")
+                out("cu_bz = cu_b // (cu_gdx * cu_gdy)")
+                out("cu_t = -1")
+                with _each_thread(out):
+                    out("cu_where[2] = cu_t   # where an exception happens; progress too")
+                    out(f"cu_r = cu_node_{k}({', '.join(w.node_params[k])})")
+                    with out.block("if cu_r == cu_rt.STOPPED:"):
+                        out("return cu_rt.CANCELLED")
         out("return cu_rt.OK")
+    out()
+
+
+def _body_without_exits(lines: list):
+    """A region's code for one thread (``writer.region``) without its final ``return``, or None if a
+    thread can leave it otherwise than by its end or a cancelled launch (a kernel's ``return``)."""
+    exits = {ast.unparse(n.value) for n in ast.walk(ast.parse("\n".join(lines[1:]))) if isinstance(n, ast.Return)}
+    if lines[-1] != "return cu_rt.FELL_THROUGH" or exits - {"cu_rt.FELL_THROUGH", "cu_rt.STOPPED"}:
+        return None
+    return lines[1:-1]
+
+
+def _thread_loop(w, k: int, body: list, params: list) -> None:
+    """``cu_threads_K``: region K's code for every thread of block ``cu_b``, in the loop; STOPPED if cancelled."""
+    out = w.out
+    out(w.inner)
+    out(f"def cu_threads_{k}(cu_b, {', '.join(params)}):")
+    with out:
+        out(f'"""{w.branches[k][0].lstrip("# ")}, for every thread of block cu_b (no thread exits early)."""')
+        out("cu_sb = 0")
+        out("cu_bx = cu_b % cu_gdx")
+        out("cu_by = cu_b // cu_gdx % cu_gdy")
+        out("cu_bz = cu_b // (cu_gdx * cu_gdy)")
+        out("cu_t = -1")
+        with _each_thread(out):
+            out("cu_where[2] = cu_t   # where an exception happens; progress too")
+            for line in body:
+                out(line)
+        out("return cu_rt.FELL_THROUGH")
     out()
 
 
@@ -135,10 +181,14 @@ def _kind(node) -> str:
 
 
 def _all_threads(w, k: int, kind: str, args: str) -> None:
-    """``cu_all_K`` (or ``cu_bounds_K``): node K for every live thread of block ``cu_b``."""
+    """``cu_all_K`` (or ``cu_bounds_K``): node K for every live thread of block ``cu_b``.
+
+    A region no thread can leave but by its end (or a cancelled launch) is written here, in the
+    loop, instead of called per thread (see ``_one_region``): nothing to check after it."""
     out = w.out
     name = "cu_bounds" if kind == "bounds" else "cu_all"
     at_loop_end = any(isinstance(n, Region) and n.id == k and n.at_loop_end for n in w.sp.all_nodes)
+    body = _body_without_exits(w.branches[k]) if kind == "region" else None
     out(w.inner)
     out(f"def {name}_{k}(cu_it, cu_b, {args}):")
     with out:
@@ -158,29 +208,35 @@ def _all_threads(w, k: int, kind: str, args: str) -> None:
                 out("continue")
             out("cu_where[0] += 1   # progress, for the hang watchdog")
             out("cu_where[2] = cu_t   # where an exception happens")
-            out(f"cu_r = cu_node_{k}({', '.join(w.node_params[k])})")
-            if kind == "region":
-                with out.block("if cu_r == cu_rt.EXITED:"):
-                    out("cu_alive[cu_g] = False")
-                    out("continue")
-                with out.block("if cu_r == cu_rt.STOPPED:"):
-                    out("return cu_rt.CANCELLED, 0")
-            if kind == "bounds":
-                with out.block("if cu_first == -1:"):
-                    out("cu_first = 0")
-                    out("cu_lo, cu_hi, cu_st = cu_out[0], cu_out[1], cu_out[2]")
-                with out.block("elif cu_lo != cu_out[0] or cu_hi != cu_out[1] or cu_st != cu_out[2]:"):
-                    _diverge(out, k, "cu_rt.DIVERGENT, 0, 0, 0, False")
+            if body is not None:   # the region's code here: its only status is FELL_THROUGH
+                for line in body:
+                    stop = line.strip() == "return cu_rt.STOPPED"
+                    out(line.replace("cu_rt.STOPPED", "cu_rt.CANCELLED, 0") if stop else line)
+                out("cu_first = cu_rt.FELL_THROUGH")
             else:
-                with out.block("if cu_first == -1:"):
-                    out("cu_first = cu_r")
-                with out.block("elif cu_first != cu_r:"):
-                    if at_loop_end:   # at the end of a loop body, continue is falling through
-                        with out.block("if (cu_first == cu_rt.FELL_THROUGH or cu_first == cu_rt.CONTINUED) "
-                                       "and (cu_r == cu_rt.FELL_THROUGH or cu_r == cu_rt.CONTINUED):"):
-                            out("cu_first = cu_rt.CONTINUED")
-                            out("continue")
-                    _diverge(out, k, "cu_rt.DIVERGENT, 0")
+                out(f"cu_r = cu_node_{k}({', '.join(w.node_params[k])})")
+                if kind == "region":
+                    with out.block("if cu_r == cu_rt.EXITED:"):
+                        out("cu_alive[cu_g] = False")
+                        out("continue")
+                    with out.block("if cu_r == cu_rt.STOPPED:"):
+                        out("return cu_rt.CANCELLED, 0")
+                if kind == "bounds":
+                    with out.block("if cu_first == -1:"):
+                        out("cu_first = 0")
+                        out("cu_lo, cu_hi, cu_st = cu_out[0], cu_out[1], cu_out[2]")
+                    with out.block("elif cu_lo != cu_out[0] or cu_hi != cu_out[1] or cu_st != cu_out[2]:"):
+                        _diverge(out, k, "cu_rt.DIVERGENT, 0, 0, 0, False")
+                else:
+                    with out.block("if cu_first == -1:"):
+                        out("cu_first = cu_r")
+                    with out.block("elif cu_first != cu_r:"):
+                        if at_loop_end:   # at the end of a loop body, continue is falling through
+                            with out.block("if (cu_first == cu_rt.FELL_THROUGH or cu_first == cu_rt.CONTINUED) "
+                                           "and (cu_r == cu_rt.FELL_THROUGH or cu_r == cu_rt.CONTINUED):"):
+                                out("cu_first = cu_rt.CONTINUED")
+                                out("continue")
+                        _diverge(out, k, "cu_rt.DIVERGENT, 0")
         if kind == "bounds":
             out("return cu_rt.OK, cu_lo, cu_hi, cu_st, cu_first == 0")
         else:
