@@ -143,7 +143,8 @@ def main() -> None:
                      f"{difference:24.1e} {first['collectives']:19}")
     lines.append("  (target: 2 ranks / 1 rank <= 1.0 at batch 1024; 2 ranks: the slowest rank's step; collectives: "
                  "those one 2-rank step issues on rank 0,\n   of which data parallel needs 5: the 4 gradients' "
-                 "all-reduce and the loss's for item(); the rest box views and the loss's inputs)")
+                 "all-reduce and the loss's for item(); the rest: the mean's denominator P -> B (forward, and again in the "
+                 "backward),\n   the seed gradient's P -> S(0), and the global zeros and ones autograd makes (a broadcast each))")
     if env.get_rank() == 0:
         print("\n".join(lines))
 

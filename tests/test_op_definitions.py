@@ -29,6 +29,7 @@ from pyflow.framework.interpreter import apply
 from pyflow.framework.op_registry import (BROADCAST_ONLY, NO_BACKWARD, OP_REGISTRY, UNDECLARED, OpDef, TensorMeta,
                                           get_op, register_op)
 from pyflow.framework.sbp import B, P, S, Signature, piece_slices
+from pyflow.framework.views import reshape_attrs
 from pyflow.ops.elementwise import BINARY_OPS, COMPARISONS, FLOAT_UNARY, LOGICAL_OPS, UNARY_OPS
 from pyflow.ops.reduce import REDUCE_OPS
 
@@ -212,10 +213,38 @@ def _view_case(data, rng, name):
     return [_values(rng, shape, "float")], attrs
 
 
+def _reshape_case(data, rng, name):
+    """``view`` as ``x.reshape`` gives it: adjacent dims merged (or, swapped, one dim cut into several),
+    maybe a size-1 dim put in; attrs from ``reshape_attrs``, kept dims -1."""
+    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4), label="shape"))
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(shape) - 1)), label="cuts")) if len(shape) > 1 else []
+    bounds = [0, *cuts, len(shape)]
+    merged = [int(np.prod(shape[a:b])) for a, b in zip(bounds, bounds[1:])]
+    if data.draw(st.booleans(), label="a size-1 dim"):
+        merged.insert(data.draw(st.integers(0, len(merged)), label="at"), 1)
+    shape, new_shape = (tuple(merged), shape) if data.draw(st.booleans(), label="swap") else (shape, tuple(merged))
+    return [_values(rng, shape, "float")], reshape_attrs(shape, new_shape)
+
+
+def _index_case(data, rng, name):
+    """``dim_gather`` (x, index) or ``scatter_add`` (target, index, source): an index no longer than the
+    input in the other dims (sometimes shorter: a split there does not carry over)."""
+    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3), label="shape"))
+    axis = data.draw(st.integers(0, len(shape) - 1), label="axis")
+    index_shape = tuple(data.draw(st.integers(1, 4), label="along the axis") if d == axis else
+                        n if data.draw(st.booleans(), label="as long") else data.draw(st.integers(1, n), label="size")
+                        for d, n in enumerate(shape))
+    index = rng.integers(0, shape[axis], index_shape)
+    if name == "dim_gather":
+        return [_values(rng, shape, "float"), index], {"axis": axis}
+    return [_values(rng, shape, "float"), index, _values(rng, index_shape, "float")], {"axis": axis}
+
+
 CASES = {**{name: _elementwise_case for name in _KINDS}, "where": _where_case, "clamp": _clamp_case,
          "cast": _cast_case, "contiguous": _one_input_case("float"), "matmul": _matmul_case,
          **{name: _reduction_case for name in REDUCE_OPS}, "softmax": _softmax_case, "log_softmax": _softmax_case,
-         **{name: _view_case for name in ("permute", "narrow", "squeeze", "unsqueeze", "expand")}}
+         **{name: _view_case for name in ("permute", "narrow", "squeeze", "unsqueeze", "expand")},
+         "view": _reshape_case, "dim_gather": _index_case, "scatter_add": _index_case}
 
 
 def test_every_op_with_sbp_rules_has_inputs_in_the_property_test():
@@ -298,6 +327,10 @@ def test_every_declared_signature_is_true(name, data):
     ("softmax", [np.arange(8.0).reshape(2, 4)], {"axis": 1}, Signature((S(1),), (S(1),))),   # its own axis
     ("narrow", [np.arange(8.0).reshape(2, 4)], {"dim": 1, "start": 1, "length": 2},
      Signature((S(1),), (S(1),))),                                                       # a cut split dim
+    ("view", [np.arange(24.0).reshape(4, 6)], reshape_attrs((4, 6), (4, 2, 3)),
+     Signature((S(0),), (S(1),))),                                                       # another dim
+    ("dim_gather", [np.arange(8.0).reshape(4, 2), np.zeros((4, 2), np.int64)], {"axis": 0},
+     Signature((S(0), S(0)), (S(0),))),                                                  # its own axis
 ])
 def test_the_check_catches_a_wrong_signature(name, inputs, attrs, wrong):
     with pytest.raises(AssertionError):

@@ -16,7 +16,9 @@ families:
   (P, B) -> P, (B, P) -> P, (B, B) -> B; batched: a batch dim split on both inputs;
 * reductions (``reduce.py``): a kept dim's split stays a split; ``sum`` over a
   split dim gives P; ``sum`` and ``mean`` keep P;
-* ``softmax``/``log_softmax`` (``reduce.py``): a split along another dim.
+* ``softmax``/``log_softmax`` (``reduce.py``): a split along another dim;
+* views (``views.py``): a split of a dim the view keeps moves with it, P stays P;
+  ``dim_gather``/``scatter_add`` (``movement.py``): a split of a dim besides the axis.
 
 This module keeps only the choice.  On an N-D hierarchy each axis picks its own
 1-D signature.  The interpreter keeps the candidates that split no dim shorter

@@ -31,7 +31,7 @@ from pyflow.framework.interpreter import apply
 from pyflow.framework.tensor import Tensor
 from pyflow.kernels.layout import contiguous_strides
 
-__all__ = ["view_strides", "resolve_shape", "FUNCTIONS"]
+__all__ = ["view_strides", "reshape_attrs", "resolve_shape", "FUNCTIONS"]
 
 
 def view_strides(shape, strides, new_shape):
@@ -60,6 +60,40 @@ def view_strides(shape, strides, new_shape):
     return tuple(result) if d < 0 else None
 
 
+def reshape_attrs(shape, new_shape) -> dict:
+    """The ``view`` op's attrs for viewing ``shape`` as ``new_shape``, valid on every rank's piece.
+
+    A dim of the result *keeps* a dim of the input when both have the same size (> 1) after the
+    same number of elements: the elements before it, it, and those after it are the same blocks on
+    both sides, so a split of that input dim is a split of that result dim (S(d) -> S(d')).  Each
+    kept dim is -1 in ``shape`` and ``kept`` names, in order, the input dim it takes its size from;
+    so a piece split along a kept dim views itself with the same attrs (as ``expand`` marks kept
+    dims with -1; OneFlow's reshape infers each piece's shape from the logical one instead).
+
+    >>> reshape_attrs((8, 1, 28, 28), (8, 784))
+    {'shape': (-1, 784), 'kept': (0,)}
+    >>> reshape_attrs((2, 2, 6, 5), (4, 6, 5))
+    {'shape': (4, -1, -1), 'kept': (2, 3)}
+    >>> reshape_attrs((6,), (2, 3))
+    {'shape': (2, 3), 'kept': ()}
+    """
+    starts, before = {}, 1   # (elements before the dim, its size) -> input dim
+    for d, n in enumerate(shape):
+        if n > 1:
+            starts[(before, n)] = d
+        before *= n
+    if before == 0:   # no elements: no dim is split, and the sizes say nothing of where dims start
+        return {"shape": tuple(new_shape), "kept": ()}
+    marked, kept, before = [], [], 1
+    for n in new_shape:
+        d = starts.get((before, n))
+        marked.append(n if d is None else -1)
+        if d is not None:
+            kept.append(d)
+        before *= n
+    return {"shape": tuple(marked), "kept": tuple(kept)}
+
+
 def resolve_shape(shape_args, numel: int, op: str, t) -> tuple:
     """The shape asked of ``view`` / ``reshape`` (one -1 is inferred), checked against ``numel``."""
     try:
@@ -83,7 +117,7 @@ def view(self: Tensor, *shape) -> Tensor:
         raise ShapeError(f"view: {describe(self)} with strides {self._blob.strides} cannot be viewed as "
                          f"{list(shape)} (its dims are not contiguous with each other); use .reshape(...), "
                          "which copies when it must")
-    return apply("view", [self], shape=shape)[0]
+    return apply("view", [self], **reshape_attrs(self.shape, shape))[0]
 
 
 def reshape(self: Tensor, *shape, **kwargs) -> Tensor:
@@ -96,7 +130,7 @@ def reshape(self: Tensor, *shape, **kwargs) -> Tensor:
     blob = self._blob   # a global tensor's: this rank's piece, whose layout a broadcast piece keeps
     viewable = view_strides(self.shape, blob.strides, shape) is not None if self._global is None else \
         tuple(blob.strides) == contiguous_strides(blob.shape)
-    return apply("view", [self if viewable else self.clone()], shape=shape)[0]
+    return apply("view", [self if viewable else self.clone()], **reshape_attrs(self.shape, shape))[0]
 
 
 def flatten(self: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:

@@ -12,14 +12,21 @@ and ``dim_gather`` add ``g`` back to where they read (``index_add`` /
 the target (``index_copy``: but not at the overwritten slices) and read the
 source's gradient at the indices.
 
-SBP: broadcast only (no split rules are declared for them yet).
+SBP: ``dim_gather`` and ``scatter_add`` run piece by piece on inputs split along
+the same dim ``d`` other than their axis, where the index is as long as the input
+there (out[i][j] reads and writes only row i along d: each rank's rows stay its
+own, as data parallel needs for cross-entropy's gather of the labels' logits);
+both are linear in their float inputs, so partial sums stay partial sums
+(the index broadcast).  The others are broadcast only so far.
 """
 
 from __future__ import annotations
 
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.framework.dtypes import names
+from pyflow.framework.interpreter import apply
 from pyflow.framework.op_registry import BROADCAST_ONLY, OpDef, TensorMeta, register_op
+from pyflow.framework.sbp import B, P, S, Signature
 from pyflow.kernels.dtypes import INDEX_DTYPES
 from pyflow.kernels.layout import normalize_axis
 
@@ -72,6 +79,13 @@ def _infer_dim_gather(inputs, attrs):
     return [TensorMeta(index.shape, x.dtype)]
 
 
+def _dim_gather_signatures(shapes, out_shapes, attrs):
+    """(S(d), S(d)) -> S(d) for a dim d of the index's length besides the axis; (P, B) -> P."""
+    x, index = shapes
+    return [Signature((S(d), S(d)), (S(d),)) for d in range(len(x))
+            if d != attrs["axis"] and index[d] == x[d] > 1] + [Signature((P, B), (P,))]
+
+
 def _infer_index_write(op):
     """index_copy / index_add: ``target[..., index[j], ...]`` gets ``source[..., j, ...]``."""
     def infer(inputs, attrs):
@@ -108,6 +122,13 @@ def _infer_scatter_add(inputs, attrs):
     return [TensorMeta(target.shape, target.dtype)]
 
 
+def _scatter_add_signatures(shapes, out_shapes, attrs):
+    """(S(d), S(d), S(d)) -> S(d) for a dim d of the index's length besides the axis; (P, B, P) -> P."""
+    target, index, _ = shapes
+    return [Signature((S(d), S(d), S(d)), (S(d),)) for d in range(len(target))
+            if d != attrs["axis"] and index[d] == target[d] > 1] + [Signature((P, B, P), (P,))]
+
+
 def _launch_index_copy(kernel, outputs, inputs, attrs, stream):
     """inputs[0] is the target itself (so a failure upstream of it propagates); the kernel writes it."""
     kernel(outputs[0], inputs[1], inputs[2], axis=attrs["axis"], stream=stream)
@@ -130,8 +151,10 @@ def _index_select_rule(ctx, g):
 
 
 def _dim_gather_rule(ctx, g):
+    """``scatter_add`` of ``g`` into zeros, out of place: its result keeps the split it runs on (written into
+    the broadcast zeros in place, a split result would be gathered to every rank first)."""
     index, axis = ctx.inputs[1], ctx.attrs["axis"]
-    return [ctx.zeros_like_input(0, g.dtype).scatter_add_(axis, index, g), None]
+    return [apply("scatter_add", [ctx.zeros_like_input(0, g.dtype), index, g], axis=axis)[0], None]
 
 
 def _index_copy_rule(ctx, g):
@@ -155,7 +178,7 @@ register_op(OpDef("cat", _infer_cat, kernel="concat", launch=_launch_cat, kernel
                   doc="concatenate along attrs['axis'] (dtypes promoted)"))
 register_op(OpDef("index_select", _infer_index_select, kernel_attrs=("axis",), sbp_signatures=BROADCAST_ONLY,
                   backward=_index_select_rule, doc="x[..., index, ...] along attrs['axis'] (a 1-D index)"))
-register_op(OpDef("dim_gather", _infer_dim_gather, kernel_attrs=("axis",), sbp_signatures=BROADCAST_ONLY,
+register_op(OpDef("dim_gather", _infer_dim_gather, kernel_attrs=("axis",), sbp_signatures=_dim_gather_signatures,
                   backward=_dim_gather_rule, doc="torch.gather: out[i][j] = x[index[i][j]][j] along attrs['axis']"))
 register_op(OpDef("index_copy", _infer_index_copy, launch=_launch_index_copy, kernel_attrs=("axis",),
                   same_view_in_place=True, updates_input=0, sbp_signatures=BROADCAST_ONLY, backward=_index_copy_rule,
@@ -164,5 +187,6 @@ register_op(OpDef("index_add", _infer_index_add, launch=_launch_index_copy, kern
                   same_view_in_place=True, updates_input=0, sbp_signatures=BROADCAST_ONLY, backward=_index_add_rule,
                   doc="in place, with out=[target]: target[..., index[j], ...] += source[..., j, ...]"))
 register_op(OpDef("scatter_add", _infer_scatter_add, launch=_launch_index_copy, kernel_attrs=("axis",),
-                  same_view_in_place=True, updates_input=0, sbp_signatures=BROADCAST_ONLY, backward=_scatter_add_rule,
+                  same_view_in_place=True, updates_input=0, sbp_signatures=_scatter_add_signatures,
+                  backward=_scatter_add_rule,
                   doc="in place, with out=[target]: target[i][index[i][j]] += source[i][j] along attrs['axis']"))

@@ -11,8 +11,8 @@ Each is one ``OpDef`` with ``view`` set (OneFlow's view ops: ``reshape``,
 * ``backward``: ONE rule, used by eager autograd and by the compiler's autograd
   pass alike (the gradient of a permute is the inverse permute: a view again);
 * ``sbp_signatures``: which splits carry over.  The attrs are the same on every
-  rank's piece (``expand`` keeps a dim as -1, ``narrow`` never cuts a split dim),
-  so the global interpreter views each piece with them.  A partial sum stays
+  rank's piece (``expand`` and ``view`` keep a dim as -1, ``narrow`` never cuts a
+  split dim), so the global interpreter views each piece with them.  A partial sum stays
   one: a view moves no value, so the sum of the viewed parts is the viewed sum.
 
 The Tensor methods (``x.permute``, ``x.T``, ``x.flatten``...) are in
@@ -28,13 +28,15 @@ contiguous copy when the strides forbid a view (as in PyTorch).
 ((2, 3), (3, 1), 3)
 >>> get_op("expand").view((1, 3), (3, 1), 0, {"sizes": (2, 4, -1)})
 ((2, 4, 3), (0, 0, 1), 0)
+>>> get_op("view").view((4, 6), (6, 1), 0, {"shape": (-1, 2, 3), "kept": (0,)})   # x.view(4, 2, 3)
+((4, 2, 3), (6, 3, 1), 0)
 """
 
 from __future__ import annotations
 
 from pyflow.errors import ShapeError
 from pyflow.framework.movement import cat
-from pyflow.framework.op_registry import BROADCAST_ONLY, OpDef, TensorMeta, register_op
+from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
 from pyflow.framework.sbp import P, S, Signature
 from pyflow.framework.views import view_strides
 from pyflow.kernels.layout import contiguous_strides
@@ -60,7 +62,8 @@ def _permute_signatures(shapes, out_shapes, attrs):
 
 
 def _view(shape, strides, offset, attrs):
-    new_shape = tuple(attrs["shape"])
+    kept = iter(attrs["kept"])   # a -1 in attrs["shape"]: the size of the input dim kept there
+    new_shape = tuple(shape[next(kept)] if n == -1 else n for n in attrs["shape"])
     new_strides = view_strides(shape, strides, new_shape)
     if new_strides is None:
         raise ShapeError(f"view: strides {tuple(strides)} cannot be viewed as {list(new_shape)} (its dims are not "
@@ -70,6 +73,12 @@ def _view(shape, strides, offset, attrs):
 
 def _reshape_backward(ctx, g):
     return [g.reshape(ctx.input_shapes[0])]
+
+
+def _view_signatures(shapes, out_shapes, attrs):
+    """A split of a kept dim (``reshape_attrs``: -1 in ``shape``) is a split of the result's dim there."""
+    marked = [j for j, n in enumerate(attrs["shape"]) if n == -1]
+    return [Signature((S(d),), (S(j),)) for j, d in zip(marked, attrs["kept"])] + [Signature((P,), (P,))]
 
 
 def _expand(shape, strides, offset, attrs):
@@ -147,8 +156,7 @@ def _view_op(name: str, layout, backward, sbp_signatures) -> OpDef:
 
 VIEW_OPS = {op.name: op for op in (
     _view_op("permute", _permute, _permute_backward, _permute_signatures),
-    # reshape's logical shape is not each piece's: it splits nothing yet (OneFlow infers the pieces' shapes)
-    _view_op("view", _view, _reshape_backward, BROADCAST_ONLY),
+    _view_op("view", _view, _reshape_backward, _view_signatures),
     _view_op("expand", _expand, _expand_backward, _expand_signatures),
     _view_op("narrow", _narrow, _narrow_backward, _narrow_signatures),
     _view_op("squeeze", _squeeze, _reshape_backward, _squeeze_signatures),
