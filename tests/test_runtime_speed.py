@@ -92,7 +92,8 @@ def test_the_deterministic_pool_derives_each_messages_call_once(monkeypatch):
         handles = [rt.launch([x]) for _ in range(6)]   # launches of later calls wait in the pool meanwhile
         for handle in handles:
             np.testing.assert_array_equal(handle.result()[0].numpy(), expected)
-    assert len(seen) == rt.home.enqueued   # once per message, when it arrives; no scan of the pool per message
+    assert 0 < len(seen) <= rt.home.enqueued   # at most once per message, when it arrives (an act's regst messages
+    #                                            read theirs inline); no scan of the pool per message
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)

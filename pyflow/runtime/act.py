@@ -14,7 +14,8 @@ Each task kind, at micro-batch ``j``:
 ============  ===========================================================================
 compute/copy  the op itself: ``apply(op, inputs, out=[its regsts])`` (the eager op, so
               eager and graph share one definition); ``view``: the view of its input (no
-              copy: its regst is an alias of the input's, which stays alive while it is read)
+              copy: its regst is an alias of the input's, which stays alive while it is read;
+              a view of a view is the view op's layout rule over the first one's strides)
 variable      binds the eager tensor (parameters persist across calls)
 input         binds the call's input
 unpack        micro-batch j of its input (rows ``j*b .. (j+1)*b``)
@@ -41,6 +42,7 @@ from __future__ import annotations
 from pyflow.autograd import no_grad
 from pyflow.compiler.boxing_tasks import run_boxing_task
 from pyflow.distributed.global_tensor import make_global, to_local
+from pyflow.errors import ShapeError
 from pyflow.framework.dtypes import is_scalar, to_scalar
 from pyflow.framework.interpreter import apply, infer
 from pyflow.framework.op_registry import get_op
@@ -158,12 +160,19 @@ def _make_act(plan, task):
         return pack
     if op_type == "view":
         # A view's strides are those of its input's blob: contiguous, unless that input is itself a view
-        # (an alias regst, no copy), whose elements this view then reads laid out contiguously first.
+        # (an alias regst, no copy).  Then the view op's own layout rule (``OpDef.view``) gives this view over
+        # the input's actual layout, as eager's view of a view (a permute of a permute: no copy); where the rule
+        # cannot (a reshape of dims not contiguous with each other), or the view was made by no op, it reads
+        # the input's elements laid out contiguously first, as eager's reshape copies.
         of_view = _made_by_view(plan, task.consumed["in_0"][0])
+        layout = get_op(attrs["_op"]).view if "_op" in attrs and "_perm" not in attrs else None
 
         def view(ins, outs, j, call):
             (x,) = bind(ins)
             if of_view and not x.is_contiguous():
+                seen = _view_of_strided(x, layout, attrs)
+                if seen is not None:
+                    return [seen]
                 (x,) = apply("contiguous", [x])
             if "_perm" in attrs:   # a global blob's split piece: permute the piece's own dims
                 seen = x.permute(*attrs["_perm"])
@@ -215,6 +224,19 @@ def _numbers_as_tensors(op_type: str, inputs: list, kwargs: dict) -> list | None
     again = infer(op, [m if m is not None else x for x, m in zip(inputs, made)], kwargs)
     same = (again.device, again.dtypes, again.metas) == (inferred.device, inferred.dtypes, inferred.metas)
     return made if same else None
+
+
+def _view_of_strided(x: Tensor, layout, attrs: dict) -> Tensor | None:
+    """The view ``attrs`` records (made by the view op whose rule is ``layout``) over ``x``'s own strides, without
+    a copy; None where ``layout`` is None or cannot view them (its ``ShapeError``), or gives another shape."""
+    if layout is None:
+        return None
+    blob = x._blob
+    try:
+        shape, strides, offset = layout(tuple(blob.shape), tuple(blob.strides), blob.offset, attrs["_op_attrs"])
+    except ShapeError:
+        return None
+    return x._view(shape, strides, offset) if tuple(shape) == tuple(attrs["shape"]) else None
 
 
 def _made_by_view(plan, regst_id: int) -> bool:

@@ -8,9 +8,10 @@ their own), and where the outputs go.
 
 * ``CallContext``  - what a call's acts read and fill besides regsts; ``call_context(job, inputs)``
   makes it for a compiled Job;
-* ``check_inputs`` - inputs that do not fit the Plan's input regsts are an error before
-  anything runs (a compiled graph takes inputs like those it was traced with);
-* ``new_context``  - the call's context (a hand-made Plan without a Job gets an empty one);
+* ``CallTemplate`` - what every call shares, derived once per Runtime: ``check(inputs)`` (inputs
+  that do not fit the Plan's input regsts are an error before anything runs: a compiled graph
+  takes inputs like those it was traced with) and ``context(inputs)``, the call's context (a
+  hand-made Plan without a Job gets an empty one);
 * ``CallHandle``   - what the caller holds: ``result()`` waits until the call's sink tick acted;
   ``wait_issued()`` only until the call's *frontier* acted; ``output(i)`` until output ``i``'s
   value is written (the output actor hands it over, ``actors/output.py``).
@@ -46,7 +47,7 @@ from pyflow.framework.tensor import Tensor
 from pyflow.runtime.comm_net import is_comm
 from pyflow.runtime.watchdog import wait_until
 
-__all__ = ["CallContext", "call_context", "CallHandle", "check_inputs", "new_context", "frontier_tasks"]
+__all__ = ["CallContext", "call_context", "CallHandle", "CallTemplate", "frontier_tasks"]
 
 
 @dataclasses.dataclass
@@ -71,15 +72,25 @@ class CallContext:
 
 def call_context(job, inputs: list) -> CallContext:
     """The context of one call: its inputs, and this call's values of the job's feeds (lr, step...)."""
+    return CallContext(list(inputs), job.variables, {}, {name: value() for name, value in _feeds(job)},
+                       _output_layouts(job), len(job.output_ops))
+
+
+def _feeds(job) -> list:
+    """(variable op name, value function) of each variable the job refills before every call."""
     by_tensor = {id(t): name for name, t in job.variables.items()}
-    feeds = {by_tensor[id(t)]: value() for t, value in job.feeds if id(t) in by_tensor}
+    return [(by_tensor[id(t)], value) for t, value in job.feeds if id(t) in by_tensor]
+
+
+def _output_layouts(job) -> dict:
+    """Output index -> (placement, sbp, shape, dtype) of each global output of ``job``."""
     layouts = {}
     for name in job.output_ops:
         op = job.op(name)
         desc = job.blobs[op.outputs[0]]
         if desc.placement is not None:
             layouts[op.attrs["index"]] = (desc.placement, tuple(desc.sbp), tuple(desc.shape), desc.dtype)
-    return CallContext(list(inputs), job.variables, {}, feeds, layouts, len(job.output_ops))
+    return layouts
 
 
 class CallHandle:
@@ -148,34 +159,48 @@ class CallHandle:
         return f"<CallHandle call {self.index}: {state}>"
 
 
-def check_inputs(plan, input_tasks: list, inputs: list) -> None:
-    """Raise if ``inputs`` do not match the Plan (``input_tasks``: this rank's input tasks)."""
-    count = sum(op_type == "input" for op_type, _, _ in plan.op_attrs.values())
-    expected = {plan.op_attrs[t.op_name][2]["index"]: plan.regsts[t.produced["out_0"]] for t in input_tasks}
-    where = f"graph {plan.job_name}"
-    if len(inputs) != count:
-        raise GraphError(f"{where} was compiled for {count} input(s), got {len(inputs)}")
-    for i, x in enumerate(inputs):
-        if not isinstance(x, Tensor):
-            raise GraphError(f"{where}: input {i} is a {type(x).__name__}; graph inputs must be tensors")
-        desc = expected.get(i)
-        if x.is_global or desc is None:
-            continue   # a global input: each rank's input task takes its own piece
-        wrong = (ShapeError if tuple(x.shape) != tuple(desc.shape) else
-                 DTypeError if x.dtype != np.dtype(desc.dtype) else
-                 DeviceError if str(x.device) != desc.device else None)
-        if wrong is not None:
-            raise wrong(f"{where}: input {i} must have shape {tuple(desc.shape)}, dtype {desc.dtype}, device "
-                        f"{desc.device}, got shape {tuple(x.shape)}, dtype {x.dtype}, device {x.device}; a "
-                        "compiled graph takes inputs like those it was traced with (build a new graph for others)")
+class CallTemplate:
+    """What every call of one rank's Plan has in common, derived once, when its Runtime starts: the inputs it
+    takes, its outputs' count and global layouts, the variables refilled per call (``job`` None: a hand-made
+    Plan, with no variables, feeds or global outputs).  A launch then only checks its inputs against it
+    (``check``) and binds this call's values (``context``): no walk of the Plan per call."""
 
+    def __init__(self, plan, job, input_tasks: list):
+        self.where = f"graph {plan.job_name}"
+        self.input_count = sum(op_type == "input" for op_type, _, _ in plan.op_attrs.values())
+        # input index -> its regst desc on this rank (``input_tasks``: this rank's input tasks)
+        self.expected = {plan.op_attrs[t.op_name][2]["index"]: plan.regsts[t.produced["out_0"]] for t in input_tasks}
+        if job is None:
+            self.variables, self.feeds, self.layouts = {}, [], {}
+            self.output_count = sum(op_type == "output" for op_type, _, _ in plan.op_attrs.values())
+        else:
+            self.variables, self.feeds, self.layouts = job.variables, _feeds(job), _output_layouts(job)
+            self.output_count = len(job.output_ops)
 
-def new_context(plan, job, inputs: list) -> CallContext:
-    """The context of one call (``job`` None: a hand-made Plan, with no variables, feeds or global outputs)."""
-    if job is not None:
-        return call_context(job, inputs)
-    count = sum(op_type == "output" for op_type, _, _ in plan.op_attrs.values())
-    return CallContext(list(inputs), {}, {}, {}, {}, count)
+    def check(self, inputs: list) -> None:
+        """Raise if ``inputs`` do not match the Plan's input regsts (before anything runs)."""
+        where = self.where
+        if len(inputs) != self.input_count:
+            raise GraphError(f"{where} was compiled for {self.input_count} input(s), got {len(inputs)}")
+        for i, x in enumerate(inputs):
+            if not isinstance(x, Tensor):
+                raise GraphError(f"{where}: input {i} is a {type(x).__name__}; graph inputs must be tensors")
+            desc = self.expected.get(i)
+            if x.is_global or desc is None:
+                continue   # a global input: each rank's input task takes its own piece
+            wrong = (ShapeError if tuple(x.shape) != tuple(desc.shape) else
+                     DTypeError if x.dtype != np.dtype(desc.dtype) else
+                     DeviceError if str(x.device) != desc.device else None)
+            if wrong is not None:
+                raise wrong(f"{where}: input {i} must have shape {tuple(desc.shape)}, dtype {desc.dtype}, device "
+                            f"{desc.device}, got shape {tuple(x.shape)}, dtype {x.dtype}, device {x.device}; a "
+                            "compiled graph takes inputs like those it was traced with (build a new graph for "
+                            "others)")
+
+    def context(self, inputs: list) -> CallContext:
+        """The context of one call: ``inputs``, and this call's values of the feeds (read now)."""
+        feeds = {name: value() for name, value in self.feeds}
+        return CallContext(inputs, self.variables, {}, feeds, self.layouts, self.output_count)
 
 
 def _callers_memory(plan, rid: int) -> bool:

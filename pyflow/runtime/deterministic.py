@@ -27,13 +27,19 @@ def step_once(runtime, index: int | None = None, act: bool = True):
 def deliver_until(runtime, predicate, max_call: int | None = None) -> None:
     """Deliver messages (about calls up to ``max_call``) until ``predicate()``; RuntimeHangError if none is left."""
     home = runtime.home
-    take, handle = home.take, home.handle
+    take, handle, actors = home.take, home.handle, home.actors
     while not predicate() and runtime.error is None:
         seen = home.enqueued
         msg = take(None, max_call)
         if msg is not None:   # (``deliver(runtime, msg, True)``, inlined: this loop runs once per message)
             try:
-                handle(msg)
+                if msg.dst in actors:   # (``home.handle``'s usual case, inlined too)
+                    actor = actors[msg.dst]
+                    actor.process_msg(msg)
+                    if actor.exited:
+                        del actors[msg.dst]
+                else:
+                    handle(msg)   # a construct, or a message to an actor that exited
             except BaseException as error:  # noqa: BLE001 - the runtime stops; result() raises it
                 runtime.fail(error)
             continue

@@ -56,7 +56,7 @@ from pyflow.compiler.plan import replan_memory
 from pyflow.compiler.rank_ticks import close_calls, rank_tasks
 from pyflow.errors import OpError, RuntimeHangError
 from pyflow.runtime.act import act_table
-from pyflow.runtime.call import CallContext, CallHandle, check_inputs, frontier_tasks, new_context
+from pyflow.runtime.call import CallContext, CallHandle, CallTemplate, frontier_tasks
 from pyflow.runtime.comm_net import CommOrder
 from pyflow.runtime.deterministic import deliver_until, step_once
 from pyflow.runtime.live import live_runtimes
@@ -113,6 +113,7 @@ class Runtime:
         self._all_exited = threading.Event()
         self.regst_mgr = RegstMgr(self.plan, [t.task_id for t in mine], self.rank)
         self.frontier = frontier_tasks(self.plan, mine)   # see call.py: what a call must issue before returning
+        self.template = CallTemplate(self.plan, job, [t for t in mine if t.kind == "input"])   # what calls share
         self.bus = ActorMsgBus()
         tasks = mine
         self._task_count = len(tasks)
@@ -144,14 +145,14 @@ class Runtime:
 
     def check_inputs(self, inputs) -> None:
         """Raise before anything runs if ``inputs`` do not match the Plan's input regsts."""
-        check_inputs(self.plan, [a.task for a in self.actors.values() if a.task.kind == "input"], list(inputs))
+        self.template.check(list(inputs))
 
     def register(self, inputs) -> CallHandle:
         """Make a call's handle and context (this call's feeds are read now); ``start`` launches it."""
         self._check_usable()
         inputs = list(inputs)
-        self.check_inputs(inputs)
-        context = new_context(self.plan, self.job, inputs)
+        self.template.check(inputs)
+        context = self.template.context(inputs)
         with self._lock:
             handle = CallHandle(self, self._next_call, context, len(self.frontier))
             self._calls[handle.index] = handle
@@ -369,8 +370,8 @@ class Runtime:
             self._wait(handle.issued, f"call {handle.index} to be issued")
 
     def wait_for(self, handle: CallHandle, timeout: float | None = None) -> None:
-        if self.deterministic:
-            self.run_until(handle.done, max_call=handle.index)
+        if self.deterministic:   # (``handle.done`` without its own call: asked once per message delivered)
+            self.run_until(handle._done.is_set, max_call=handle.index)
             return
         if not handle._done.wait(timeout):
             raise TimeoutError(f"call {handle.index} of {self.plan.job_name} is not done after {timeout} s")

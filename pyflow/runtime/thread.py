@@ -50,20 +50,22 @@ class _ActorHome:
     constructed = 0   # actors built here so far
 
     def handle(self, msg) -> None:
-        actor = self.actors.get(msg.dst)
-        if actor is None:
-            if msg.kind == CMD and msg.cmd == "construct":
-                actor = make_actor(self.runtime, msg.arg, self)
-                self.actors[actor.actor_id] = actor
-                self.constructed += 1
-                self.runtime.on_constructed(actor)
-                return
-            if msg.kind == CMD and msg.cmd == "turn":
-                return   # the communication turn passed to an actor that has exited (the runtime is closing)
-            raise RuntimeError(f"{msg!r} reached thread {self.name!r}, which has no live actor {msg.dst}")
-        actor.process_msg(msg)
-        if actor.exited:
-            del self.actors[msg.dst]
+        actors = self.actors
+        if msg.dst in actors:   # (the usual case: a subscript, no method call)
+            actor = actors[msg.dst]
+            actor.process_msg(msg)
+            if actor.exited:
+                del actors[msg.dst]
+            return
+        if msg.kind == CMD and msg.cmd == "construct":
+            actor = make_actor(self.runtime, msg.arg, self)
+            actors[actor.actor_id] = actor
+            self.constructed += 1
+            self.runtime.on_constructed(actor)
+            return
+        if msg.kind == CMD and msg.cmd == "turn":
+            return   # the communication turn passed to an actor that has exited (the runtime is closing)
+        raise RuntimeError(f"{msg!r} reached thread {self.name!r}, which has no live actor {msg.dst}")
 
 
 class Thread(_ActorHome):
@@ -183,8 +185,8 @@ class DeterministicThread(_ActorHome):
     def enqueue_local(self, msgs: list) -> None:
         """``enqueue`` each of ``msgs`` (an act's messages, in order), taking the lock once for all of them."""
         with self._lock:
-            for msg in msgs:
-                self._queue.append((self.enqueued, _call_of(msg), msg))
+            for msg in msgs:   # (``_call_of`` inlined for a regst message: an act sends mostly those)
+                self._queue.append((self.enqueued, msg.piece[0] if msg.kind == REGST else _call_of(msg), msg))
                 self.enqueued += 1
             if self._waiting:
                 self._cond.notify_all()

@@ -4,6 +4,7 @@
                   ``is_read_ready`` / ``is_write_ready``, reading counts, HandlerNormal /
                   HandlerZombie, eord; it is also the *normal* actor (compute, copy,
                   variable, input, output, view, boxing...: anything that acts once per piece)
+* ``slots``     - ``InSlot`` / ``OutSlot``: an actor's consumed and produced regst descs
 * ``ticks``     - the source tick (starts calls) and the sink tick (ends them)
 * ``grad_acc``  - Repeat, Unpack (one piece -> k acts), Acc, Pack (k acts -> one piece)
 * ``comm``      - send / recv / collective tasks: they act on their turn (``comm_net.py``)
@@ -19,11 +20,12 @@ not the actor's.
 from __future__ import annotations
 
 from pyflow.compiler.mem_guards import is_input_wise
-from pyflow.runtime.actors.base import Actor, InSlot, OutSlot, pieces_per_call
+from pyflow.runtime.actors.base import Actor, pieces_per_call
 from pyflow.runtime.actors.comm import CommActor
 from pyflow.runtime.actors.grad_acc import AccActor, PackActor, RepeatActor, UnpackActor
 from pyflow.runtime.actors.input_wise import InputWiseActor
 from pyflow.runtime.actors.output import OutputActor
+from pyflow.runtime.actors.slots import InSlot, OutSlot
 from pyflow.runtime.actors.ticks import SinkTickActor, SourceTickActor
 from pyflow.runtime.comm_net import is_comm
 
