@@ -115,9 +115,7 @@ def _one_region(w, tail: list) -> None:
                 with out.block(f"if cu_threads_{k}(cu_b, {', '.join(params)}) == cu_rt.STOPPED:"):
                     out("return cu_rt.CANCELLED")
             else:
-                out("cu_bx = cu_b % cu_gdx")
-                out("cu_by = cu_b // cu_gdx % cu_gdy")
-                out("cu_bz = cu_b // (cu_gdx * cu_gdy)")
+                _block_coordinates(out)
                 out("cu_t = -1")
                 with _each_thread(out):
                     out("cu_where[2] = cu_t   # where an exception happens; progress too")
@@ -145,9 +143,7 @@ def _thread_loop(w, k: int, body: list, params: list) -> None:
     with out:
         out(f'"""{w.branches[k][0].lstrip("# ")}, for every thread of block cu_b (no thread exits early)."""')
         out("cu_sb = 0")
-        out("cu_bx = cu_b % cu_gdx")
-        out("cu_by = cu_b // cu_gdx % cu_gdy")
-        out("cu_bz = cu_b // (cu_gdx * cu_gdy)")
+        _block_coordinates(out)
         out("cu_t = -1")
         with _each_thread(out):
             out("cu_where[2] = cu_t   # where an exception happens; progress too")
@@ -155,6 +151,13 @@ def _thread_loop(w, k: int, body: list, params: list) -> None:
                 out(line)
         out("return cu_rt.FELL_THROUGH")
     out()
+
+
+def _block_coordinates(out) -> None:
+    """``cu_bx``, ``cu_by``, ``cu_bz``: block ``cu_b``'s coordinates in the grid (blockIdx)."""
+    out("cu_bx = cu_b % cu_gdx")
+    out("cu_by = cu_b // cu_gdx % cu_gdy")
+    out("cu_bz = cu_b // (cu_gdx * cu_gdy)")
 
 
 @contextlib.contextmanager
@@ -194,9 +197,7 @@ def _all_threads(w, k: int, kind: str, args: str) -> None:
     with out:
         out(f'"""{w.branches[k][0].lstrip("# ")}, for every live thread of block cu_b."""')
         out("cu_nt = cu_bdx * cu_bdy * cu_bdz")
-        out("cu_bx = cu_b % cu_gdx")
-        out("cu_by = cu_b // cu_gdx % cu_gdy")
-        out("cu_bz = cu_b // (cu_gdx * cu_gdy)")
+        _block_coordinates(out)
         out("cu_sb = 0")
         out("cu_first = -1")
         out("cu_lo = cu_hi = cu_st = 0")
