@@ -36,6 +36,7 @@ from pyflow.framework.reductions import (all, allclose, any, argmax, argmin, cum
                                          prod, return_types, std, sum, topk, var)
 from pyflow.framework.tensor import Tensor, tensor
 from pyflow.framework.views import FUNCTIONS as _VIEW_FUNCTIONS
+from pyflow import ops  # noqa: F401 - the op definitions register themselves in framework's registry (below them)
 from pyflow.kernels.backend import describe as backend_description
 from pyflow.kernels.backend import is_gpu, is_simulator
 from pyflow.vm import sync
@@ -48,6 +49,8 @@ from pyflow import distributed, env  # noqa: E402 - flow.distributed.run, flow.e
 from pyflow import autograd  # noqa: E402 - after distributed: it wraps the global-aware view methods
 from pyflow.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
 from pyflow import nn, optim  # noqa: E402 - after autograd: layers and optimizers record and update
+from pyflow import graph  # noqa: E402 - nn.Graph, OneFlow's spelling: the graph layer sits above nn, so it is
+nn.Graph, nn.graph = graph.Graph, graph  # handed to nn here (``flow.nn.Graph``, ``from pyflow.nn import Graph``)
 from pyflow import cuda  # noqa: E402 - flow.cuda.is_available(), synchronize(), manual_seed()
 from pyflow.serialization import load, save  # noqa: E402 - flow.save / flow.load (after nn: a Parameter stays one)
 from pyflow.framework.placement import placement  # noqa: E402

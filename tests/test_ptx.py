@@ -94,7 +94,8 @@ def test_generated_cocktailer_kernels_compile_to_ptx_for_sm90():
     """Loops, while loops, branches, fenced functions (nested, sharing shared-memory uTasks), the recursion
     stack (with loops inside the recursive function) and recursion unroll's block groups (nested two
     levels), row reductions of several shapes in one kernel, the LSTM, NASRNN, Attention, Seq2seq,
-    BlockDrop and SkipNet models, as numba.cuda sees them."""
-    result = _run(["-m", "pyflow.cocktailer.compile_check"])
+    BlockDrop and SkipNet models (handed to Cocktailer's check by ``pyflow.models.compile_check``), as
+    numba.cuda sees them."""
+    result = _run(["-m", "pyflow.models.compile_check"])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "FAIL" not in result.stdout and "15/15 generated kernels compiled" in result.stdout

@@ -1,6 +1,7 @@
 """Autograd: recording ops on tensors that require grad, and running their backward rules.
 
-* ``mode``       - ``no_grad``, ``enable_grad``, ``set_grad_enabled``, ``is_grad_enabled``
+* ``mode``       - ``no_grad``, ``enable_grad``, ``set_grad_enabled``, ``is_grad_enabled``, over the
+                   framework's flag (``pyflow/framework/grad_mode.py``)
 * ``graph``      - ``AutogradMeta``, ``Node`` (one recorded op), ``AccumulateGrad``, saved tensors
 * ``record``     - the interpreter's hook: make Nodes, check in-place writes
 * ``engine``     - backward: the nodes in dependency order, gradients into the leaves

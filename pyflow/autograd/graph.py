@@ -27,6 +27,7 @@ import itertools
 
 from pyflow.autograd.mode import is_grad_enabled
 from pyflow.errors import AutogradError
+from pyflow.framework.grad_mode import requires_grad  # the framework answers it: ops below autograd ask too
 
 __all__ = ["AutogradMeta", "Node", "AccumulateGrad", "Saved", "meta", "requires_grad"]
 
@@ -55,11 +56,6 @@ def meta(t):
     if t._autograd is None:
         t._autograd = AutogradMeta()
     return t._autograd
-
-
-def requires_grad(t) -> bool:
-    info = getattr(t, "_autograd", None)
-    return info is not None and info.requires_grad
 
 
 class Saved:

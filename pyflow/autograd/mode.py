@@ -1,5 +1,8 @@
 """Grad mode: whether ops are recorded for backward (``flow.no_grad()``), per thread as in PyTorch.
 
+The flag itself is the framework's (``pyflow/framework/grad_mode.py``: ops below autograd
+ask it too); these are the context managers and decorators that set it.
+
 >>> import pyflow as flow
 >>> with flow.no_grad():
 ...     print(flow.is_grad_enabled())
@@ -12,16 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
+
+from pyflow.framework.grad_mode import is_grad_enabled, set_grad_mode
 
 __all__ = ["is_grad_enabled", "set_grad_enabled", "no_grad", "enable_grad"]
-
-_local = threading.local()
-
-
-def is_grad_enabled() -> bool:
-    """Are ops on tensors that require grad recorded now (in this thread)?"""
-    return getattr(_local, "enabled", True)
 
 
 class set_grad_enabled:  # noqa: N801 - torch's name
@@ -30,13 +27,13 @@ class set_grad_enabled:  # noqa: N801 - torch's name
     def __init__(self, mode: bool) -> None:
         self.previous = is_grad_enabled()
         self.mode = bool(mode)
-        _local.enabled = self.mode
+        set_grad_mode(self.mode)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> bool:
-        _local.enabled = self.previous
+        set_grad_mode(self.previous)
         return False
 
     def __call__(self, fn):
@@ -44,7 +41,7 @@ class set_grad_enabled:  # noqa: N801 - torch's name
         def wrapped(*args, **kwargs):
             with set_grad_enabled(self.mode):
                 return fn(*args, **kwargs)
-        _local.enabled = self.previous  # used as a decorator: building it must not change the mode
+        set_grad_mode(self.previous)  # used as a decorator: building it must not change the mode
         return wrapped
 
 
@@ -56,11 +53,11 @@ class _GradMode(contextlib.ContextDecorator):
 
     def __enter__(self):
         self.previous = is_grad_enabled()
-        _local.enabled = self.enabled
+        set_grad_mode(self.enabled)
         return self
 
     def __exit__(self, *exc) -> bool:
-        _local.enabled = self.previous
+        set_grad_mode(self.previous)
         return False
 
 

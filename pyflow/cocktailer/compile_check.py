@@ -8,11 +8,14 @@ and sharing shared-memory uTasks with the kernel),
 recursion through the shared-memory frame stack (with for and while loops inside
 the recursive function, holding the call or not), recursion unroll's block groups
 (nested two levels deep) with their group barriers, row reductions and softmaxes of several shapes in one kernel,
-the LSTM, NASRNN, Attention, Seq2seq, BlockDrop and SkipNet models - and compiles each generated
-kernel to PTX with the argument types it is launched with:
+an LSTM - and compiles each generated kernel to PTX with the argument types it is launched with.
+The paper's models (NASRNN, Attention, Seq2seq, BlockDrop, SkipNet) sit above this package, so
+they hand their programs to the check (``run(more=...)``) from ``pyflow/models/compile_check.py``,
+which runs everything:
 
     pip install -e ".[ptx]"
-    PYFLOW_CUDA=gpu python -m pyflow.cocktailer.compile_check [LABEL ...]
+    PYFLOW_CUDA=gpu python -m pyflow.models.compile_check [LABEL ...]        # these examples and the models'
+    PYFLOW_CUDA=gpu python -m pyflow.cocktailer.compile_check [LABEL ...]    # these examples only
 
 It prints one line per kernel (only the named examples, if labels are given) and
 exits 1 if any fails.
@@ -20,6 +23,7 @@ exits 1 if any fails.
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import numpy as np
@@ -136,19 +140,6 @@ def examples():
                                    ck.spec(2, 5, dtype="float64"), ck.spec(20, 4, dtype="float64"),
                                    ck.spec(20, 5, dtype="float64"), ck.spec(20, dtype="float64"),
                                    ck.spec(20, dtype="float64")), True
-    # the paper's NASRNN, Attention and Seq2seq: broadcast/strided batched matmuls (several specializations
-    # of one shared-memory uTask in one kernel), cache rows at a run-time offset, the scaled softmax; a while
-    # loop counting its steps, tokens on the device (embedding gather, row argmax, row max in the state)
-    from pyflow.models import NASRNN, Attention, BlockDrop, Seq2seq, SkipNet
-
-    yield "nasrnn", NASRNN(8, 8, tile=4).program(3, 2), True
-    yield "attention", Attention(2, 8, 3, tile=4).program(2, 6), True
-    yield "seq2seq", Seq2seq(8, 11, max_length=4, tile=4).program(2), True
-    # the paper's CNNs: branches on a device-side count (BlockDrop) and on a decision the same kernel's
-    # controller just made (SkipNet); conv / batch norm / pooling uTasks, two row-reduction uTasks owning
-    # shared memory (the policy rows, the controller head) beside the matmuls' tiles in one kernel
-    yield "blockdrop", BlockDrop((1, 2, 1), 5, width=2, image_size=8, tile=4).program(2), True
-    yield "skipnet", SkipNet((1, 2, 1, 1), image_size=16, num_classes=5, width=1, tile=4).program(1), True
 
 
 def argtypes(compiled: CompiledUProgram):
@@ -171,15 +162,17 @@ def compile_example(program, inline: bool) -> str:
     return f"{compiled.barrier_sites} grid barriers in the source"
 
 
-def run(only=None) -> int:
-    """Compile every example (or those labelled in ``only``): 0 if all compiled, 1 if not, 2 if it cannot check."""
+def run(only=None, more=()) -> int:
+    """Compile every example and those in ``more`` (label, program, inline), or those labelled in ``only``:
+    0 if all compiled, 1 if not, 2 if it cannot check."""
     if not backend.is_gpu():
         print("the PTX check needs the real CUDA target: run with PYFLOW_CUDA=gpu", file=sys.stderr)
         return 2
     from pyflow.kernels.compile_check import pretend_sm90, report
 
     pretend_sm90()
-    chosen = [(label, program, inline) for label, program, inline in examples() if not only or label in only]
+    chosen = [(label, program, inline) for label, program, inline in itertools.chain(examples(), more)
+              if not only or label in only]
     unknown = set(only or ()) - {label for label, _, _ in chosen}
     if unknown:
         print(f"no such example: {', '.join(sorted(unknown))}", file=sys.stderr)

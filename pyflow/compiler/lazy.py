@@ -38,7 +38,7 @@ from pyflow.framework import args, interpreter
 from pyflow.framework.dtypes import is_scalar
 from pyflow.framework.op_registry import get_op
 from pyflow.framework.sbp import SbpParallel
-from pyflow.framework.tensor import Tensor, _Version
+from pyflow.framework.tensor import Tensor
 from pyflow.kernels.layout import contiguous_strides
 
 __all__ = ["LazyTensor", "LazyTracer", "tracing", "paused", "current_job", "user_line", "device_of"]
@@ -93,9 +93,7 @@ class LazyTensor(Tensor):
 
     @classmethod
     def _make(cls, trace: "LazyTracer", lbn: str, desc: BlobDesc) -> "LazyTensor":
-        t = object.__new__(cls)
-        t._blob, t._handle, t._versions, t._global, t._autograd = LazyBlob(desc.shape, desc.dtype, device_of(desc)), \
-            None, _Version(), None, None
+        t = cls.over_blob(LazyBlob(desc.shape, desc.dtype, device_of(desc)), None)
         t._lbn, t._trace, t._has_views, t._is_view = lbn, trace, False, False
         return t
 

@@ -217,8 +217,10 @@ def _supervise(args: argparse.Namespace) -> int:
 
 
 def _rank_process(args: argparse.Namespace) -> int:
-    """Become the MPI rank (importing pyflow does it), then run the script as ``__main__``."""
-    import pyflow  # noqa: F401 - joins the MPI world and sets RANK, WORLD_SIZE, LOCAL_RANK
+    """Become the MPI rank, then run the script as ``__main__``."""
+    from pyflow.distributed import mpi
+
+    mpi.init_if_launched()   # join the MPI world: sets RANK, WORLD_SIZE, LOCAL_RANK (once: a second call returns)
 
     sys.argv = [args.script, *args.script_args]
     sys.path[0] = os.path.dirname(os.path.abspath(args.script))

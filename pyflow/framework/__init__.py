@@ -14,6 +14,7 @@ One concept per module:
 * ``reductions``   - sum, mean, max, min, argmax, argmin, var, std, norm, cumsum, topk
 * ``movement``     - cat, stack, gather, index_select, repeat
 * ``inplace``      - add_, mul_, copy_, fill_, clamp_, ``+=`` ...
+* ``grad_mode``    - the grad-mode flag (``flow.no_grad()`` sets it) and ``requires_grad(t)``: ops ask them too
 
 Each module that defines tensor methods attaches them to ``Tensor`` when it is
 imported; importing this package imports them all.

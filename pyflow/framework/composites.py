@@ -28,6 +28,7 @@ from pyflow.framework import args, creation, reductions
 from pyflow.framework.args import describe
 from pyflow.framework.dtypes import BOOL, DEFAULT_FLOAT, is_scalar, to_scalar
 from pyflow.framework.functional import exp, isinf, log, matmul, where
+from pyflow.framework.grad_mode import is_grad_enabled, requires_grad
 from pyflow.framework.interpreter import apply
 from pyflow.framework.movement import cat, index_select
 from pyflow.framework.tensor import Tensor, tensor
@@ -319,10 +320,12 @@ def _get_data(self: Tensor) -> Tensor:
 
 
 def _set_data(self: Tensor, value: Tensor) -> None:
-    """``x.data = y``: ``x`` (the same object, keeping its autograd state) now uses ``y``'s storage."""
-    from pyflow.nn.parameter import set_data
-
-    set_data(self, args.tensor(value, "data"))
+    """``x.data = y``: ``x`` (the same object, keeping its autograd state: ``requires_grad``, ``grad``) now uses
+    ``y``'s storage, device, dtype and layout.  ``Module.to()`` moves its parameters so, as PyTorch does: code
+    that holds a parameter (an optimizer) sees the moved one."""
+    value = args.tensor(value, "data")
+    self._blob, self._handle, self._versions, self._global = value._blob, value._handle, value._versions, \
+        value._global
 
 
 def _float_self(self: Tensor, op: str) -> Tensor:
@@ -354,9 +357,7 @@ def _fill_diagonal_(self: Tensor, fill_value, wrap: bool = False) -> Tensor:
     x = args.tensor(self, "fill_diagonal_")
     if x.ndim < 2 or (x.ndim > 2 and len(set(x.shape)) != 1):
         raise ShapeError(f"fill_diagonal_: needs at least 2 dims, all of one length beyond 2, got {describe(x)}")
-    from pyflow.autograd import is_grad_enabled
-
-    if x.requires_grad and is_grad_enabled():   # the strided view below is not recorded by autograd
+    if requires_grad(x) and is_grad_enabled():   # the strided view below is not recorded by autograd
         raise AutogradError(f"fill_diagonal_: {describe(x)} requires grad (a leaf's values would change under "
                             "its gradient; a non-leaf's write is not recorded); do it under flow.no_grad()")
     rows, cols = x.shape[0], x.shape[1]

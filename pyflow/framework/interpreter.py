@@ -1,27 +1,19 @@
 """Seeds 000/002: the eager interpreter: from ``apply("relu", [x])`` to an OpCall instruction.
 
-For one op call, in OneFlow's order, each step a function of this module (tutorial 03
-calls them one by one):
+For one op call, in OneFlow's order, each step a function of this module (tutorial 03 calls them one by one):
 
-1. **GetDefaultDevice** - the first input's device; with no inputs, the
-   ``device`` attribute (which must exist on this machine), else cpu.  Every
-   input must be on that device; mixing devices is an error that says to use
-   ``.to()``.
-2. **InferDeviceAndStream** - the device's default (compute) stream, unless the op
-   defines its own (copies between devices use host2device / device2host).
-   Steps 1-2 are ``infer_device_and_stream``.
-3. **Type promotion** (``OpDef.promote_inputs``, PyTorch's rule in
-   ``dtypes.py``) and **shape/dtype inference** (``OpDef.infer``):
-   ``infer_logical``, the prologue the global interpreter and nn.Graph's tracer
-   share.  Here, at the call, bad input raises, naming op, shapes, dtypes and
-   devices.  Nothing has been issued yet, so a rejected call leaves no
-   instruction behind.  ``infer`` is steps 1-3 for one call, through the cache
-   below.
-4. Issue: Python scalars become tensors and operands are cast to the common
-   dtype (``convert_inputs``); the output tensors are created, with no memory
-   yet: the VM allocates when it prepares the instruction (``make_outputs``);
-   and **PhysicalRun** issues an ``InstructionsBuilder.call``
-   (``build_op_call``, the OpCall instruction).  A view op issues nothing (``view_ops.py``).
+1. **GetDefaultDevice** - the first input's device; with no inputs, the ``device`` attribute (which must exist on this
+   machine), else cpu.  Every input must be on that device; mixing devices is an error that says to use ``.to()``.
+2. **InferDeviceAndStream** - the device's default (compute) stream, unless the op defines its own (copies between
+   devices use host2device / device2host). Steps 1-2 are ``infer_device_and_stream``.
+3. **Type promotion** (``OpDef.promote_inputs``, PyTorch's rule in ``dtypes.py``) and **shape/dtype inference**
+   (``OpDef.infer``): ``infer_logical``, the prologue the global interpreter, nn.Graph's tracer and Cocktailer's
+   share.  Here, at the call, bad input raises, naming op, shapes, dtypes and devices.  Nothing has been issued yet,
+   so a rejected call leaves no instruction behind.  ``infer`` is steps 1-3 for one call, through the cache below.
+4. Issue: Python scalars become tensors and operands are cast to the common dtype (``convert_inputs``); the output
+   tensors are created, with no memory yet: the VM allocates when it prepares the instruction (``make_outputs``); and
+   **PhysicalRun** issues an ``InstructionsBuilder.call`` (``build_op_call``, the OpCall instruction).  A view op
+   issues nothing (``view_ops.py``).
 
 **Writing into existing tensors** (``out=``): in-place ops (``x.add_(y)``, ``x += y``, ``x[idx] = v``) pass the
 tensors to write. The OpCall then *writes* their storage, so the VM orders it after every earlier reader (WAR)
@@ -64,14 +56,13 @@ __all__ = ["apply", "get_default_device", "kernel_target", "describe", "global_i
 
 # OneFlow picks an interpreter per call: EagerLocalInterpreter for local tensors,
 # EagerGlobalInterpreter when an input is global.  pyflow.distributed installs the
-# global one here (it sits above this layer: placement, SBP signatures, boxing).
+# global one here when imported (it sits above this layer: placement, SBP signatures,
+# boxing), and ``import pyflow`` imports it.
 _global_interpreter = None
 
 
 def global_interpreter():
-    """The interpreter of global tensors (``pyflow.distributed.global_ops``)."""
-    if _global_interpreter is None:
-        import pyflow.distributed  # noqa: F401  (installs it)
+    """The interpreter of global tensors (``pyflow.distributed.global_ops``), installed by ``pyflow.distributed``."""
     return _global_interpreter
 
 
@@ -88,13 +79,20 @@ def install_recorder(recorder) -> None:
     global _recorder
     _recorder = recorder
 
-# nn.Graph's lazy mode records ops into a Job instead of running them (pyflow.compiler.lazy installs it).
+# nn.Graph's lazy mode records ops into a Job instead of running them (pyflow.compiler.lazy installs it);
+# Cocktailer's trace lowers them to the uTasks of one program (pyflow.cocktailer.lowering installs it).
 _lazy_tracer = None
+_program_tracer = None
 
 
 def install_lazy_tracer(tracer) -> None:
     global _lazy_tracer
     _lazy_tracer = tracer
+
+
+def install_program_tracer(tracer) -> None:
+    global _program_tracer
+    _program_tracer = tracer
 
 
 _CHECK_ERRORS = (ShapeError, DTypeError, AxisError, IndexOutOfRangeError, ArgumentTypeError, DeviceError)
@@ -386,6 +384,8 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
     ``inputs`` are tensors, and Python scalars where the op promotes.  ``out``: a
     list of existing tensors to write the results into (see the module docstring).
     """
+    if _program_tracer is not None and _program_tracer.active():   # inside cocktailer.trace: lower to uTasks
+        return _program_tracer.apply(name, list(inputs), out, attrs)
     if _lazy_tracer is not None and _lazy_tracer.active():   # inside nn.Graph.build: record, don't run
         return _lazy_tracer.apply(name, list(inputs), out, attrs)
     op = get_op(name)

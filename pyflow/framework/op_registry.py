@@ -37,7 +37,11 @@ An ``OpDef`` says everything the interpreter needs to run an op eagerly:
 * ``view(shape, strides, offset, attrs) -> (shape, strides, offset)`` - only for view ops
   (``permute``, ``reshape``, ``narrow``...; ``pyflow/ops/views.py``): the result is this
   new layout over the input's storage, made with no kernel and no copy, sharing the input's
-  version counter (OneFlow's view ops, ``oneflow/core/framework/tensor_methods.cpp``).
+  version counter (OneFlow's view ops, ``oneflow/core/framework/tensor_methods.cpp``);
+* ``utask_lowering(trace, inputs, attrs) -> outputs`` - how the op runs inside a Cocktailer
+  persistent kernel: it appends the op's ``UOperator`` s (uTasks over a device function of
+  ``kernels/utask/``) to the program ``trace`` records (``pyflow/cocktailer/lowerings.py``).
+  ``None``: the op cannot run there, and ``cocktailer.trace`` says so, naming it.
 
 Every op must declare the last two (``register_op`` refuses one left out), so
 adding an op means deciding how it splits and how it differentiates, and a
@@ -57,8 +61,8 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["TensorMeta", "OpDef", "OP_REGISTRY", "register_op", "get_op", "default_launch", "BROADCAST_ONLY",
-           "NO_BACKWARD", "UNDECLARED"]
+__all__ = ["TensorMeta", "OpDef", "OP_REGISTRY", "register_op", "register_lowering", "get_op", "default_launch",
+           "BROADCAST_ONLY", "NO_BACKWARD", "UNDECLARED"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +111,7 @@ class OpDef:
     sbp_signatures: Callable | _Marker = UNDECLARED
     kernel_attrs: tuple = ()  # the attrs passed on to the kernel (others only steer inference)
     view: Callable | None = None  # a view op: its result's layout over the input's storage
+    utask_lowering: Callable | None = None  # set by pyflow.cocktailer (register_lowering)
     doc: str = ""
 
     def __post_init__(self):
@@ -140,17 +145,31 @@ def register_op(op: OpDef) -> OpDef:
     return op
 
 
+def register_lowering(name: str, lowering: Callable) -> OpDef:
+    """Give op ``name`` its uTask lowering (``OpDef.utask_lowering``); an unknown op or a second lowering
+    is an error, as ``register_op`` refuses a second op of one name.
+
+    The lowering is *set on the OpDef* rather than kept in a table of Cocktailer's keyed by op name, so
+    that ``get_op("relu")`` stays the one place that says what relu is, including whether it can run
+    inside a persistent kernel (a table beside the registry would be a second list of op names, kept in
+    step by hand, as the SBP table was).  It is *written* in ``pyflow/cocktailer/`` because it builds
+    Cocktailer's IR, a layer above this one: Cocktailer calls this at import (the framework never imports
+    it), and its tracer, the only reader of the field, runs only once Cocktailer is imported.
+    """
+    op = get_op(name)
+    if op.utask_lowering is not None:
+        raise ValueError(f"op {name!r} already has a uTask lowering")
+    op.utask_lowering = lowering
+    return op
+
+
 def get_op(name: str) -> OpDef:
-    """The op called ``name``; ``KeyError`` listing the registered ops."""
-    found = OP_REGISTRY.get(name)
-    if found is not None:
-        return found
-    _load_ops()
+    """The op called ``name``; ``KeyError`` listing the registered ops.
+
+    The registry holds what was registered: the definitions in ``pyflow/ops/`` register
+    themselves when imported, which ``import pyflow`` does (this layer sits below them).
+    """
     try:
         return OP_REGISTRY[name]
     except KeyError:
         raise KeyError(f"no op {name!r}; registered ops: {', '.join(sorted(OP_REGISTRY))}") from None
-
-
-def _load_ops() -> None:
-    import pyflow.ops  # noqa: F401  (registers every op)

@@ -95,9 +95,15 @@ class Tensor:
         return t
 
     @classmethod
+    def over_blob(cls, blob, handle: _StorageHandle | None) -> "Tensor":
+        """A tensor over ``blob``, memory that ``handle`` keeps alive (None: a blob without memory, nn.Graph's
+        lazy tensors), with a version counter of its own (a view shares its base's instead: ``_view``)."""
+        return cls._wrap(blob, handle, _Version())
+
+    @classmethod
     def _empty(cls, device, shape, dtype) -> "Tensor":
         blob = EagerBlobObject.empty(Device(device), shape, dtype)
-        return cls._wrap(blob, _StorageHandle(blob.storage), _Version())
+        return cls.over_blob(blob, _StorageHandle(blob.storage))
 
     @classmethod
     def _new(cls, device, shape, dtype, nbytes, strides) -> "Tensor":

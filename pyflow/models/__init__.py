@@ -33,6 +33,9 @@ kept there (``device_weights.py``: ``model.device_weights``), uploaded again onl
 when ``load_state_dict`` or an assignment changes them (parameter arrays are
 read-only).  ``model.compiled_for(...)`` gives the ``cocktailer.Compiled`` object
 (``source``, ``last_stats``) for benchmarks.
+
+``compile_check.py`` hands the models' programs to Cocktailer's PTX check (``PYFLOW_CUDA=gpu
+python -m pyflow.models.compile_check``): the models sit above Cocktailer, the check does not import them.
 """
 
 from pyflow.errors import StateDictError

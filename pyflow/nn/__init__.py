@@ -19,6 +19,9 @@
 * ``init``       - in-place initialisations (``xavier_uniform_``, ``kaiming_uniform_``...)
 * ``utils``      - ``clip_grad_norm_``, ``clip_grad_value_``
 
+``flow.nn.Graph`` (and ``flow.nn.graph``), OneFlow's spelling, is ``pyflow.graph``'s: that
+layer sits above nn, so ``import pyflow`` hands it to this package (``pyflow/__init__.py``).
+
 Layers are compositions of the public tensor ops: there is no kernel and no
 backward rule in this package; autograd differentiates the ops they are made of.
 
@@ -53,15 +56,3 @@ __all__ = ["functional", "init", "Parameter", "Module", "Sequential", "ModuleLis
            "utils", "GELU", "LeakyReLU", "Softplus", "LogSigmoid", "LayerNorm", "L1Loss", "SmoothL1Loss", "HuberLoss",
            "BCELoss", "BCEWithLogitsLoss", "KLDivLoss"]
 
-
-def __getattr__(name: str):
-    """``flow.nn.Graph`` and ``flow.nn.graph`` live in ``pyflow.graph`` (a layer above nn): imported on use."""
-    if name == "Graph":
-        from pyflow.graph import Graph
-
-        return Graph
-    if name == "graph":
-        import pyflow.graph
-
-        return pyflow.graph
-    raise AttributeError(f"module 'pyflow.nn' has no attribute {name!r}")

@@ -19,7 +19,7 @@ dicts (``__getattr__``).  Everything else walks the tree:
   back, checked before anything is written;
 * ``to(device or dtype)``, ``cuda()``, ``cpu()``, ``double()`` and ``to_global(placement, sbp)`` -
   move every parameter and buffer.  A parameter stays the *same object*, pointed at
-  the moved data (``parameter.set_data``), so an optimizer made before ``.to()``
+  the moved data (``param.data = moved``), so an optimizer made before ``.to()``
   keeps working; buffers are replaced by the moved tensors.
 
 >>> import pyflow as flow
@@ -50,7 +50,7 @@ from pyflow.autograd import no_grad
 from pyflow.errors import ArgumentTypeError, ArgumentValueError, DTypeError, StateDictError
 from pyflow.framework.dtypes import as_dtype
 from pyflow.framework.tensor import Tensor
-from pyflow.nn.parameter import Parameter, set_data
+from pyflow.nn.parameter import Parameter
 from pyflow.nn.state_dict import IncompatibleKeys, check_state_dict
 
 __all__ = ["Module", "StateDictError", "ArgumentValueError", "IncompatibleKeys"]
@@ -329,7 +329,7 @@ class Module:
     def _apply(self, fn: Callable[[Tensor], Tensor]) -> "Module":
         """Replace every parameter's data and gradient, and every buffer, by ``fn`` of it (recording nothing).
 
-        Parameters keep their identity (``set_data``): code that holds them sees the new data.
+        Parameters keep their identity (``param.data = ...``): code that holds them sees the new data.
         """
         with no_grad():
             for module in self.modules():
@@ -337,7 +337,7 @@ class Module:
                     if param is None:
                         continue
                     grad = param.grad
-                    set_data(param, fn(param.detach()))
+                    param.data = fn(param.detach())
                     if grad is not None:
                         param.grad = fn(grad.detach())
                 for name, buffer in module._buffers.items():

@@ -20,8 +20,8 @@ Ops on a parameter return plain tensors (``p * 2`` is a ``Tensor``).
 [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
 
 ``Module.to()`` keeps the parameter objects and points them at the moved data
-(``set_data``), as PyTorch does, so an optimizer built before ``.to()`` still
-updates the module's parameters.
+(``param.data = moved``), as PyTorch does, so an optimizer built before ``.to()``
+still updates the module's parameters.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 from pyflow.errors import ArgumentTypeError
 from pyflow.framework.tensor import Tensor
 
-__all__ = ["Parameter", "set_data"]
+__all__ = ["Parameter"]
 
 
 class Parameter(Tensor):
@@ -73,13 +73,3 @@ class Parameter(Tensor):
         raise TypeError("a pyflow Parameter cannot be pickled (its memory belongs to the VM); save "
                         "{name: p.numpy()} from module.state_dict() instead")
 
-
-def set_data(param: Tensor, data: Tensor) -> None:
-    """Point ``param`` (the same Python object) at ``data``'s storage, device, dtype and layout.
-
-    This is PyTorch's ``param.data = data``: what ``Module.to()`` and ``Module.to_global()``
-    do, so that code holding the parameter (an optimizer) sees the moved one.  Its autograd
-    state (``requires_grad``, ``grad``) stays.
-    """
-    param._blob, param._handle, param._versions, param._global = (data._blob, data._handle, data._versions,
-                                                                  data._global)

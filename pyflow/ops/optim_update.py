@@ -158,9 +158,8 @@ for _spec in UPDATE_OPS.values():
 
 def _run(spec: _Spec, inputs: list, attrs: dict) -> None:
     """Check what the interpreter cannot, issue the op, bump the versions of the tensors it wrote."""
-    from pyflow.autograd import is_grad_enabled
-    from pyflow.autograd.graph import requires_grad
     from pyflow.framework import interpreter
+    from pyflow.framework.grad_mode import is_grad_enabled, requires_grad
     from pyflow.framework.interpreter import apply, has_internal_overlap, may_overlap, same_view
     from pyflow.framework.tensor import Tensor
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from pyflow.errors import GraphError
 from pyflow.framework.creation import empty
-from pyflow.framework.tensor import Tensor, _Version
+from pyflow.framework.tensor import Tensor
 from pyflow.vm.eager_blob_object import EagerBlobObject
 
 __all__ = ["Regst", "RegstMgr", "memory_fits", "requests_by_regst", "make_chunks", "planned_tensor"]
@@ -84,7 +84,7 @@ def planned_tensor(plan, chunks: dict, regst, copy: int = 0) -> Tensor:
     dtype = np.dtype(regst.dtype)
     offset = plan.memory.offsets[plan.memory_root(regst).id] + copy * regst.nbytes   # inplace: the input's memory
     blob = EagerBlobObject(chunk._blob.storage, regst.shape, dtype, None, offset // dtype.itemsize)
-    return Tensor._wrap(blob, chunk._handle, _Version())
+    return Tensor.over_blob(blob, chunk._handle)
 
 
 def requests_by_regst(plan) -> dict:
