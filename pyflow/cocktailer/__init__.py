@@ -11,7 +11,9 @@
 
 Modules: ``ir`` (uOperator, nested uTasks, uProgram pieces), ``trace`` (front end: tracing,
 memory management), ``control`` (for, while, cond), ``functions`` (function uTasks,
-recursion), ``ops`` (the ops), ``names``/``checks`` (code names, static ints),
+recursion), ``ops`` (the ops), ``lowering`` (the tracer that lowers flow ops on traced
+tensors to uTasks) with ``lowerings`` (each op's uTask lowering, set on its OpDef),
+``names``/``checks`` (code names, static ints),
 ``codegen`` (kernel source) with ``codegen_recursion`` (recursion stack),
 ``codegen_groups`` (block groups) and ``codegen_common`` (status words, scalars as
 text), ``barriers`` (where grid barriers go), ``executor``
@@ -24,6 +26,7 @@ from pyflow.cocktailer.api import Compiled, compile
 from pyflow.cocktailer.control import cond, for_loop, while_loop
 from pyflow.cocktailer.executor import Options, RunStats
 from pyflow.cocktailer.functions import function
+from pyflow.cocktailer import lowering, lowerings  # noqa: F401  (installs the tracer, attaches the lowerings)
 from pyflow.cocktailer.ops import (add, cat, copy, exp, linear, lstm_cell, matmul, max_rows, maximum, mul, neg,
                                    relu, sigmoid, softmax_rows, sub, sum_rows, tanh, update, zeros)
 from pyflow.cocktailer.trace import Program, TensorSpec, TracedTensor, TraceError, spec, trace

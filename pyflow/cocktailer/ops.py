@@ -6,7 +6,9 @@ recursive frame) and appends a ``UOperator`` whose uTasks call a device function
 from ``kernels/utask/``.  Each ``UOperator`` also lists what its uTasks read and
 write, and how (``("elementwise", chunk)``: element ``e`` is touched by uTask
 ``e // chunk`` on the same thread every time; ``None``: by any block), which is
-what the code generator's barrier plan works from.
+what the code generator's barrier plan works from.  The uTask lowerings of flow ops
+(``lowerings.py``: ``flow.relu(x)``, ``x + y``, ``x.sum(-1)`` inside a trace) call these same
+builders, so either spelling emits the same uOperators.
 """
 
 from __future__ import annotations

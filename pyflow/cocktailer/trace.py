@@ -9,9 +9,11 @@
 
     program = ck.trace(rnn, ck.spec(4, 8), ck.spec(5, 4, 8), ck.spec(8, 8), ck.spec(8))
 
-Arguments are symbolic ``TracedTensor``s: every op checks shapes *now* (a ``ShapeError``
-names the op and the shapes) and appends a ``UOperator`` to the statement being
-traced.  Control flow takes Python functions and traces each body once:
+Arguments are symbolic ``TracedTensor``s (``pyflow.Tensor``s): a flow op on them (``x + y``,
+``x.sum(-1)``) runs its uTask lowering (``lowering.py``; ``ops.py``'s ops emit the same
+directly).  Every op checks shapes *now* (a ``ShapeError`` names the op and the shapes)
+and appends a ``UOperator`` to the statement being traced.  Control flow takes Python
+functions and traces each body once:
 ``for_loop``, ``while_loop``, ``cond`` (``control.py``), ``function`` (a function
 uTask, optionally recursive: ``functions.py``).  Device values used for control are
 ``Scalar``s: ``t.item()`` reads the one element of a tensor, ``table[i].item()`` one
@@ -42,7 +44,10 @@ from pyflow.cocktailer.checks import static_int
 from pyflow.cocktailer.ir import (Buffer, Const, FunctionDef, Load, Offset, Scalar, StmtBlock, TensorRef, UOperator,
                                   is_int_scalar)
 from pyflow.cocktailer.names import Names, readable_name, sanitize
+from pyflow.device import Device
 from pyflow.errors import DTypeError, PyflowError, ShapeError
+from pyflow.framework.tensor import Tensor
+from pyflow.kernels.layout import contiguous_strides
 from pyflow.kernels.utask import CHUNK, TILE
 from pyflow.kernels.utask.elementwise import copy_utask
 from pyflow.kernels.utask.sizes import ceil_div
@@ -193,30 +198,32 @@ def _current() -> _Trace:
 # ---- symbolic tensors -------------------------------------------------------------
 
 
-class TracedTensor:
-    """A symbolic tensor of a program being traced (a ``TensorRef`` plus a version).
+class _RefBlob:
+    """A TracedTensor's stand-in for an EagerBlobObject: the layout tensor methods read, on the program's device."""
+
+    __slots__ = ("shape", "dtype", "strides", "offset", "device", "storage")
+
+    def __init__(self, ref: TensorRef):
+        self.shape, self.dtype, self.strides = ref.shape, ref.dtype, contiguous_strides(ref.shape)
+        self.offset, self.device, self.storage = 0, Device("cuda"), None
+
+
+class TracedTensor(Tensor):
+    """A symbolic tensor of a program being traced (a ``TensorRef`` plus a version): a ``pyflow.Tensor``
+    with no values, whose ops the program tracer lowers to uTasks (``lowering.py``).
 
     ``update`` writes in place and returns the new version; using the old one
     afterwards is a ``TraceError`` (it no longer holds what it held).
     """
 
+    __slots__ = ("ref", "readonly", "_stale_by", "_trace")
+
     def __init__(self, ref: TensorRef, readonly: bool = False):
+        self._blob, self._handle, self._versions, self._global, self._autograd = _RefBlob(ref), None, None, None, None
         self.ref = ref
         self.readonly = readonly
         self._stale_by: str | None = None
         self._trace = getattr(_local, "trace", None)   # the trace whose buffers it lives in
-
-    @property
-    def shape(self) -> tuple:
-        return self.ref.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.ref.dtype
-
-    @property
-    def size(self) -> int:
-        return self.ref.size
 
     def _use(self, op: str) -> TensorRef:
         if self._trace is not _current():
@@ -255,33 +262,24 @@ class TracedTensor:
         shape = tuple(static_int(d, f"reshape: a size (shape {shape})", low=-1) for d in shape)
         if shape.count(-1) == 1:  # one side inferred, as in numpy
             known = math.prod(d for d in shape if d != -1)
-            if known and self.size % known == 0:
-                shape = tuple(self.size // known if d == -1 else d for d in shape)
-        if any(d < 0 for d in shape) or math.prod(shape) != self.size:
-            raise ShapeError(f"reshape: cannot view {self.shape} ({self.size} elements) as {tuple(shape)}")
+            if known and self.ref.size % known == 0:
+                shape = tuple(self.ref.size // known if d == -1 else d for d in shape)
+        if any(d < 0 for d in shape) or math.prod(shape) != self.ref.size:
+            raise ShapeError(f"reshape: cannot view {self.shape} ({self.ref.size} elements) as {tuple(shape)}")
         return TracedTensor(self._use("reshape").reshaped(shape), self.readonly)
 
     def item(self) -> Scalar:
         """The tensor's single element as a device Scalar (for conditions, indices)."""
         ref = self._use("item")
-        if self.size != 1:
+        if self.ref.size != 1:
             raise ShapeError(f"item() needs a tensor of one element, got shape {self.shape}")
         return Load(ref)
 
-    # arithmetic: the ops of ops.py (imported when used: ops.py builds on this module)
-    def __add__(self, other): return _ops().add(self, other)
-    def __sub__(self, other): return _ops().sub(self, other)
-    def __mul__(self, other): return _ops().mul(self, other)
-    def __neg__(self): return _ops().neg(self)
-    def tanh(self): return _ops().tanh(self)
-    def sigmoid(self): return _ops().sigmoid(self)
-    def relu(self): return _ops().relu(self)
+    def _no_value(self, *args, **kwargs):   # arithmetic (x + y, x.tanh()) is pyflow.Tensor's: lowering.py
+        raise TraceError(f"{self!r} has no value while the program is traced: its values exist only when the "
+                         "program runs (branch on device values with cocktailer.cond / while_loop)")
 
-
-def _ops():
-    from pyflow.cocktailer import ops
-
-    return ops
+    numpy = tolist = __array__ = __bool__ = __float__ = __int__ = __str__ = _no_value
 
 
 def _tensor(x, op: str) -> TracedTensor:

@@ -57,6 +57,7 @@ import functools
 
 import numpy as np
 
+import pyflow as flow
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import MODES
 from pyflow.cocktailer.checks import is_int, static_int
@@ -198,7 +199,7 @@ class StackedLSTM:
                     layer_in = h_k
                 return h, c, ck.update(out, t, layer_in)
 
-            h, c, out = ck.for_loop(seq, step, h0, c0, ck.zeros(seq, batch, H, dtype=dtype))
+            h, c, out = ck.for_loop(seq, step, h0, c0, flow.zeros(seq, batch, H, dtype=dtype))   # a flow op
             return out, h, c
 
         # the parameter names become the program's input names (trace reads the signature)

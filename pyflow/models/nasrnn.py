@@ -62,6 +62,7 @@ import math
 
 import numpy as np
 
+import pyflow as flow
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import MODES
 from pyflow.cocktailer.checks import static_int
@@ -144,8 +145,8 @@ class NASRNN:
                 ih = batched_matmul(inputs[t], weight_ih)     # (8, B, H): x_t broadcast over the gates
                 return nasrnn_cell(ih, hh, c)                 # the new (c, m)
 
-            c, m = ck.for_loop(seq, step, ck.zeros(batch, H, dtype=dtype), ck.zeros(batch, H, dtype=dtype))
-            return ck.sum_rows(ck.add(c, m).reshape(batch * H))
+            c, m = ck.for_loop(seq, step, flow.zeros(batch, H, dtype=dtype), flow.zeros(batch, H, dtype=dtype))
+            return (c + m).sum()                              # flow ops, lowered to uTasks (cocktailer/lowerings.py)
 
         return ck.trace(nasrnn, ck.spec(seq, batch, self.input_size, dtype=dtype),
                         *(ck.spec(shape, dtype=dtype) for shape in self.parameter_shapes().values()),

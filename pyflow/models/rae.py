@@ -10,9 +10,9 @@ runs the whole walk inside one persistent kernel::
     def rae(node):                                   # node: an int Scalar (device value)
         return ck.cond(is_leaf[node].item(),         # a Branch on a device scalar
                        lambda: inp[node],            # leaf: its input row
-                       lambda: ck.tanh(ck.linear(ck.cat([rae(left[node].item()),     # two Calls
-                                                         rae(right[node].item())]),  # (uTask refs)
-                                                 W, b)))
+                       lambda: flow.tanh(ck.linear(flow.cat([rae(left[node].item()),     # two Calls
+                                                             rae(right[node].item())]),  # (uTask refs)
+                                                   W, b)))
 
     output = rae(root)
 
@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import pyflow as flow
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import MODES
 from pyflow.framework.tensor import Tensor
@@ -130,8 +131,8 @@ class RAE:
                     return inp[node]  # a view: cond copies it into its output, no copy op of our own
 
                 def inner():
-                    children = ck.cat([rae(left[node].item()), rae(right[node].item())])
-                    return ck.tanh(ck.linear(children, weight, bias))
+                    children = flow.cat([rae(left[node].item()), rae(right[node].item())])
+                    return flow.tanh(ck.linear(children, weight, bias))   # flow ops: cocktailer/lowerings.py
 
                 return ck.cond(is_leaf[node].item(), leaf, inner)
 

@@ -81,6 +81,7 @@ import math
 
 import numpy as np
 
+import pyflow as flow
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.checks import static_int
 from pyflow.cocktailer.model_ops import (argmax_sum_rows, batched_matmul, embedding, gate_lstm_cell,
@@ -204,8 +205,8 @@ class Seq2seq:
                 top = max_rows_into(tok.reshape(1, batch), into=top)     # max(tok), for the next test
                 return embedding(emb, tok), h, c, out, top               # x: the next step's input
 
-            x0, top0 = embedding(emb, start), ck.max_rows(start.reshape(1, batch))
-            _, h, _, out, _ = while_loop_counted(more, step, x0, h0, c0, ck.zeros(L, batch, dtype=dtype), top0,
+            x0, top0 = embedding(emb, start), start.reshape(1, batch).amax(-1)   # flow ops: cocktailer/lowerings.py
+            _, h, _, out, _ = while_loop_counted(more, step, x0, h0, c0, flow.zeros(L, batch, dtype=dtype), top0,
                                                  max_iters=L)
             return out, h
 

@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import numpy as np
 
+import pyflow as flow
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.checks import static_int
 from pyflow.cocktailer.conv_ops import (avg_pool2d, max_pool2d, parameter_views, residual_gate,
@@ -261,7 +262,7 @@ class SkipNet:
                 residual = conv_bn(p, x, f"{layer}.downsample.0", f"{layer}.downsample.1", stride=stride) \
                     if has_ds else x
                 if j == 0:   # never skipped: relu(body(x) + residual)
-                    x = ck.relu(ck.add(self._body(p, x, layer, stride), residual))
+                    x = flow.relu(self._body(p, x, layer, stride) + residual)   # flow ops: cocktailer/lowerings.py
                 else:
                     x = self._gated(p, x, residual, layer, stride, mask, total)
                 if j + 1 < len(blocks):
