@@ -17,9 +17,9 @@ by phase, and divides the step time by that count.
 Its last section asks whether compiling pays off: the training step of an MLP of depth 8 (64 -> 128 x 7
 -> 10) and of an MLP 784 -> 256 -> 10 as a compiled ``nn.Graph`` against the same step eager (the steps
 alternate, so the machine's load hits both alike), the same Plan on the sequential interpreter (no
-actors: what the Plan itself costs), the Python calls one graph call makes (cProfile), and the actor
-runtime's own rate: acts per second of a 16-stage pipeline Plan whose acts cost nothing (the best of
-three runs).  It prints ratios only; nothing is asserted about times.
+actors: what the Plan itself costs), the Python calls one graph call and one eager step make (cProfile),
+and the actor runtime's own rate: acts per second of a 16-stage pipeline Plan whose acts cost nothing (the
+best of three runs).  It prints ratios only; nothing is asserted about times.
 
     python benchmarks/bench_train_step.py [--steps 50] [--warmup 10] [--batch 64] [--hidden 128] [--graph-only]
 """
@@ -143,7 +143,7 @@ def mlp(features: int, hidden: list, classes: int) -> nn.Module:
 def graph_and_eager_steps(case, batch: int, steps: int) -> tuple:
     """Seconds per training step (each ending with ``loss.item()``) of the same MLP, as a compiled
     ``nn.Graph`` (its first call, the compile, not timed) on the actor runtime and on the sequential
-    interpreter, and eagerly; returns (graph, sequential, eager, the graph)."""
+    interpreter, and eagerly; returns (graph, sequential, eager, the graph, the eager step ``(x, y) -> None``)."""
     _, features, hidden, classes = case
     rng = np.random.default_rng(1)
     data = [(flow.tensor(rng.normal(size=(batch, features)).astype(np.float32)),
@@ -189,7 +189,22 @@ def graph_and_eager_steps(case, batch: int, steps: int) -> tuple:
         start = time.perf_counter()
         eager_step(x, y)
         eager_times.append(time.perf_counter() - start)
-    return graph_times, sequential_times, eager_times, graph
+    return graph_times, sequential_times, eager_times, graph, eager_step
+
+
+def python_calls_per_eager_step(eager_step, x, y, calls: int = 5) -> int:
+    """Python function calls per eager training step ``eager_step(x, y)`` (ending with ``loss.item()``), counted
+    by cProfile on this thread as ``python_calls_per_graph_call`` counts a graph call's."""
+    import cProfile
+    import pstats
+
+    eager_step(x, y)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(calls):
+        eager_step(x, y)
+    profile.disable()
+    return pstats.Stats(profile).total_calls // calls
 
 
 def python_calls_per_graph_call(graph, x, y, calls: int = 5) -> tuple[int, int]:
@@ -247,20 +262,22 @@ def graph_report(steps: int, batch: int) -> None:
     print(f"\nnn.Graph vs eager, one training step (batch {batch}, SGD momentum, each step ends with loss.item()), "
           f"median of {steps} steps")
     print(f"  {'model':16} {'graph ms':>9} {'eager ms':>9} {'graph/eager':>12} {'sequential/eager':>17} {'tasks':>6} "
-          f"{'Python calls / graph call':>26}")
+          f"{'Python calls: graph call':>25} {'eager step':>11}")
     for case in GRAPH_CASES:
-        graph_times, sequential_times, eager_times, graph = graph_and_eager_steps(case, batch, steps)
+        graph_times, sequential_times, eager_times, graph, eager_step = graph_and_eager_steps(case, batch, steps)
         g_ms, e_ms = statistics.median(graph_times) * 1e3, statistics.median(eager_times) * 1e3
         s_ms = statistics.median(sequential_times) * 1e3
         rng = np.random.default_rng(2)
         x = flow.tensor(rng.normal(size=(batch, case[1])).astype(np.float32))
         y = flow.tensor(rng.integers(0, case[3], size=batch).astype(np.int64))
         calls, tasks = python_calls_per_graph_call(graph, x, y)
+        eager_calls = python_calls_per_eager_step(eager_step, x, y)
         graph._close_runtime()
-        print(f"  {case[0]:16} {g_ms:9.2f} {e_ms:9.2f} {g_ms / e_ms:12.2f} {s_ms / e_ms:17.2f} {tasks:6} {calls:26,}")
+        print(f"  {case[0]:16} {g_ms:9.2f} {e_ms:9.2f} {g_ms / e_ms:12.2f} {s_ms / e_ms:17.2f} {tasks:6} {calls:25,} "
+              f"{eager_calls:11,}")
     print("  (targets: graph/eager <= 0.8, stretch 0.5; sequential: the same Plan on the sequential interpreter, no "
           "actors: the floor the runtime can reach;\n   Python calls counted by cProfile with the graph's actors "
-          "on the caller's thread, executor='deterministic')")
+          "on the caller's thread, executor='deterministic', and the eager step's on the same thread)")
     for mode, rate in zero_cost_acts_per_second().items():
         print(f"  actor runtime, zero-cost acts, {mode:28}: {rate:10,.0f} acts/s  (target >= 100,000 on one thread)")
 

@@ -13,7 +13,9 @@ Each task kind, at micro-batch ``j``:
 
 ============  ===========================================================================
 compute/copy  the op itself: ``apply(op, inputs, out=[its regsts])`` (the eager op, so
-              eager and graph share one definition); ``view``: the view of its input (no
+              eager and graph share one definition) at the first act; later acts issue
+              the OpCall that first one decided (``PreparedOpCall``: no inference, no
+              checks per act); ``view``: the view of its input (no
               copy: its regst is an alias of the input's, which stays alive while it is read;
               a view of a view is the view op's layout rule over the first one's strides)
 variable      binds the eager tensor (parameters persist across calls)
@@ -39,17 +41,21 @@ timing.)
 
 from __future__ import annotations
 
+import weakref
+
 from pyflow.autograd import no_grad
 from pyflow.compiler.boxing_tasks import run_boxing_task
 from pyflow.distributed.global_tensor import make_global, to_local
 from pyflow.errors import ShapeError
+from pyflow.framework.args import device as checked_device
 from pyflow.framework.dtypes import is_scalar, to_scalar
-from pyflow.framework.interpreter import apply, infer
+from pyflow import vm
+from pyflow.framework.interpreter import apply, build_op_call, copy_overlapping_inputs, infer, make_outputs
 from pyflow.framework.op_registry import get_op
 from pyflow.framework.tensor import Tensor, tensor
 from pyflow.runtime.call import CallContext
 
-__all__ = ["act", "make_act", "act_table", "act_input", "produced_regsts"]
+__all__ = ["act", "make_act", "act_table", "act_input", "produced_regsts", "PreparedOpCall"]
 
 
 def produced_regsts(plan, task) -> list:
@@ -91,7 +97,8 @@ def make_act(plan, task):
     into its inputs (``_out_into``), whether it updates a copy of an input: all of it is the same at every
     act, so the actor runtime asks once per task when it starts (OneFlow's actors hold their kernels) and
     an act only binds this call's tensors and issues its ops.  The tensors the op's Python numbers become
-    are made at its first act and reused (``_numbers_as_tensors``).  A task no act can be made for fails
+    are made at its first act and reused (``_numbers_as_tensors``), and so is what ``apply`` decides about
+    its op (``PreparedOpCall``: later acts issue the OpCall directly).  A task no act can be made for fails
     when it acts (the runtime names the actor then), not when the runtime starts.
     """
     try:
@@ -187,23 +194,120 @@ def _make_act(plan, task):
     k = get_op(op_type).updates_input
     # the Python numbers among the op's arguments: made into tensors at the first act, then reused
     constants = {"pending": any(key is None and is_scalar(x) for key, x in arg_spec), "made": None}
+    issue, copy = _Issuer(op_type, kwargs), _Issuer("contiguous", {})
 
     def compute(ins, outs, j, call):
         args = bind(ins)
         targets = [args[into_arg[i]] if i in into_arg else outs[i] for i in range(len(outs))]
-        with no_grad():   # the Plan holds its backward already: nothing is recorded (nor snapshot) for autograd
-            if k is not None and targets:   # the op writes only parts of input k: it starts as a copy of it
-                apply("contiguous", [args[k]], out=[targets[0]])
-                args[k] = targets[0]
-            inputs = args[:n_in]
-            if constants["pending"]:
-                constants["pending"] = False
+        if k is not None and targets:   # the op writes only parts of input k: it starts as a copy of it
+            copy([args[k]], [targets[0]])
+            args[k] = targets[0]
+        inputs = args[:n_in]
+        if constants["pending"]:
+            constants["pending"] = False
+            with no_grad():
                 constants["made"] = _numbers_as_tensors(op_type, inputs, kwargs)
-            if constants["made"] is not None:
-                inputs = [made if made is not None else x for x, made in zip(inputs, constants["made"])]
-            results = apply(op_type, inputs, out=targets or None, **kwargs)
+        if constants["made"] is not None:
+            inputs = [made if made is not None else x for x, made in zip(inputs, constants["made"])]
+        results = issue(inputs, targets)
         return list(results) if results is not None else list(outs)
     return compute
+
+
+class _Issuer:
+    """One op of a compute task, issued at every act: the first act through ``apply`` (under ``no_grad``: the
+    Plan holds its backward already, nothing is recorded for autograd), which checks it; every later act
+    through the ``PreparedOpCall`` that first act allows, where it allows one."""
+
+    def __init__(self, op_type: str, kwargs: dict):
+        self.op_type, self.kwargs = op_type, kwargs
+        self.first, self.prepared = True, None
+
+    def __call__(self, inputs: list, targets: list) -> list:
+        """``apply(op_type, inputs, out=targets or None, **kwargs)``: the op's outputs."""
+        prepared = self.prepared
+        if prepared is not None:
+            results = prepared(inputs, targets)
+            if results is not None:
+                return results
+        with no_grad():
+            results = apply(self.op_type, inputs, out=targets or None, **self.kwargs)
+        if self.first:   # (after the first act: the call passed apply's checks)
+            self.first = False
+            self.prepared = PreparedOpCall.of(get_op(self.op_type), inputs, targets, self.kwargs)
+        return results
+
+
+_LAYOUTS_KEPT = 64   # layouts of one task's inputs and outputs remembered (cleared when full: a cache)
+
+
+class PreparedOpCall:
+    """One compute task's op call with everything ``apply`` decides per call decided once, at the task's first
+    act: the inference (device, stream, kernel dtypes, output metas, the kernel: ``interpreter.Inferred``) and
+    the checks of its outputs.  An act then only makes its new outputs (none where it writes its regsts) and
+    issues the OpCall, as OneFlow's actors hold their kernels and call them with no interpretation.
+
+    The Plan fixes each regst's shape, dtype and device, so every act has the first act's signature; an act
+    whose tensors differ anyway (a parameter given another dtype by hand) is left to ``apply`` (``None``).  Calls
+    ``apply`` would issue more for are never prepared: global tensors, a number or a cast to convert, a view, an
+    output of another shape or dtype than the result (a cast after the op), an op that updates a copy of an input
+    it makes itself (no regst to write).  Its ops are issued, never traced (as on an actor thread): a Plan's call is
+    the runtime's work, not part of a ``build`` or a Cocktailer trace around it.
+    """
+
+    def __init__(self, op, inferred, attrs: dict, signature: list):
+        self.op, self.inferred, self.attrs, self.signature = op, inferred, attrs, signature
+        # the layouts (storage, offset, strides; shape and dtype are the signature's) of the inputs and outputs
+        # an act has seen -> does an input overlap an output (``copy_overlapping_inputs``)?  The regsts' memory
+        # is the Plan's, a few views of one chunk, so a handful of layouts repeat at every act: each is decided once
+        self.overlaps: dict = {}
+
+    @classmethod
+    def of(cls, op, inputs: list, targets: list, attrs: dict):
+        """The prepared call of ``op`` on ``inputs`` writing ``targets`` (empty: new outputs), or None where
+        ``apply`` must decide at every act (the class docstring)."""
+        tensors = inputs + targets
+        if (op.view is not None or not all(isinstance(x, Tensor) for x in tensors)
+                or any(x.is_global for x in tensors) or (op.updates_input is not None and not targets)):
+            return None
+        if "device" in attrs:   # (a source op's device, as ``apply`` reads it)
+            attrs = dict(attrs, device=checked_device(attrs["device"], op.name))
+        inferred = infer(op, inputs, attrs)   # (the inference cache: what the first act's apply decided)
+        if inferred.converts or any(o.shape != meta.shape or o.dtype != meta.dtype
+                                    for o, meta in zip(targets, inferred.metas)):
+            return None
+        return cls(op, inferred, attrs, [(x._blob.shape, x._blob.dtype, x.device) for x in tensors])
+
+    def __call__(self, inputs: list, targets: list) -> list | None:
+        """Issue the op on ``inputs`` into ``targets`` (empty: new tensors); its outputs, or None (not issued)
+        where an input's or output's shape, dtype or device is not the prepared one."""
+        layouts = ()
+        for x, (shape, dtype, device) in zip(inputs + targets, self.signature):
+            blob = x._blob
+            if blob.shape != shape or blob.dtype != dtype or blob.storage.device is not device:
+                return None
+            layouts += (id(blob.storage), blob.offset, blob.strides)
+        inferred, attrs = self.inferred, self.attrs
+        if targets:
+            overlaps = self.overlaps
+            seen = overlaps.get(layouts)
+            # (keyed by the storages' ids, each checked by a weak reference: a cache must not keep a caller's
+            # input memory alive, and a new storage at a freed one's address is not the old one)
+            if seen is None or seen[0] or any(ref() is not x._blob.storage
+                                              for ref, x in zip(seen[1], inputs + targets)):
+                if len(overlaps) > _LAYOUTS_KEPT:
+                    overlaps.clear()
+                given = list(inputs)
+                refs = tuple(weakref.ref(x._blob.storage) for x in inputs + targets)
+                copy_overlapping_inputs(self.op, inputs, targets)   # (it replaces an overlapping input by a copy)
+                overlaps[layouts] = (any(x is not y for x, y in zip(given, inputs)), refs)
+            outputs = targets
+        else:
+            outputs = make_outputs(inferred)
+        vm.run(lambda builder: build_op_call(builder, inputs, outputs, inferred, attrs))
+        for o in targets:
+            o._bump_version()
+        return outputs
 
 
 def _numbers_as_tensors(op_type: str, inputs: list, kwargs: dict) -> list | None:

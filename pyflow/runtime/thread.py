@@ -90,13 +90,20 @@ class Thread(_ActorHome):
         self.local.extend(msgs)
 
     def _poll_loop(self) -> None:
+        local, channel, actors = self.local, self.channel, self.actors
         with env.bound(self.runtime.ctx):
             while True:
-                msg = self.local.popleft() if self.local else self.channel.get()
+                msg = local.popleft() if local else channel.get()
                 if msg.kind == CMD and msg.cmd == "stop":
                     break
                 try:
-                    self.handle(msg)
+                    if msg.dst in actors:   # (``handle``'s usual case, inlined: this loop runs once per message)
+                        actor = actors[msg.dst]
+                        actor.process_msg(msg)
+                        if actor.exited:
+                            del actors[msg.dst]
+                    else:
+                        self.handle(msg)   # a construct, or a message to an actor that exited
                 except BaseException as error:  # noqa: BLE001 - the runtime stops and reports it
                     self.runtime.fail(error)
                     break

@@ -246,7 +246,8 @@ class Actor:
         """Send what is complete downstream, give back what was used up (``slots``: those consumed slots,
         default all); record the act (``consumed``: more (desc, index, piece) it read)."""
         sends, written, produced = [], [], []
-        me = self.actor_id
+        me, local = self.actor_id, self.all_local   # (all local: nothing waits for the act's device work, so the
+        #                                             tensors it read and wrote need not be listed)
         for slot in self.out_list:
             per = slot.acts_per_piece
             if per != 1 and j % per != per - 1:
@@ -254,7 +255,7 @@ class Actor:
             regst, slot.current = slot.current, None
             regst.piece = piece = (n, j // per)
             produced.append((slot.desc.id, regst.index, piece))
-            if regst.tensor is not None:
+            if regst.tensor is not None and not local:
                 written.append(regst.tensor)
             if slot.pinned_source is not None:
                 self.pin_alias(regst, slot.pinned_source)
@@ -278,10 +279,10 @@ class Actor:
                 self.deferred.add(regst)   # an alias of it is still out there
                 continue
             sends.append(ActorMsg(REGST, me, regst.producer, regst, regst.piece))   # given back
-            if regst.tensor is not None:
+            if regst.tensor is not None and not local:
                 read.append(regst.tensor)
         self.runtime.record_act(self, (n, j), start, end, consumed, produced)
-        if self.all_local:   # (``dispatch``'s first case, inlined: every message goes to this thread's queue)
+        if local:   # (``dispatch``'s first case, inlined: every message goes to this thread's queue)
             self.thread.enqueue_local(sends)
         else:
             self.dispatch(sends, read, written)
