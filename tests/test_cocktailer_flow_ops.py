@@ -15,7 +15,10 @@ from hypothesis import strategies as st
 
 import pyflow as flow
 import pyflow.cocktailer as ck
+import pyflow.nn.functional as F
 from pyflow.cocktailer.ir import UOperator
+from pyflow.cocktailer import conv_ops, ops
+from pyflow.cocktailer.model_ops import batched_matmul, scaled_softmax_rows
 from pyflow.errors import ShapeError
 from pyflow.framework.op_registry import get_op
 
@@ -23,11 +26,11 @@ pytestmark = pytest.mark.sim_tier("threads")
 
 # one step of a random program: (flow op, cocktailer op); operands are the two latest values
 UNARY = {"tanh": (flow.tanh, ck.tanh), "sigmoid": (flow.sigmoid, ck.sigmoid), "relu": (flow.relu, ck.relu),
-         "neg": (lambda x: -x, ck.neg)}
+         "neg": (lambda x: -x, ops.neg)}
 BINARY = {"add": (lambda a, b: a + b, ck.add), "sub": (lambda a, b: a - b, ck.sub),
           "mul": (lambda a, b: a * b, ck.mul), "maximum": (flow.maximum, ck.maximum),
-          "matmul": (lambda a, b: a @ b, ck.matmul), "row": (lambda a, b: a + b[0], lambda a, b: ck.add(a, b[0]))}
-FINAL = {"sum": (lambda x: x.sum(-1), ck.sum_rows), "amax": (lambda x: flow.amax(x, -1), ck.max_rows),
+          "matmul": (lambda a, b: a @ b, ops.matmul), "row": (lambda a, b: a + b[0], lambda a, b: ck.add(a, b[0]))}
+FINAL = {"sum": (lambda x: x.sum(-1), ck.sum_rows), "amax": (lambda x: flow.amax(x, -1), ops.max_rows),
          "softmax": (lambda x: flow.softmax(x, -1), ck.softmax_rows), "none": (lambda x: x, lambda x: x)}
 
 
@@ -82,9 +85,9 @@ def test_flow_ops_with_control_flow_give_the_program_of_cocktailer_ops():
 
     def with_ck(h0, xs, w):
         def step(t, h):
-            return ck.tanh(ck.add(ck.matmul(h, w), xs[t]))
+            return ck.tanh(ck.add(ops.matmul(h, w), xs[t]))
         h = ck.for_loop(xs.shape[0], step, h0)
-        return ck.cond(ck.sum_rows(h.reshape(h.ref.size)).item() > 0, lambda: ck.relu(h), lambda: ck.neg(h))
+        return ck.cond(ck.sum_rows(h.reshape(h.ref.size)).item() > 0, lambda: ck.relu(h), lambda: ops.neg(h))
 
     rng = np.random.default_rng(0)
     args = (rng.standard_normal((2, 4)).astype(np.float32), rng.standard_normal((3, 2, 4)).astype(np.float32),
@@ -119,7 +122,10 @@ def test_an_op_without_a_lowering_is_an_error_naming_it():
 
 def test_what_a_lowering_cannot_do_is_refused_and_inference_errors_stay_flows():
     cases = [(lambda x: flow.softmax(x, 0), "op 'softmax': over dim 0"),
-             (lambda x: x.permute(1, 0), "op 'permute': its result over \\[2, 4\\] is not contiguous"),
+             (lambda x: x.unsqueeze(0).permute(2, 0, 1), "op 'permute': its result over \\[1, 2, 4\\] is not contiguous"),
+             (lambda x: x.T, "op 'output': reads a transpose \\(w.T\\), which no buffer holds"),
+             (lambda x: flow.relu(x.T), "op 'relu': reads a transpose"),
+             (lambda x: (x * 2.0).sum(-1), "op 'reduce_sum': reads x \\* a Python number"),
              (lambda x: x + 1.0, "op 'add': a Python number as an operand has no uTask lowering"),
              (lambda x: x.add_(x), "op 'add': writing into existing tensors"),
              (lambda x: flow.tensor([1.0]) + x, "is a tensor from outside the program")]
@@ -145,3 +151,88 @@ def test_traced_tensors_are_flow_tensors_and_stay_checked():
     ck.trace(lambda x: kept.append(x) or x, ck.spec(2))
     with pytest.raises(ck.TraceError, match="belongs to another trace"):
         ck.trace(lambda y: kept[0] + y, ck.spec(2))
+
+
+def same_programs(fn_flow, fn_ck, args) -> None:
+    """Traced with flow ops and with cocktailer ops: the same uOperators, the same values and stats."""
+    programs = [ck.trace(fn, *args, chunk=4, tile=4, name="p") for fn in (fn_flow, fn_ck)]
+    assert programs[0].listing() == programs[1].listing()
+    assert operators(programs[0]) == operators(programs[1])
+    runs = []
+    for program in programs:
+        compiled = ck.compile(program, mode="compiled", threads=4, blocks=2)
+        runs.append((compiled(*args), compiled.last_stats))
+    for got, want in zip(*(r[0] if isinstance(r[0], tuple) else (r[0],) for r in runs)):
+        np.testing.assert_array_equal(got, want)
+    assert runs[0][1] == runs[1][1]
+
+
+@settings(max_examples=8, deadline=None)
+@given(lead=st.sampled_from([(), (3,), (2, 2)]), k=st.integers(1, 5), n=st.integers(1, 5), bias=st.booleans(),
+       spelling=st.sampled_from(["F.linear", "x @ w.T + b", "b + x @ w.t()"]), seed=st.integers(0, 2**16))
+def test_linear_is_the_one_linear_uoperator(lead, k, n, bias, spelling, seed):
+    """``F.linear`` is ``x.matmul(w.T) + b``: three flow ops, lowered to ck.linear's ONE uOperator."""
+    rng = np.random.default_rng(seed)
+    args = [rng.standard_normal(lead + (k,)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)]
+    args += [rng.standard_normal(n).astype(np.float32)] if bias else []
+    flow_fn = {"F.linear": lambda x, w, b=None: F.linear(x, w, b), "x @ w.T + b": lambda x, w, b=None: x @ w.T if b is None else x @ w.T + b,
+               "b + x @ w.t()": lambda x, w, b=None: x @ w.t() if b is None else b + x @ w.t()}[spelling]
+    same_programs(flow_fn, lambda x, w, b=None: ck.linear(x, w, b), args)
+
+
+def test_the_product_before_a_fused_bias_is_stale_and_other_adds_do_not_fuse():
+    def reuses(x, w, b):
+        y = x @ w.T
+        return (y + b) + y
+
+    with pytest.raises(ck.TraceError, match="updated in place by its bias add, fused into the matmul"):
+        ck.trace(reuses, ck.spec(2, 4), ck.spec(3, 4), ck.spec(3))
+
+    def later(x, w, b):   # the bias add is not the next statement: a linear, then its own add
+        y = x @ w.T
+        r = flow.relu(x)
+        return y + b, r
+
+    program = ck.trace(later, ck.spec(2, 4), ck.spec(3, 4), ck.spec(3), chunk=4, tile=4)
+    assert [op[1] for op in operators(program)][:3] == ["linear_t4_float32", "relu_map", "add_zip_rows"]
+
+
+@settings(max_examples=6, deadline=None)
+@given(b=st.integers(1, 2), m=st.integers(1, 3), k=st.integers(1, 4), n=st.integers(1, 4),
+       seed=st.integers(0, 2**16))
+def test_broadcast_matmul_and_batched_transpose_are_the_bmm_uoperator(b, m, k, n, seed):
+    rng = np.random.default_rng(seed)
+    args = (rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((2, k, n)).astype(np.float32),
+            rng.standard_normal((b, 2, m, n)).astype(np.float32))
+    same_programs(lambda x, w, y: (x @ w) @ y.transpose(-1, -2),
+                  lambda x, w, y: batched_matmul(batched_matmul(x, w), y, transpose_b=True), args)
+
+
+@settings(max_examples=6, deadline=None)
+@given(rows=st.integers(1, 3), width=st.integers(1, 6), scale=st.floats(-4, 4), seed=st.integers(0, 2**16))
+def test_softmax_of_a_scaled_tensor_is_the_scaled_softmax_uoperator(rows, width, scale, seed):
+    x = np.random.default_rng(seed).standard_normal((rows, width)).astype(np.float32)
+    same_programs(lambda x: flow.softmax(scale * x, -1), lambda x: scaled_softmax_rows(x, scale), (x,))
+
+
+@settings(max_examples=6, deadline=None)
+@given(size=st.integers(3, 6), kernel=st.integers(1, 3), stride=st.integers(1, 2), padding=st.integers(0, 1),
+       seed=st.integers(0, 2**16))
+def test_conv2d_and_pools_are_the_resnet_uoperators(size, kernel, stride, padding, seed):
+    rng = np.random.default_rng(seed)
+    args = (rng.standard_normal((1, 2, size, size)).astype(np.float32),
+            rng.standard_normal((3, 2, kernel, kernel)).astype(np.float32))
+
+    def with_flow(x, w):
+        y = F.conv2d(x, w, stride=stride, padding=padding)
+        return F.max_pool2d(y, 2, 1, 1), F.avg_pool2d(y, (1, 1))
+
+    def with_ck(x, w):
+        y = conv_ops.conv2d(x, w, stride=stride, padding=padding)
+        return conv_ops.max_pool2d(y, 2, 1, 1), conv_ops.avg_pool2d(y, 1)
+
+    same_programs(with_flow, with_ck, args)
+    with pytest.raises(ck.TraceError, match="op 'conv2d': a bias has no uTask lowering"):
+        ck.trace(lambda x, w, b: F.conv2d(x, w, b), *args, ck.spec(3))
+    with pytest.raises(ck.TraceError, match="op 'max_pool2d': kernel_size \\(2, 1\\) has no uTask lowering"):
+        ck.trace(lambda x: F.max_pool2d(x, (2, 1)), args[0])

@@ -13,8 +13,8 @@ import pytest
 
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.ir import StmtBlock, UOperator
-from pyflow.cocktailer.model_ops import batched_matmul, nasrnn_cell
-from pyflow.models import NASRNN, RAE
+from pyflow.cocktailer.model_ops import batched_matmul, nasrnn_cell, scaled_softmax_rows
+from pyflow.models import NASRNN, RAE, Attention, StackedLSTM
 
 pytestmark = pytest.mark.sim_tier("threads")
 TINY = {"threads": 4, "chunk": 4, "tile": 4}
@@ -45,7 +45,8 @@ def same_run(a, b, args) -> None:
     for program in (a, b):
         compiled = ck.compile(program, mode="compiled", threads=4, blocks=2)
         runs.append((compiled(*args), compiled.last_stats))
-    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    for got, want in zip(*(r[0] if isinstance(r[0], tuple) else (r[0],) for r in runs)):
+        np.testing.assert_array_equal(got, want)
     assert runs[0][1] == runs[1][1]
 
 
@@ -91,3 +92,56 @@ def test_rae_with_flow_ops_is_the_program_of_cocktailer_ops():
     tree = (np.array([1, 0, 0]), np.array([2, 0, 0]), np.array([0, 1, 1]))   # node 0 joins leaves 1 and 2
     inp = np.random.default_rng(1).standard_normal((nodes, dim)).astype(np.float32)
     same_run(program, twin, (*tree, inp, model.weight, model.bias, np.array([0])))
+
+
+def test_attention_with_flow_ops_is_the_program_of_cocktailer_ops():
+    """``x @ w`` broadcast over the batch, ``k @ q.transpose(-1, -2)``, ``softmax(s * scale, -1)``."""
+    batch, seq_len, model = 2, 4, Attention(2, 4, 2, **TINY)
+    nh, d, start, scale = 2, 4, 2, model.scale
+
+    def attention(x, k, v, weight_q, weight_k, weight_v, weight_o):   # attention.py before issue 30
+        def step(i, x, k, v):
+            gen_id = i + start
+            q = batched_matmul(x, weight_q)
+            k = batched_matmul(x, weight_k, into=k, at=gen_id)
+            v = batched_matmul(x, weight_v, into=v, at=gen_id)
+            scores = batched_matmul(k, q, transpose_b=True)
+            attn = scaled_softmax_rows(scores.reshape(batch, nh, 1, seq_len), scale)
+            x = batched_matmul(batched_matmul(attn, v), weight_o, into=x)
+            return x, k, v
+
+        x, k, v = ck.for_loop(seq_len - start, step, x, k, v)
+        return k, v, x
+
+    token, cache, weight = ck.spec(batch, nh, 1, d), ck.spec(batch, nh, seq_len, d), ck.spec(nh, d, d)
+    twin = ck.trace(attention, token, cache, cache, weight, weight, weight, weight, chunk=4, tile=4,
+                    name=f"attention_b{batch}_s{seq_len}")
+    program = model.program(batch, seq_len)
+    same_program(program, twin)
+    rng = np.random.default_rng(2)
+    x, kv = rng.standard_normal((batch, nh, 1, d)), rng.standard_normal((batch, nh, seq_len, d))
+    same_run(program, twin, [a.astype(np.float32) for a in (x, kv, kv)] + list(model.weights))
+
+
+def test_lstm_with_flow_linear_is_the_program_of_cocktailer_ops():
+    """``F.linear(x, w, b)`` (``x.matmul(w.T) + b``) is ck.linear's one uOperator, in a loop, twice a layer."""
+    seq, batch, model = 2, 2, StackedLSTM(3, 4, 2, **TINY)
+
+    def lstm(x, h0, c0, w_ih_first, w_ih_rest, w_hh, b_ih, b_hh):   # lstm.py before issue 30
+        def step(t, h, c, out):
+            layer_in = x[t]
+            for k in range(2):
+                gh = ck.linear(h[k], w_hh[k], b_hh[k])
+                gx = ck.linear(layer_in, w_ih_first if k == 0 else w_ih_rest[k - 1], b_ih[k])
+                h_k, c_k = ck.lstm_cell(gx, gh, c[k])
+                h, c = ck.update(h, k, h_k), ck.update(c, k, c_k)
+                layer_in = h_k
+            return h, c, ck.update(out, t, layer_in)
+
+        h, c, out = ck.for_loop(seq, step, h0, c0, ck.zeros(seq, batch, 4))
+        return out, h, c
+
+    specs = [ck.spec(seq, batch, 3), ck.spec(2, batch, 4), ck.spec(2, batch, 4)] + \
+        [ck.spec(w.shape) for w in model._weights()]
+    twin = ck.trace(lstm, *specs, chunk=4, tile=4, name=f"lstm_l2_s{seq}_b{batch}")
+    same_program(model.program(seq, batch), twin)

@@ -27,11 +27,11 @@ from pyflow.cocktailer.control import cond, for_loop, while_loop
 from pyflow.cocktailer.executor import Options, RunStats
 from pyflow.cocktailer.functions import function
 from pyflow.cocktailer import lowering, lowerings  # noqa: F401  (installs the tracer, attaches the lowerings)
-from pyflow.cocktailer.ops import (add, cat, copy, exp, linear, lstm_cell, matmul, max_rows, maximum, mul, neg,
-                                   relu, sigmoid, softmax_rows, sub, sum_rows, tanh, update, zeros)
+from pyflow.cocktailer.ops import (add, cat, copy, exp, linear, lstm_cell, maximum, mul, relu, sigmoid, softmax_rows,
+                                   sub, sum_rows, tanh, update, zeros)
 from pyflow.cocktailer.trace import Program, TensorSpec, TracedTensor, TraceError, spec, trace
 
 __all__ = ["trace", "spec", "TensorSpec", "TracedTensor", "Program", "TraceError", "compile", "Compiled", "Options",
-           "RunStats", "for_loop", "while_loop", "cond", "function", "linear", "matmul", "tanh", "sigmoid",
-           "relu", "exp", "neg", "add", "sub", "mul", "maximum", "sum_rows", "max_rows", "softmax_rows",
+           "RunStats", "for_loop", "while_loop", "cond", "function", "linear", "tanh", "sigmoid",
+           "relu", "exp", "add", "sub", "mul", "maximum", "sum_rows", "softmax_rows",
            "lstm_cell", "cat", "update", "zeros", "copy"]

@@ -4,6 +4,10 @@ Like ``ops.py`` and ``model_ops.py`` (read them first): each op checks shapes at
 trace time, allocates its output and appends one ``UOperator`` whose uTasks call a
 device function from ``kernels/utask/``, listing what they read and write and how.
 Tensors are NCHW; sizes follow PyTorch (``kernels/conv.py``'s shape rules, reused).
+The models write ``F.conv2d`` (no bias), ``F.max_pool2d`` and ``F.avg_pool2d``: the ops' uTask
+lowerings (``lowerings.py``) call the builders here.  ``batch_norm`` (eval mode, the ReLU
+fused: OneFlow's ``normalization_add_relu``), ``avg_pool2d(channels=)`` (a pool and the zero
+channels of a ``cat`` in one uOperator) and the gates stay Cocktailer ops.
 
 The layers (``kernels/utask/resnet.py``), each elementwise over its output with the
 trace's chunk, so a conv, its batch norm and a residual gate after them need no

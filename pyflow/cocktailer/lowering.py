@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+from pyflow.cocktailer.lowerings import LazyView
 from pyflow.cocktailer.trace import TracedTensor, TraceError, _local
 from pyflow.errors import DTypeError
 from pyflow.framework import interpreter
@@ -40,7 +41,9 @@ __all__ = ["lower"]
 
 def _check_inputs(name: str, inputs: list) -> None:
     for k, x in enumerate(inputs):
-        if isinstance(x, TracedTensor):
+        if isinstance(x, LazyView):
+            x.base._use(name)   # of this trace, not stale; whether the op may read a transpose: its lowering
+        elif isinstance(x, TracedTensor):
             x._use(name)   # of this trace, not stale
         elif isinstance(x, Tensor):
             raise TraceError(f"op {name!r}: input {k} ({describe(x)}) is a tensor from outside the program; "

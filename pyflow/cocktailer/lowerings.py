@@ -9,6 +9,18 @@ friends emit), so a program written with flow ops is the very program written wi
 ``cocktailer`` ops.  A case an op allows but no uTask does (broadcasting other than a row,
 a softmax over another dim than the last) is a ``TraceError`` naming the op.
 
+``flow.nn.functional.linear(x, w, b)`` is ``x.matmul(w.T) + b`` (as in PyTorch), three ops, and
+runs as ONE uOperator, ``cocktailer.linear``'s: ``w.T`` of a 2-D tensor is a ``TransposedView``
+(not contiguous, so no uTask reads it as a tensor; only matmul's second operand may be one), the
+matmul reads it as the tiled matmul's ``transpose_b`` operand (OneFlow's ``matmul`` has that
+attr), and an ``add`` of a bias row right after fuses into that uOperator (OneFlow's
+``fused_matmul_bias``, what its ``linear`` calls): the bias is added as each tile is stored.
+The product before the bias is then stale (its memory holds the sum), as after ``update``.
+Likewise ``x * scale`` (a Python number) is a ``ScaledView`` that only ``flow.softmax(.., -1)``
+reads (the scaled-softmax uOperator); ``a @ b`` with broadcast batch dims, or ``b`` a batched
+transpose, is ``model_ops.batched_matmul``'s uOperator; ``F.conv2d`` (no bias) and the pools
+(square windows) are ``conv_ops``'.
+
 Each is set on its OpDef at import (``op_registry.register_lowering``), so ``get_op(name)``
 says whether an op can run inside a persistent kernel:
 
@@ -21,26 +33,91 @@ says whether an op can run inside a persistent kernel:
 from __future__ import annotations
 
 import math
+import numbers
 
 import pyflow.ops  # noqa: F401  (registers the ops lowered here)
-from pyflow.cocktailer import ops
+from pyflow.cocktailer import conv_ops, ops
 from pyflow.cocktailer.ir import TensorRef
+from pyflow.cocktailer.model_ops import batched_matmul, scaled_softmax_rows
 from pyflow.cocktailer.trace import TracedTensor, TraceError
 from pyflow.framework.op_registry import OP_REGISTRY, get_op, register_lowering
 from pyflow.kernels.layout import contiguous_strides, normalize_axes, normalize_axis
 
-__all__ = ["UNARY", "BINARY", "COMMUTATIVE"]
+__all__ = ["UNARY", "BINARY", "COMMUTATIVE", "LazyView", "TransposedView", "ScaledView", "LinearProduct"]
 
 UNARY = ("tanh", "sigmoid", "relu", "exp", "neg")
 BINARY = {"add": "add", "sub": "sub", "mul": "mul", "max": "maximum"}   # flow op -> ops.py's name
 COMMUTATIVE = ("add", "mul", "max")
 
 
-def _tensors(name: str, inputs) -> list:
-    for x in inputs:
+class LazyView(TracedTensor):
+    """A value of ``base`` that no buffer holds (a transpose, a scaled copy): one op reads it as an
+    operand of its uTask (the matmul's ``transpose_b``, the softmax's scale); any other use is a
+    ``TraceError`` saying which, since no uTask could read it as a tensor."""
+
+    __slots__ = ("base",)
+    what = readers = ""   # what it is, which op may read it and how (the error text)
+
+    def __init__(self, base: TracedTensor, ref: TensorRef):
+        super().__init__(ref, base.readonly)
+        self.base = base
+
+    def _use(self, op: str):
+        raise TraceError(f"op {op!r}: reads {self.what}, which no buffer holds; inside a program {self.readers}")
+
+
+class TransposedView(LazyView):
+    """``x.transpose(-1, -2)`` (``w.T``) of a contiguous program tensor: not contiguous, so only matmul
+    reads it, as its second operand (the tiled matmul's ``transpose_b``)."""
+
+    __slots__ = ()
+    what = "a transpose (w.T)"
+    readers = "only matmul's second operand may be one (x @ w.T + b: one linear uOperator)"
+
+    def __init__(self, base: TracedTensor):
+        ref = base.ref
+        super().__init__(base, TensorRef(ref.buffer, ref.shape[:-2] + ref.shape[:-3:-1], ref.offset, ref.bounds))
+
+    def _use(self, op: str):
+        if 1 in self.base.shape[-2:]:   # a dim of one swapped: the same elements in the same order
+            self.base._use(op)
+            return self.ref
+        return super()._use(op)
+
+
+class ScaledView(LazyView):
+    """``x * scale`` (``scale`` a Python number): a uTask has no scalar operand, so only softmax reads
+    it, scaling as it loads (``softmax(x * scale, -1)``: one scaled-softmax uOperator, as attention's)."""
+
+    __slots__ = ("scale",)
+    what = "x * a Python number"
+    readers = "only softmax(x * scale, -1) may read one (make the number a tensor input otherwise)"
+
+    def __init__(self, base: TracedTensor, scale: float):
+        super().__init__(base, base.ref)
+        self.scale = scale
+
+
+class LinearProduct(TracedTensor):
+    """``x @ w.T`` as the linear uOperator ``operator`` made it, without a bias yet: an ``add`` of a
+    bias row emitted right after it fuses into it (``_fuse_bias``)."""
+
+    __slots__ = ("operator", "x", "w")
+
+    def __init__(self, ref: TensorRef, operator, x: TensorRef, w: TensorRef):
+        super().__init__(ref)
+        self.operator, self.x, self.w = operator, x, w
+
+
+def _tensors(name: str, inputs, lazy_ok: dict | None = None) -> list:
+    """The operands, checked: tensors of this trace, not stale; a ``LazyView`` only where ``lazy_ok``
+    (position -> class) allows one (the lowerings that read ``x.ref`` directly rely on this)."""
+    for k, x in enumerate(inputs):
         if not isinstance(x, TracedTensor):
             raise TraceError(f"op {name!r}: a Python number as an operand has no uTask lowering; make it a "
                              f"tensor input of the program (got {x!r})")
+        allowed = (lazy_ok or {}).get(k)
+        (x.base if allowed is not None and isinstance(x, allowed) else x)._use(name)
     return list(inputs)
 
 
@@ -54,9 +131,44 @@ def _is_row(row: TracedTensor, of: TracedTensor) -> bool:
     return len(row.shape) == 1 and len(of.shape) >= 1 and of.shape[-1] == row.shape[0]
 
 
+def _overlaps(x: TensorRef, y: TensorRef) -> bool:
+    rx, ry = x.region, y.region
+    return x.buffer is y.buffer and (rx is None or ry is None or (rx[0] < ry[1] and ry[0] < rx[1]))
+
+
+def _fuse_bias(trace, product, bias):
+    """``product + bias`` as the bias of the linear uOperator that made ``product``, when that is the
+    statement just emitted and ``bias`` a separate row of ``product``'s dtype; else None."""
+    items = trace.blocks[-1].items
+    if not (isinstance(product, LinearProduct) and items and items[-1] is product.operator
+            and _is_row(bias, product) and bias.dtype == product.dtype and not _overlaps(bias.ref, product.ref)):
+        return None
+    items[-1] = ops.linear_operator(product.ref, product.x, product.w, bias.ref)
+    product._stale_by = "its bias add, fused into the matmul that made it (x @ w.T + b: one linear uOperator)"
+    return TracedTensor(product.ref)
+
+
+def _scaled(inputs):
+    """``x * scale`` or ``scale * x`` with a Python number: a ``ScaledView`` (no uOperator yet), else None."""
+    tensors = [x for x in inputs if isinstance(x, TracedTensor)]
+    numbers_ = [x for x in inputs if isinstance(x, numbers.Real) and not isinstance(x, bool)]
+    if len(tensors) == 1 and len(numbers_) == 1 and type(tensors[0]) in (TracedTensor, LinearProduct):
+        tensors[0]._use("mul")
+        return ScaledView(tensors[0], float(numbers_[0]))
+    return None
+
+
 def _binary(name: str):
     def lower(trace, inputs, attrs):
+        scaled = _scaled(inputs) if name == "mul" else None
+        if scaled is not None:
+            return [scaled]
         a, b = _tensors(name, inputs)
+        if name == "add":
+            for product, bias in ((a, b), (b, a)):
+                fused = _fuse_bias(trace, product, bias)
+                if fused is not None:
+                    return [fused]
         if a.shape != b.shape and _is_row(a, b) and name in COMMUTATIVE:
             a, b = b, a   # the uTask broadcasts its second operand
         if a.shape != b.shape and not _is_row(b, a):
@@ -67,11 +179,22 @@ def _binary(name: str):
 
 
 def _matmul(trace, inputs, attrs):
-    a, b = _tensors("matmul", inputs)
-    if len(a.shape) not in (2, 3) or len(b.shape) != len(a.shape) or a.shape[:-2] != b.shape[:-2]:
-        raise TraceError(f"op 'matmul': {list(a.shape)} @ {list(b.shape)} has no uTask lowering ((M, K) @ (K, N), "
-                         "or both batched alike)")
-    return [ops.matmul(a, b)]
+    """``x @ w.T`` (w 2-D): the linear uOperator; ``a @ b`` of matrices (batched alike, 3-D): the tiled
+    matmul; with broadcast batch dims (``(B, I) @ (8, I, H)``) or a batched transpose: the bmm."""
+    a, b = _tensors("matmul", inputs, {1: TransposedView})
+    if len(a.shape) < 1 + (len(b.shape) > 2) or len(b.shape) < 2:
+        raise TraceError(f"op 'matmul': {list(a.shape)} @ {list(b.shape)} has no uTask lowering (a 1-D operand "
+                         "only as x in x @ w.T)")
+    if isinstance(b, TransposedView) and len(b.shape) == 2:   # x (..., K), w (N, K)
+        out = trace.new_ref(a.shape[:-1] + (b.shape[1],), a.dtype)
+        operator = ops.linear_operator(out, a.ref, b.base.ref, None)
+        trace.emit(operator)
+        return [LinearProduct(out, operator, a.ref, b.base.ref)]
+    if isinstance(b, TransposedView):
+        return [batched_matmul(a, b.base, transpose_b=True)]
+    if len(a.shape) == len(b.shape) <= 3 and a.shape[:-2] == b.shape[:-2]:
+        return [ops.matmul(a, b)]
+    return [batched_matmul(a, b)]
 
 
 def _trailing(name: str, x: TracedTensor, axes: tuple) -> TracedTensor:
@@ -92,11 +215,11 @@ def _row_reduction(name: str, row_op):
 
 
 def _softmax(trace, inputs, attrs):
-    (x,) = _tensors("softmax", inputs)
+    (x,) = _tensors("softmax", inputs, {0: ScaledView})
     if normalize_axis(attrs.get("axis", -1), len(x.shape), "softmax") != len(x.shape) - 1:
         raise TraceError(f"op 'softmax': over dim {attrs.get('axis')} of {list(x.shape)} has no uTask lowering "
                          "(only the last dim)")
-    return [ops.softmax_rows(x)]
+    return [scaled_softmax_rows(x.base, x.scale) if isinstance(x, ScaledView) else ops.softmax_rows(x)]
 
 
 def _cat(trace, inputs, attrs):
@@ -120,11 +243,43 @@ def _view(name: str):
     def lower(trace, inputs, attrs):
         (x,) = _tensors(name, inputs)
         shape, strides, offset = layout(x.shape, contiguous_strides(x.shape), 0, attrs)
+        n = len(x.shape)
+        if name == "permute" and n >= 2 and tuple(attrs["dims"]) == tuple(range(n - 2)) + (n - 1, n - 2):
+            return [TransposedView(x)]   # w.T: read by matmul as its transposed second operand
         if any(n > 1 and s != c for n, s, c in zip(shape, strides, contiguous_strides(shape))):
             raise TraceError(f"op {name!r}: its result over {list(x.shape)} is not contiguous; a view inside a "
                              "program must be (reshape, narrow of dim 0, squeeze, unsqueeze)")
         ref = x.ref
         return [TracedTensor(TensorRef(ref.buffer, tuple(shape), ref.offset + offset, ref.bounds), x.readonly)]
+    return lower
+
+
+def _square(name: str, value, what: str):
+    """An int, or a pair of equal ints, as one int (the conv/pool uTasks take square windows); None as is."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2 or value[0] != value[1]:
+            raise TraceError(f"op {name!r}: {what} {tuple(value)} has no uTask lowering (only square: one int)")
+        value = value[0]
+    return value
+
+
+def _conv2d(trace, inputs, attrs):
+    if len(inputs) == 3:
+        raise TraceError("op 'conv2d': a bias has no uTask lowering (add it after, or fold it into a batch norm)")
+    x, w = _tensors("conv2d", inputs)
+    return [conv_ops.conv2d(x, w, stride=_square("conv2d", attrs["stride"], "stride"),
+                            padding=_square("conv2d", attrs["padding"], "padding"))]
+
+
+def _pool(name: str):
+    def lower(trace, inputs, attrs):
+        (x,) = _tensors(name, inputs)
+        kernel, stride, padding = (_square(name, attrs[a], a) for a in ("kernel_size", "stride", "padding"))
+        if name == "avg_pool2d":
+            if padding != 0:
+                raise TraceError(f"op 'avg_pool2d': padding {padding} has no uTask lowering (only 0)")
+            return [conv_ops.avg_pool2d(x, kernel, stride)]
+        return [conv_ops.max_pool2d(x, kernel, stride, padding)]
     return lower
 
 
@@ -139,6 +294,9 @@ def _register() -> None:
     register_lowering("softmax", _softmax)
     register_lowering("cat", _cat)
     register_lowering("fill", _fill)
+    register_lowering("conv2d", _conv2d)
+    for name in ("max_pool2d", "avg_pool2d"):
+        register_lowering(name, _pool(name))
     for name in [n for n, op in OP_REGISTRY.items() if op.view is not None]:
         register_lowering(name, _view(name))
 

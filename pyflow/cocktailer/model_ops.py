@@ -4,6 +4,16 @@ Like ``ops.py`` (read it first): each op checks shapes at trace time, allocates
 its output and appends a ``UOperator`` whose uTasks call a device function from
 ``kernels/utask/``, listing what they read and write and how, for the barrier plan.
 
+The models write flow ops where one has these semantics (issue 30), and the lowerings
+(``lowerings.py``) call the builders here: ``x @ w`` with broadcast batch dims and
+``k @ q.transpose(-1, -2)`` are ``batched_matmul``'s uOperator, ``flow.softmax(x * scale, -1)``
+is ``scaled_softmax_rows``'s.  What stays a Cocktailer op has no flow op of its semantics:
+the fused cells (``nasrnn_cell``, ``gate_lstm_cell``: one uTask per chunk of the whole gate
+math, as OneFlow keeps fused kernels such as ``fused_lstm_cell``), the writes in place
+(``batched_matmul(into=)``, ``max_rows_into``: a flow op may not write into a program's
+state), and the token ops on float ids (``embedding``, ``argmax_sum_rows``: flow's take and
+give int64 indices; here the ids stay float tensors on the device).
+
 * ``batched_matmul(a, b, transpose_b=False, into=None, at=None)``: ``a @ b`` over
   leading batch dims, where the operand with fewer of them is repeated (numpy
   broadcasting; its batch dims must be a suffix of the other's):

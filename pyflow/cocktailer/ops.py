@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from pyflow.cocktailer.ir import TensorRef
+from pyflow.cocktailer.ir import TensorRef, UOperator
 from pyflow.cocktailer.trace import (FLOAT_DTYPES, TracedTensor, TraceError, _copy_into, _current, _emit_op, _float,
                                      _same_dtype, _tensor)
 from pyflow.errors import DTypeError, ShapeError
@@ -114,15 +114,23 @@ def linear(x, weight, bias=None) -> TracedTensor:
         raise ShapeError(f"linear: input {x.shape} does not fit weight {w.shape} (need (..., K) and (N, K))")
     if b is not None and b.shape != (w.shape[0],):
         raise ShapeError(f"linear: bias {b.shape} does not fit weight {w.shape} (need ({w.shape[0]},))")
+    out = t.new_ref(x.shape[:-1] + (w.shape[0],), x.dtype)
+    t.emit(linear_operator(out, x, w, b))
+    return TracedTensor(out)
+
+
+def linear_operator(out: TensorRef, x: TensorRef, w: TensorRef, b: TensorRef | None) -> UOperator:
+    """The one uOperator ``out = x @ w.T (+ b)``: the tiled matmul reading ``w`` transposed, the bias
+    added as each output tile is stored (``make_matmul_utask(transpose_b=True, bias=...)``).  Shapes
+    already checked; the flow ops' lowering of ``x @ w.T + b`` (``lowerings.py``) builds it too."""
+    t = _current()
     M, K, N = _rows(x), x.shape[-1], w.shape[0]
-    out = t.new_ref(x.shape[:-1] + (N,), x.dtype)
     fn = make_matmul_utask(t.tile, x.dtype, transpose_b=True, bias=b is not None)
     name = f"linear{'_bias' if b is not None else ''}_t{t.tile}_{x.dtype}"
     args = (out, x, w) + ((b,) if b is not None else ()) + (M, N, K, 1)
     reads = [(x, None), (w, None)] + ([(b, None)] if b is not None else [])
-    _emit_op("linear", fn, name, ceil_div(M, t.tile) * ceil_div(N, t.tile), args, reads, [(out, None)],
-             f"{out!r} = {x!r} @ {w!r}.T" + (f" + {b!r}" if b is not None else ""))
-    return TracedTensor(out)
+    return UOperator("linear", fn, name, ceil_div(M, t.tile) * ceil_div(N, t.tile), tuple(args), tuple(reads),
+                     ((out, None),), f"{out!r} = {x!r} @ {w!r}.T" + (f" + {b!r}" if b is not None else ""))
 
 
 def matmul(a, b) -> TracedTensor:

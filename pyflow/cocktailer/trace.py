@@ -231,7 +231,7 @@ class TracedTensor(Tensor):
                              "trace call); pass it in as an input of this program instead")
         if self._stale_by is not None:
             raise TraceError(f"{op}: this tensor was updated in place by {self._stale_by}; "
-                             "use the tensor that update(...) returned")
+                             "use the tensor that op returned")
         return self.ref
 
     def __repr__(self):

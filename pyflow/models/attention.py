@@ -17,7 +17,8 @@ runs all the steps (launches: 1, host syncs: 0)::
         x = (attn @ v) @ weight_o                           # two matmul uOperators, the second into x
     return k, v, x
 
-Per step 7 uOperators: ``x @ W`` for q, k, v and o is ``batched_matmul`` with the
+Per step 7 uOperators: ``x @ W`` for q, k, v and o is ``batched_matmul``'s uOperator (``flow.matmul``
+for q; ``batched_matmul(..., into=)`` for the writes in place: k, v and o) with the
 per-head weights (nh, d, d) broadcast over the batch (``B * nh * ceil(d / tile)``
 uTasks, one output tile each); the k and v projections write straight into row
 ``gen_id`` of every cache matrix (an output stride of ``S * d``, the start a run-time
@@ -64,9 +65,10 @@ import numbers
 
 import numpy as np
 
+import pyflow as flow
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.checks import static_int
-from pyflow.cocktailer.model_ops import batched_matmul, scaled_softmax_rows
+from pyflow.cocktailer.model_ops import batched_matmul
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
 from pyflow.models.nasrnn import check_mode, xavier_uniform
@@ -139,12 +141,12 @@ class Attention:
         def attention(x, k, v, weight_q, weight_k, weight_v, weight_o):
             def step(i, x, k, v):
                 gen_id = i + start                                       # a device Scalar
-                q = batched_matmul(x, weight_q)                          # (B, nh, 1, d)
+                q = x @ weight_q                                          # (B, nh, 1, d)
                 k = batched_matmul(x, weight_k, into=k, at=gen_id)       # row gen_id of every k matrix
                 v = batched_matmul(x, weight_v, into=v, at=gen_id)
-                scores = batched_matmul(k, q, transpose_b=True)          # (B, nh, S, 1)
-                attn = scaled_softmax_rows(scores.reshape(batch, nh, 1, seq_len), scale)
-                x = batched_matmul(batched_matmul(attn, v), weight_o, into=x)   # the next step's x, in place
+                scores = k @ q.transpose(-1, -2)                         # (B, nh, S, 1)
+                attn = flow.softmax(scores.reshape(batch, nh, 1, seq_len) * scale, -1)
+                x = batched_matmul(attn @ v, weight_o, into=x)   # the next step's x, in place
                 return x, k, v
 
             if seq_len == start:    # a full cache: no step (and no body to trace, the cache may be empty)

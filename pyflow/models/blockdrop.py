@@ -76,9 +76,9 @@ import math
 import numpy as np
 
 import pyflow.cocktailer as ck
+import pyflow.nn.functional as F
 from pyflow.cocktailer.checks import static_int
-from pyflow.cocktailer.conv_ops import (avg_pool2d, batch_norm, block_policy, conv2d, parameter_views,
-                                        residual_gate)
+from pyflow.cocktailer.conv_ops import avg_pool2d, batch_norm, block_policy, parameter_views, residual_gate
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
 from pyflow.models.nasrnn import check_mode
@@ -149,7 +149,7 @@ def init_resnet_parameters(shapes: dict, rng: np.random.Generator) -> dict:
 
 def conv_bn(p: dict, x, conv: str, bn: str, *, stride: int = 1, padding: int = 0, relu: bool = False):
     """``bn(conv(x))`` (eval mode), with ``relu`` fused into the batch norm; ``p`` holds the parameter views."""
-    y = conv2d(x, p[f"{conv}.weight"], stride=stride, padding=padding)
+    y = F.conv2d(x, p[f"{conv}.weight"], stride=stride, padding=padding)
     return batch_norm(y, p[f"{bn}.running_mean"], p[f"{bn}.running_var"], p[f"{bn}.weight"], p[f"{bn}.bias"],
                       eps=BN_EPS, relu=relu)
 
@@ -241,8 +241,8 @@ class BlockDrop:
             x = conv_bn(p, inputs, "conv1", "bn1", padding=1, relu=True)
             for k, (stage, i, inplanes, planes, stride) in enumerate(self.blocks()):
                 x = self._gated_block(p, x, f"blocks.{stage}.{i}", stride, planes, policy[k], counts[k])
-            pooled = avg_pool2d(x, S // 4)                             # (B, 4w, 1, 1): the 8 x 8 map's mean
-            return ck.linear(pooled.reshape(batch, 4 * self.width), p["fc.weight"], p["fc.bias"])
+            pooled = F.avg_pool2d(x, S // 4)                           # (B, 4w, 1, 1): the 8 x 8 map's mean
+            return F.linear(pooled.reshape(batch, 4 * self.width), p["fc.weight"], p["fc.bias"])
 
         return ck.trace(blockdrop, ck.spec(batch, 3, S, S, dtype=dtype), ck.spec(batch, K, dtype=dtype),
                         ck.spec(self.params.size, dtype=dtype), chunk=self.chunk, tile=self.tile,

@@ -10,8 +10,8 @@ syncs: 0)::
 
     for t in range(seq):                                   # ck.for_loop (a Loop uTask)
         for k in range(num_layers):                        # unrolled while tracing
-            gh = ck.linear(h[k], W_hh[k], b_hh[k])         # (B, 4H)  matmul uOperator
-            gx = ck.linear(layer_in, W_ih[k], b_ih[k])     # (B, 4H)  matmul uOperator
+            gh = F.linear(h[k], W_hh[k], b_hh[k])         # (B, 4H)  matmul uOperator
+            gx = F.linear(layer_in, W_ih[k], b_ih[k])     # (B, 4H)  matmul uOperator
             h_k, c_k = ck.lstm_cell(gx, gh, c[k])          # (B, H)   fused cell uOperator
             h = ck.update(h, k, h_k); c = ck.update(c, k, c_k)   # copy uOperators
             layer_in = h_k
@@ -59,6 +59,7 @@ import numpy as np
 
 import pyflow as flow
 import pyflow.cocktailer as ck
+import pyflow.nn.functional as F
 from pyflow.cocktailer.api import MODES
 from pyflow.cocktailer.checks import is_int, static_int
 from pyflow.errors import DTypeError, ShapeError
@@ -191,8 +192,8 @@ class StackedLSTM:
                 layer_in = x[t]                                    # (B, I): a row view, no copy
                 for k in range(L):
                     w_ih = w_ih_first if k == 0 else w_ih_rest[k - 1]
-                    gh = ck.linear(h[k], w_hh[k], b_hh[k])     # gh first: see "Barriers" above
-                    gx = ck.linear(layer_in, w_ih, b_ih[k])
+                    gh = F.linear(h[k], w_hh[k], b_hh[k])     # gh first: see "Barriers" above
+                    gx = F.linear(layer_in, w_ih, b_ih[k])
                     h_k, c_k = ck.lstm_cell(gx, gh, c[k])
                     h = ck.update(h, k, h_k)
                     c = ck.update(c, k, c_k)

@@ -9,8 +9,8 @@ host syncs: 0), which is where its NASRNN numbers come from (batch 64 on a V100:
 
     c = m = zeros(B, H)
     for t in range(seq):                                  # ck.for_loop (a Loop uTask)
-        hh = batched_matmul(m, weight_hh)                 # (8, B, H)  matmul uOperator
-        ih = batched_matmul(x[t], weight_ih)              # (8, B, H)  matmul uOperator, x[t] shared by the gates
+        hh = m @ weight_hh                                # (8, B, H)  matmul uOperator
+        ih = x[t] @ weight_ih                             # (8, B, H)  matmul uOperator, x[t] shared by the gates
         c, m = nasrnn_cell(ih, hh, c)                     # (B, H)     fused cell uOperator
     return sum(c + m)                                     # a scalar (0-d array)
 
@@ -24,8 +24,8 @@ Per step that is 5 uOperators: the two gate matmuls (``8 * ceil(B / tile) *
 ceil(H / tile)`` uTasks each, one output tile of one gate each), the cell
 (``ceil(B * H / chunk)`` uTasks) and the loop's copies of the new ``c`` and ``m``
 into its state (the same chunks).  The artifact's weights are (8, in, H) and
-``x_t @ weight_ih`` broadcasts ``x_t`` over the gates; ``batched_matmul``
-(``cocktailer/model_ops.py``) does the same, so the parameters keep the artifact's
+``x_t @ weight_ih`` broadcasts ``x_t`` over the gates; ``flow.matmul`` does the same (lowered to
+``batched_matmul``'s uOperator, ``cocktailer/model_ops.py``), so the parameters keep the artifact's
 names and shapes and go into the program as they are.
 
 Barriers (what ``BarrierPlan`` leaves; ``compiled.last_stats.barriers`` counts them):
@@ -66,7 +66,7 @@ import pyflow as flow
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.api import MODES
 from pyflow.cocktailer.checks import static_int
-from pyflow.cocktailer.model_ops import batched_matmul, nasrnn_cell
+from pyflow.cocktailer.model_ops import nasrnn_cell
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels.utask.nasrnn import GATES
 from pyflow.models.lstm import DEFAULT_CHUNK, DEFAULT_TILE, check_options
@@ -141,8 +141,8 @@ class NASRNN:
 
         def nasrnn(inputs, weight_ih, weight_hh):
             def step(t, c, m):
-                hh = batched_matmul(m, weight_hh)             # (8, B, H); first: see "Barriers" above
-                ih = batched_matmul(inputs[t], weight_ih)     # (8, B, H): x_t broadcast over the gates
+                hh = m @ weight_hh                            # (8, B, H); first: see "Barriers" above
+                ih = inputs[t] @ weight_ih                    # (8, B, H): x_t broadcast over the gates
                 return nasrnn_cell(ih, hh, c)                 # the new (c, m)
 
             c, m = ck.for_loop(seq, step, flow.zeros(batch, H, dtype=dtype), flow.zeros(batch, H, dtype=dtype))

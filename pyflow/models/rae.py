@@ -10,7 +10,7 @@ runs the whole walk inside one persistent kernel::
     def rae(node):                                   # node: an int Scalar (device value)
         return ck.cond(is_leaf[node].item(),         # a Branch on a device scalar
                        lambda: inp[node],            # leaf: its input row
-                       lambda: flow.tanh(ck.linear(flow.cat([rae(left[node].item()),     # two Calls
+                       lambda: flow.tanh(F.linear(flow.cat([rae(left[node].item()),     # two Calls
                                                              rae(right[node].item())]),  # (uTask refs)
                                                    W, b)))
 
@@ -60,6 +60,7 @@ import numpy as np
 
 import pyflow as flow
 import pyflow.cocktailer as ck
+import pyflow.nn.functional as F
 from pyflow.cocktailer.api import MODES
 from pyflow.framework.tensor import Tensor
 from pyflow.cocktailer.checks import is_int, static_int
@@ -132,7 +133,7 @@ class RAE:
 
                 def inner():
                     children = flow.cat([rae(left[node].item()), rae(right[node].item())])
-                    return flow.tanh(ck.linear(children, weight, bias))   # flow ops: cocktailer/lowerings.py
+                    return flow.tanh(F.linear(children, weight, bias))   # flow ops: cocktailer/lowerings.py
 
                 return ck.cond(is_leaf[node].item(), leaf, inner)
 

@@ -83,9 +83,9 @@ import numpy as np
 
 import pyflow as flow
 import pyflow.cocktailer as ck
+import pyflow.nn.functional as F
 from pyflow.cocktailer.checks import static_int
-from pyflow.cocktailer.model_ops import (argmax_sum_rows, batched_matmul, embedding, gate_lstm_cell,
-                                         max_rows_into, while_loop_counted)
+from pyflow.cocktailer.model_ops import argmax_sum_rows, embedding, gate_lstm_cell, max_rows_into, while_loop_counted
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.framework.tensor import Tensor, tensor
 from pyflow.kernels.utask.seq2seq import GATES
@@ -197,10 +197,10 @@ class Seq2seq:
                 return (top.item() > EOS) & (i < L)
 
             def step(i, x, h, c, out, top):
-                hh = batched_matmul(h, w_hh)                             # (4, B, H)
-                ih = batched_matmul(x, w_ih)                             # (4, B, H): x broadcast over the gates
+                hh = h @ w_hh                                            # (4, B, H)
+                ih = x @ w_ih                                            # (4, B, H): x broadcast over the gates
                 h, c = gate_lstm_cell(ih, hh, b_ih, b_hh, c)
-                tok = argmax_sum_rows(ck.linear(h, out_w, out_b), std[i])   # (B,): argmax(out(h) + std[id])
+                tok = argmax_sum_rows(F.linear(h, out_w, out_b), std[i])   # (B,): argmax(out(h) + std[id])
                 out = ck.update(out, i, tok)                             # output_all[id] = tok
                 top = max_rows_into(tok.reshape(1, batch), into=top)     # max(tok), for the next test
                 return embedding(emb, tok), h, c, out, top               # x: the next step's input

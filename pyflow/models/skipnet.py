@@ -84,10 +84,10 @@ import numpy as np
 
 import pyflow as flow
 import pyflow.cocktailer as ck
+import pyflow.nn.functional as F
 from pyflow.cocktailer.checks import static_int
-from pyflow.cocktailer.conv_ops import (avg_pool2d, max_pool2d, parameter_views, residual_gate,
-                                        skip_action)
-from pyflow.cocktailer.model_ops import batched_matmul, gate_lstm_cell
+from pyflow.cocktailer.conv_ops import parameter_views, residual_gate, skip_action
+from pyflow.cocktailer.model_ops import gate_lstm_cell
 from pyflow.errors import DTypeError, ShapeError, StateDictError
 from pyflow.models.blockdrop import (bn_shapes, check_resnet_state, conv_bn, init_resnet_parameters,
                                      pack_parameters, unpack_parameters)
@@ -254,7 +254,7 @@ class SkipNet:
         def skipnet(x, ch, cc, cond_control, params):
             p = parameter_views(params, self.layout)
             x = conv_bn(p, x, "conv1", "bn1", stride=2, padding=3, relu=True)
-            x = max_pool2d(x, 3, 2, 1)
+            x = F.max_pool2d(x, 3, 2, 1)
             h, c = ch.reshape(batch, H), cc.reshape(batch, H)
             mask = total = None
             for j, (group, i, _, _, stride, has_ds) in enumerate(blocks):
@@ -267,8 +267,8 @@ class SkipNet:
                     x = self._gated(p, x, residual, layer, stride, mask, total)
                 if j + 1 < len(blocks):
                     mask, total, h, c = self._control(p, x, f"group{group}_gate{i}", h, c, cond_control[j], batch)
-            pooled = avg_pool2d(x, self.pool_sizes[-1]).reshape(batch, x.shape[1])
-            logits = ck.linear(pooled, p["fc.weight"], p["fc.bias"])
+            pooled = F.avg_pool2d(x, self.pool_sizes[-1]).reshape(batch, x.shape[1])
+            logits = F.linear(pooled, p["fc.weight"], p["fc.bias"])
             return logits, h.reshape(1, batch, H), c.reshape(1, batch, H)
 
         return ck.trace(skipnet, ck.spec(batch, 3, S, S, dtype=dtype), ck.spec(1, batch, H, dtype=dtype),
@@ -293,11 +293,11 @@ class SkipNet:
     def _control(self, p, x, gate: str, h, c, offset, batch: int):
         """Gate ``gate`` on ``x``, the LSTM cell, the decision: ``(mask, total, h, c)``."""
         H, rnn = self.hidden_dim, "control.rnn"
-        hh = batched_matmul(h, p[f"{rnn}.weight_hh_l0_t"])               # (4, B, H); first: no barrier of its own
+        hh = h @ p[f"{rnn}.weight_hh_l0_t"]                               # (4, B, H); first: no barrier of its own
         channels = x.shape[1]
-        feature = avg_pool2d(x, x.shape[2]).reshape(batch, channels)      # the gate's AvgPool2d: the whole map
-        embedded = ck.linear(feature, p[f"{gate}.1.weight"].reshape(H, channels), p[f"{gate}.1.bias"])
-        ih = batched_matmul(embedded, p[f"{rnn}.weight_ih_l0_t"])         # (4, B, H)
+        feature = F.avg_pool2d(x, x.shape[2]).reshape(batch, channels)    # the gate's AvgPool2d: the whole map
+        embedded = F.linear(feature, p[f"{gate}.1.weight"].reshape(H, channels), p[f"{gate}.1.bias"])
+        ih = embedded @ p[f"{rnn}.weight_ih_l0_t"]                         # (4, B, H)
         h, c = gate_lstm_cell(ih, hh, p[f"{rnn}.bias_ih_l0_t"].reshape(GATES, H),
                               p[f"{rnn}.bias_hh_l0_t"].reshape(GATES, H), c)
         mask, total = skip_action(h, p["control.proj.weight"].reshape(H), p["control.proj.bias"], offset)
