@@ -61,7 +61,6 @@ ARG_REDUCTIONS = ("argmax", "argmin")   # take one axis (or None) and give int64
 REDUCE_DTYPES = SUPPORTED_DTYPES
 TWO_PASS_WIDTH = 1 << 14   # a single row longer than this is reduced in two passes
 MAX_PARTIALS = 1024        # at most this many blocks (partial results) in pass 1
-SIM_PARTIALS = 64          # ... in the simulator's compiled tier (a grid of 2048 threads: its loop stays in cache)
 
 COMBINE = {"sum": scalar_ops.add, "prod": scalar_ops.mul, "mean": scalar_ops.add,
            "max": scalar_ops.maximum, "min": scalar_ops.minimum}
@@ -261,8 +260,8 @@ def _reduce_two_pass(op, plan, out_storage, x_storage, col_shape, x_cols, stream
     row's width: in the simulator both passes run on the tier that width gets)."""
     _, threads = rows_config(1, plan.width, dtypes=[x_storage.dtype])
     blocks = min(elementwise_config(plan.width, [x_storage.dtype])[0], MAX_PARTIALS)
-    if is_simulator():   # fewer blocks: there each block's barrier steps cost more than its share of the loop
-        blocks = min(blocks, SIM_PARTIALS if compiled_launch(plan.width, [x_storage.dtype]) else SIM_MAX_BLOCKS)
+    if is_simulator() and not compiled_launch(plan.width, [x_storage.dtype]):   # a block is Python threads
+        blocks = min(blocks, SIM_MAX_BLOCKS)
     _, threads2 = rows_config(1, blocks)
     with one_operation(plan.width):
         if op in ARG_REDUCTIONS:

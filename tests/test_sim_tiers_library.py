@@ -149,7 +149,7 @@ def test_reductions_over_an_axis_agree(data, shape, dtype, op):
 @settings(max_examples=5, deadline=None)
 @given(data=st.data(), rows_=st.integers(1, 3), width=st.integers(17, 80), op=st.sampled_from(["softmax", "cumsum"]))
 def test_row_kernels_with_shared_memory_trees_agree(data, rows_, width, op):
-    shape = (rows_, width)   # blocks of 32 threads (one kernel per op); cumsum's segments run 1 to 3 long
+    shape = (rows_, width)   # blocks of SIM_ROW_THREADS = 8 threads (one kernel per op); cumsum's segments run 3 to 10 long
     x = data.draw(operands(shape, F32, allow_broadcast=False), label="x")
     assert_tiers_agree(*on_each_tier(rows(op), x), F32)
 
@@ -167,7 +167,7 @@ def test_tiled_matmul_agrees(data, m, k, n, dtype):
 @settings(max_examples=4, deadline=None)
 @given(data=st.data(), rows_=st.integers(1, 3), width=st.integers(17, 50), k=st.integers(1, 4))
 def test_topk_agrees(data, rows_, width, k):
-    x = data.draw(operands((rows_, width), F32, allow_broadcast=False), label="x")   # one block size: 32
+    x = data.draw(operands((rows_, width), F32, allow_broadcast=False), label="x")   # one block size: SIM_ROW_THREADS = 8
     assert_tiers_agree(*on_each_tier(topk(k), x), F32)
 
 

@@ -51,7 +51,8 @@ import numpy as np
 
 from .compiled import CompiledKernel, Unsupported
 
-__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "compiled_for", "operation_work", "explain"]
+__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "compiled_for", "argument_key", "operation_work",
+           "explain"]
 
 TIERS = ("auto", "threads", "compiled")
 BIG_WORK = 1 << 15      # in auto: threads or array elements that make one launch worth compiling
@@ -100,10 +101,51 @@ def compiled_for(kernel, threads: int, args, settings):
     if settings.tier == "auto" and work < BIG_WORK and threads < BIG_THREADS and kernel.work_so_far < HOT_WORK:
         return None
     compiled = _compiled(kernel)
-    try:
-        return compiled, compiled.prepare(args, settings.boundscheck)
-    except Unsupported:
-        return None
+    key = argument_key(args, settings.boundscheck)
+    by_key = kernel.__dict__.setdefault("_prepared_by_key", {})   # argument_key -> prepared launch, or None
+    if key in by_key:
+        found = by_key[key]
+    else:
+        try:
+            found = compiled.prepare(args, settings.boundscheck)
+        except Unsupported:
+            found = None
+        if key is not None:
+            by_key[key] = found
+    return None if found is None else (compiled, found)
+
+
+def argument_key(args, boundscheck: bool = True):
+    """What decides the compiled launch for ``args``, read without ``numba.typeof`` (tens of us per
+    array, which made most of a small launch's cost: 160-250 us per launch with it, 30-40 us without):
+    each array's dtype, dimensions, layout and writability, each scalar's type; None when only
+    ``numba.typeof`` can tell (``CompiledKernel.prepare`` then asks it, at every such launch).
+
+    >>> a = np.zeros((2, 3), np.float32)
+    >>> argument_key([a, 3, (1, 2)]) == argument_key([np.ones((4, 5), np.float32), 7, (0, 0)])
+    True
+    >>> argument_key([a.T]) == argument_key([a]), argument_key([1 << 70])
+    (False, None)
+    """
+    keys = tuple(_value_key(a) for a in args)
+    return None if any(k is None for k in keys) else keys + (boundscheck,)
+
+
+def _value_key(value):
+    kind = type(value)
+    if kind is np.ndarray:   # numba.typeof: Array(dtype, ndim, C / F / A layout, readonly)
+        flags = value.flags
+        return "array", value.dtype, value.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable
+    if kind is int:          # int64, or uint64 / an error beyond it
+        return ("int",) if -(1 << 63) <= value < (1 << 63) else None
+    if kind is float or kind is bool:
+        return (kind.__name__,)
+    if isinstance(value, np.number | np.bool_):
+        return "scalar", value.dtype
+    if kind is tuple:
+        keys = tuple(_value_key(v) for v in value)
+        return None if any(k is None for k in keys) else ("tuple",) + keys
+    return None
 
 
 def explain(kernel) -> str:
