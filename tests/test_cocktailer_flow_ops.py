@@ -1,12 +1,16 @@
 """Cocktailer traces flow ops (issue 30): ``flow.relu(x)``, ``x + y``, ``x.sum(-1)`` inside ``ck.trace``.
 
 A program written with flow ops is lowered through each op's uTask lowering
-(``OpDef.utask_lowering``, ``pyflow/cocktailer/lowerings.py``) into the very program the
-``cocktailer`` ops build: the same uOperators (names, device functions, uTask counts,
-arguments), so the same listing, the same launches / syncs / barriers, the same values.
+(``OpDef.utask_lowering``, ``pyflow/cocktailer/lowerings.py``) into the very program its twin
+builds by calling the uOperator builders of ``ops.py`` directly (what the ``cocktailer`` ops,
+Cocktailer's own op language before issue 30, were): the same uOperators (names, device
+functions, uTask counts, arguments), so the same listing, the same launches / syncs /
+barriers, the same values.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -24,18 +28,23 @@ from pyflow.framework.op_registry import get_op
 
 pytestmark = pytest.mark.sim_tier("threads")
 
-# one step of a random program: (flow op, cocktailer op); operands are the two latest values
-UNARY = {"tanh": (flow.tanh, ck.tanh), "sigmoid": (flow.sigmoid, ck.sigmoid), "relu": (flow.relu, ck.relu),
-         "neg": (lambda x: -x, ops.neg)}
-BINARY = {"add": (lambda a, b: a + b, ck.add), "sub": (lambda a, b: a - b, ck.sub),
-          "mul": (lambda a, b: a * b, ck.mul), "maximum": (flow.maximum, ck.maximum),
-          "matmul": (lambda a, b: a @ b, ops.matmul), "row": (lambda a, b: a + b[0], lambda a, b: ck.add(a, b[0]))}
-FINAL = {"sum": (lambda x: x.sum(-1), ck.sum_rows), "amax": (lambda x: flow.amax(x, -1), ops.max_rows),
-         "softmax": (lambda x: flow.softmax(x, -1), ck.softmax_rows), "none": (lambda x: x, lambda x: x)}
+# one step of a random program: (flow op, its uOperator builder); operands are the two latest values
+UNARY = {"tanh": (flow.tanh, functools.partial(ops.unary, "tanh")),
+         "sigmoid": (flow.sigmoid, functools.partial(ops.unary, "sigmoid")),
+         "relu": (flow.relu, functools.partial(ops.unary, "relu")),
+         "neg": (lambda x: -x, functools.partial(ops.unary, "neg"))}
+BINARY = {"add": (lambda a, b: a + b, functools.partial(ops.binary, "add")),
+          "sub": (lambda a, b: a - b, functools.partial(ops.binary, "sub")),
+          "mul": (lambda a, b: a * b, functools.partial(ops.binary, "mul")),
+          "maximum": (flow.maximum, functools.partial(ops.binary, "maximum")),
+          "matmul": (lambda a, b: a @ b, ops.matmul),
+          "row": (lambda a, b: a + b[0], lambda a, b: ops.binary("add", a, b[0]))}
+FINAL = {"sum": (lambda x: x.sum(-1), ops.sum_rows), "amax": (lambda x: flow.amax(x, -1), ops.max_rows),
+         "softmax": (lambda x: flow.softmax(x, -1), ops.softmax_rows), "none": (lambda x: x, lambda x: x)}
 
 
 def program_of(steps, final, which):
-    """The random program, written with flow ops (``which`` 0) or cocktailer ops (1)."""
+    """The random program, written with flow ops (``which`` 0) or with the builders (1)."""
     def fn(x, y, w):
         values = [x, y]
         for kind, name in steps:
@@ -60,7 +69,7 @@ steps = st.lists(st.one_of(st.tuples(st.just("unary"), st.sampled_from(sorted(UN
 
 @settings(max_examples=8, deadline=None)
 @given(steps=steps, final=st.sampled_from(sorted(FINAL)), rows=st.integers(1, 3), seed=st.integers(0, 2**16))
-def test_flow_ops_trace_to_the_program_of_cocktailer_ops(steps, final, rows, seed):
+def test_flow_ops_trace_to_the_program_of_their_builders(steps, final, rows, seed):
     rng = np.random.default_rng(seed)
     args = (rng.standard_normal((rows, 4)).astype(np.float32), rng.standard_normal((rows, 4)).astype(np.float32),
             rng.standard_normal((4, 4)).astype(np.float32) / 2)
@@ -76,7 +85,7 @@ def test_flow_ops_trace_to_the_program_of_cocktailer_ops(steps, final, rows, see
     assert runs[0][1] == runs[1][1]
 
 
-def test_flow_ops_with_control_flow_give_the_program_of_cocktailer_ops():
+def test_flow_ops_with_control_flow_give_the_program_of_their_builders():
     def with_flow(h0, xs, w):
         def step(t, h):
             return flow.tanh(h @ w + xs[t])
@@ -85,9 +94,10 @@ def test_flow_ops_with_control_flow_give_the_program_of_cocktailer_ops():
 
     def with_ck(h0, xs, w):
         def step(t, h):
-            return ck.tanh(ck.add(ops.matmul(h, w), xs[t]))
+            return ops.unary("tanh", ops.binary("add", ops.matmul(h, w), xs[t]))
         h = ck.for_loop(xs.shape[0], step, h0)
-        return ck.cond(ck.sum_rows(h.reshape(h.ref.size)).item() > 0, lambda: ck.relu(h), lambda: ops.neg(h))
+        return ck.cond(ops.sum_rows(h.reshape(h.ref.size)).item() > 0, lambda: ops.unary("relu", h),
+                       lambda: ops.unary("neg", h))
 
     rng = np.random.default_rng(0)
     args = (rng.standard_normal((2, 4)).astype(np.float32), rng.standard_normal((3, 2, 4)).astype(np.float32),
@@ -112,6 +122,31 @@ def test_zeros_cat_views_and_keepdim_take_the_ops_inference():
     summed, top = ck.compile(program, mode="host", threads=4)(x)
     np.testing.assert_array_equal(summed[:, 0], [6, 22, 0, 0])
     np.testing.assert_array_equal(top, x.reshape(1, 8))
+
+
+def test_clone_is_a_copy_uoperator_that_a_program_may_update():
+    """``x.clone()`` (the ``contiguous`` op) is a value of its own: an input's clone may be updated in place."""
+    def fn(x, v):
+        return ck.update(x.clone(), 1, v)
+
+    program = ck.trace(fn, ck.spec(3, 4), ck.spec(4), chunk=4, tile=4)
+    # the clone, update's row write, the output's copy
+    assert [op[1] for op in operators(program)] == ["identity_map", "copy_utask", "copy_utask"]
+    x, v = np.arange(12, dtype=np.float32).reshape(3, 4), np.full(4, -1, np.float32)
+    expected = x.copy()
+    expected[1] = v
+    for mode in ("host", "compiled"):
+        np.testing.assert_array_equal(ck.compile(program, mode=mode, threads=4)(x, v), expected)
+    with pytest.raises(ck.TraceError, match=r"update: program inputs are read-only; update a copy \(x.clone\(\)\)"):
+        ck.trace(lambda x, v: ck.update(x, 1, v), ck.spec(3, 4), ck.spec(4))
+
+
+def test_cocktailers_own_op_language_is_gone():
+    """Programs are written with flow ops; Cocktailer keeps only what no flow op says (issue 30)."""
+    for name in ("linear", "tanh", "sigmoid", "relu", "exp", "add", "sub", "mul", "maximum", "sum_rows",
+                 "softmax_rows", "cat", "zeros", "copy", "matmul", "max_rows", "neg"):
+        assert not hasattr(ck, name), name
+    assert {"trace", "spec", "for_loop", "while_loop", "cond", "function", "lstm_cell", "update"} <= set(ck.__all__)
 
 
 def test_an_op_without_a_lowering_is_an_error_naming_it():
@@ -154,7 +189,7 @@ def test_traced_tensors_are_flow_tensors_and_stay_checked():
 
 
 def same_programs(fn_flow, fn_ck, args) -> None:
-    """Traced with flow ops and with cocktailer ops: the same uOperators, the same values and stats."""
+    """Traced with flow ops and with the builders: the same uOperators, the same values and stats."""
     programs = [ck.trace(fn, *args, chunk=4, tile=4, name="p") for fn in (fn_flow, fn_ck)]
     assert programs[0].listing() == programs[1].listing()
     assert operators(programs[0]) == operators(programs[1])
@@ -171,13 +206,13 @@ def same_programs(fn_flow, fn_ck, args) -> None:
 @given(lead=st.sampled_from([(), (3,), (2, 2)]), k=st.integers(1, 5), n=st.integers(1, 5), bias=st.booleans(),
        spelling=st.sampled_from(["F.linear", "x @ w.T + b", "b + x @ w.t()"]), seed=st.integers(0, 2**16))
 def test_linear_is_the_one_linear_uoperator(lead, k, n, bias, spelling, seed):
-    """``F.linear`` is ``x.matmul(w.T) + b``: three flow ops, lowered to ck.linear's ONE uOperator."""
+    """``F.linear`` is ``x.matmul(w.T) + b``: three flow ops, lowered to ONE linear uOperator (``ops.linear``)."""
     rng = np.random.default_rng(seed)
     args = [rng.standard_normal(lead + (k,)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)]
     args += [rng.standard_normal(n).astype(np.float32)] if bias else []
     flow_fn = {"F.linear": lambda x, w, b=None: F.linear(x, w, b), "x @ w.T + b": lambda x, w, b=None: x @ w.T if b is None else x @ w.T + b,
                "b + x @ w.t()": lambda x, w, b=None: x @ w.t() if b is None else b + x @ w.t()}[spelling]
-    same_programs(flow_fn, lambda x, w, b=None: ck.linear(x, w, b), args)
+    same_programs(flow_fn, lambda x, w, b=None: ops.linear(x, w, b), args)
 
 
 def test_the_product_before_a_fused_bias_is_stale_and_other_adds_do_not_fuse():

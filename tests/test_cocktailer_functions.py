@@ -29,9 +29,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pyflow as flow
 import pyflow.cocktailer as ck
-from pyflow.cocktailer.executor import CompiledUProgram, Options
+import pyflow.nn.functional as F
+from pyflow.cocktailer.executor import Options
 from pyflow.cocktailer.names import kernel_name
+from pyflow.cocktailer.uprogram import CompiledUProgram
 
 # host and compiled executors are compared bit for bit: both on one simulator tier (tests/conftest.py)
 pytestmark = pytest.mark.sim_tier("threads")
@@ -55,11 +58,11 @@ def _build(desc):
                 if stmt[0] == "fn":
                     h = ck.function(lambda h, body=stmt[1]: run(body, h))(h)
                 elif stmt[1] == "softmax":
-                    h = ck.softmax_rows(h)
+                    h = h.softmax(-1)
                 elif stmt[1] == "linear":
-                    h = ck.tanh(ck.linear(h, w, b))
+                    h = flow.tanh(F.linear(h, w, b))
                 else:
-                    h = ck.softmax_rows(ck.linear(h, w, b))
+                    h = F.linear(h, w, b).softmax(-1)
             return h
 
         return run(desc, x)

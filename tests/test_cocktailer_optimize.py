@@ -20,9 +20,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pyflow as flow
 import pyflow.cocktailer as ck
+import pyflow.nn.functional as F
 from pyflow.cocktailer.executor import Options
-from pyflow.cocktailer.ir import BinOp, Branch, Const, FunctionCall, Loop, StmtBlock, UOperator, Var, walk
+from pyflow.cocktailer.ir import Branch, FunctionCall, Loop, StmtBlock, UOperator, walk
 from pyflow.cocktailer.optimize import (
     Optimizations,
     barrier_sites,
@@ -38,6 +40,7 @@ from pyflow.cocktailer.optimize import (
     unroll_loops,
 )
 from pyflow.cocktailer.random_programs import build, inputs
+from pyflow.cocktailer.scalars import BinOp, Const, Var
 from pyflow.cocktailer.schedule import schedule
 from tests.strategies import cocktailer_programs
 
@@ -67,7 +70,7 @@ def executions(block) -> int:
 
 def rnn(trip):
     def prog(h0, xs, w, b):
-        return ck.for_loop(trip, lambda t, h: ck.tanh(ck.add(ck.linear(h, w, b), xs[t])), h0)
+        return ck.for_loop(trip, lambda t, h: flow.tanh(F.linear(h, w, b) + xs[t]), h0)
 
     rng = np.random.default_rng(trip)
     args = (rng.standard_normal((2, 8)).astype(np.float32), rng.standard_normal((max(trip, 1), 2, 8)).astype(np.float32),
@@ -117,7 +120,7 @@ def test_unrolled_loops_have_the_promised_structure_and_the_same_values(trip, fa
 
 def rows_program():
     def rows(x):   # y[i] = tanh(x[i]): each step writes a row the barrier plan cannot place
-        return ck.for_loop(4, lambda i, y: ck.update(y, i, ck.tanh(x[i])), ck.zeros(4, 8))
+        return ck.for_loop(4, lambda i, y: ck.update(y, i, flow.tanh(x[i])), flow.zeros(4, 8))
 
     x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
     return ck.trace(rows, x, chunk=4, tile=4), (x,)
@@ -144,8 +147,8 @@ def test_full_unroll_folds_dynamic_rows_and_the_schedule_keeps_it_for_the_barrie
 
 def test_unroll_leaves_device_trip_counts_and_while_loops_alone():
     def prog(h, n):
-        h = ck.for_loop(n[0].item(), lambda i, h: ck.tanh(h), h)
-        return ck.while_loop(lambda h: ck.sum_rows(h.reshape(1, -1)).item() > 100.0, ck.tanh, h, max_iters=3)
+        h = ck.for_loop(n[0].item(), lambda i, h: flow.tanh(h), h)
+        return ck.while_loop(lambda h: h.reshape(1, -1).sum(-1).item() > 100.0, flow.tanh, h, max_iters=3)
 
     program = ck.trace(prog, ck.spec(2, 4), ck.spec(1, dtype="int64"), chunk=4, tile=4)
     assert unroll_loops(program, 2).changed == 0 and unroll_loops(program, 0).changed == 0
@@ -157,11 +160,11 @@ def test_unroll_leaves_device_trip_counts_and_while_loops_alone():
 def two_towers():
     def prog(x, w1, w2, flag):
         def towers(x):
-            a = ck.tanh(ck.linear(x, w1))
-            b = ck.tanh(ck.linear(x, w2))
-            return ck.add(a, b)
+            a = flow.tanh(F.linear(x, w1))
+            b = flow.tanh(F.linear(x, w2))
+            return a + b
 
-        return ck.cond(flag[0].item(), towers, ck.relu, x)
+        return ck.cond(flag[0].item(), towers, flow.relu, x)
 
     rng = np.random.default_rng(1)
     args = (rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((8, 8)).astype(np.float32),
@@ -211,22 +214,22 @@ def dag_program(steps):
             for kind, a, b, row in steps:
                 u, v = pool[a % len(pool)], pool[b % len(pool)]
                 if kind == "linear":
-                    pool.append(ck.linear(u, w))
+                    pool.append(F.linear(u, w))
                 elif kind == "tanh":
-                    pool.append(ck.tanh(u))
+                    pool.append(flow.tanh(u))
                 elif kind == "add":
-                    pool.append(ck.add(u, v))
+                    pool.append(u + v)
                 elif kind == "mul":
-                    pool.append(ck.mul(u, v))
+                    pool.append(u * v)
                 elif kind == "softmax":
-                    pool.append(ck.softmax_rows(u))
+                    pool.append(u.softmax(-1))
                 elif u.readonly:
-                    pool.append(ck.update(ck.copy(u), row, v[row]))
+                    pool.append(ck.update(u.clone(), row, v[row]))
                 else:   # in place: every earlier reader of u must stay before it
                     pool[a % len(pool)] = ck.update(u, row, v[row])
             return tuple(pool[-2:]) if len(pool) > 2 else (pool[-1], pool[-1])
 
-        return ck.cond(flag[0].item(), dag, lambda x: (ck.relu(x), ck.tanh(x)), x)
+        return ck.cond(flag[0].item(), dag, lambda x: (flow.relu(x), flow.tanh(x)), x)
 
     return prog
 
@@ -260,10 +263,10 @@ def test_reclustering_never_breaks_a_dependence(steps, blocks, seed):
 def test_inline_removes_function_utasks_and_their_fences():
     @ck.function
     def cell(h, w, b):
-        return ck.tanh(ck.linear(h, w, b))
+        return flow.tanh(F.linear(h, w, b))
 
     _, args = rnn(3)
-    program = ck.trace(lambda h0, xs, w, b: ck.for_loop(3, lambda i, h: ck.add(cell(h, w, b), h), h0),
+    program = ck.trace(lambda h0, xs, w, b: ck.for_loop(3, lambda i, h: cell(h, w, b) + h, h0),
                        *args, chunk=4, tile=4, name="fn")
     inlined = inline_functions(program)
     assert inlined.changed == 1 and not any(isinstance(s, FunctionCall) for s in walk(inlined.program.body))

@@ -28,7 +28,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pyflow as flow
 import pyflow.cocktailer as ck
+import pyflow.nn.functional as F
 from pyflow.cocktailer.ir import CallGroup, Loop, walk
 from pyflow.cocktailer.optimize import unroll_loops
 from pyflow.cocktailer.optimize_recursion import unroll_recursion
@@ -51,12 +53,12 @@ def nary_program(dim: int, refine: int = 2):
         def walk_tree(node):
             def inner():
                 def child(i, acc):
-                    return ck.add(acc, walk_tree(kids[node * ARITY + i].item()))
+                    return acc + walk_tree(kids[node * ARITY + i].item())
 
-                total = ck.for_loop(nkids[node].item(), child, ck.zeros(dim))
-                return ck.for_loop(refine, lambda j, h: ck.tanh(ck.linear(h, w, b)), total)
+                total = ck.for_loop(nkids[node].item(), child, flow.zeros(dim))
+                return ck.for_loop(refine, lambda j, h: flow.tanh(F.linear(h, w, b)), total)
 
-            return ck.cond(nkids[node].item().eq(0), lambda: ck.copy(values[node]), inner)
+            return ck.cond(nkids[node].item().eq(0), lambda: values[node].clone(), inner)
 
         return walk_tree(0)
 
@@ -140,13 +142,13 @@ def static_arity_program(dim: int):
         def walk_tree(node):
             def inner():
                 def child(i, acc):   # child i; the first also adds the node's own value (a branch in the loop)
-                    own = ck.cond(i.eq(0), lambda: ck.copy(values[node]), lambda: ck.zeros(dim))
-                    return ck.add(ck.add(acc, own), walk_tree((left[node].item() * (1 - i)) + right[node].item() * i))
+                    own = ck.cond(i.eq(0), lambda: values[node].clone(), lambda: flow.zeros(dim))
+                    return acc + own + walk_tree((left[node].item() * (1 - i)) + right[node].item() * i)
 
-                total = ck.for_loop(2, child, ck.zeros(dim))
-                return ck.tanh(ck.linear(total, w, b))
+                total = ck.for_loop(2, child, flow.zeros(dim))
+                return flow.tanh(F.linear(total, w, b))
 
-            return ck.cond(is_leaf[node].item(), lambda: ck.copy(values[node]), inner)
+            return ck.cond(is_leaf[node].item(), lambda: values[node].clone(), inner)
 
         return walk_tree(0)
 
@@ -198,13 +200,13 @@ def while_program(dim: int, repeats_cap: int = 8):
                     return n[0].item() < repeat[node].item()
 
                 def again(acc, n):
-                    return ck.add(acc, walk_tree(child[node].item())), ck.add(n, one)
+                    return acc + walk_tree(child[node].item()), n + one
 
-                acc, _ = ck.while_loop(more, again, ck.zeros(dim), ck.zeros(1), max_iters=repeats_cap)
-                return ck.while_loop(lambda h: ck.sum_rows(ck.mul(h, h).reshape(1, dim)).item() > 1.0,
-                                     lambda h: ck.mul(h, half), acc, max_iters=64)
+                acc, _ = ck.while_loop(more, again, flow.zeros(dim), flow.zeros(1), max_iters=repeats_cap)
+                return ck.while_loop(lambda h: (h * h).reshape(1, dim).sum(-1).item() > 1.0,
+                                     lambda h: h * half, acc, max_iters=64)
 
-            return ck.cond(repeat[node].item().eq(0), lambda: ck.copy(values[node]), inner)
+            return ck.cond(repeat[node].item().eq(0), lambda: values[node].clone(), inner)
 
         return walk_tree(0)
 
@@ -268,11 +270,11 @@ def test_an_error_in_a_loop_inside_a_block_group_stops_the_kernel():
                 a = walk_tree(left[node].item())
                 b = walk_tree(right[node].item())
                 spun, _ = ck.while_loop(lambda h, n: n[0].item() < repeat[node].item(),
-                                        lambda h, n: (ck.tanh(h), ck.add(n, one)), ck.add(a, b), ck.zeros(1),
+                                        lambda h, n: (flow.tanh(h), n + one), a + b, flow.zeros(1),
                                         max_iters=3)
                 return spun
 
-            return ck.cond(repeat[node].item().eq(0), lambda: ck.copy(values[node]), inner)
+            return ck.cond(repeat[node].item().eq(0), lambda: values[node].clone(), inner)
 
         return walk_tree(0)
 
@@ -316,15 +318,15 @@ def revisit_program(dim: int):
         @ck.function(returns=ck.spec(dim))
         def walk_tree(node):
             def inner():
-                both = ck.add(walk_tree(left[node].item()), walk_tree(right[node].item()))
+                both = walk_tree(left[node].item()) + walk_tree(right[node].item())
 
                 def again(i, acc):
                     child = walk_tree((left[node].item() * (1 - i)) + right[node].item() * i)
-                    return ck.tanh(ck.add(acc, ck.mul(child, scale[i])))
+                    return flow.tanh(acc + (child * scale[i]))
 
                 return ck.for_loop(2, again, both)
 
-            return ck.cond(is_leaf[node].item(), lambda: ck.copy(values[node]), inner)
+            return ck.cond(is_leaf[node].item(), lambda: values[node].clone(), inner)
 
         return walk_tree(0)
 

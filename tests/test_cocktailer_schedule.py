@@ -26,7 +26,9 @@ from hypothesis import strategies as st
 from pyflow.kernels import sim
 from pyflow.kernels.backend import cuda, is_simulator
 
+import pyflow as flow
 import pyflow.cocktailer as ck
+import pyflow.nn.functional as F
 from pyflow.cocktailer.executor import Options
 from pyflow.cocktailer.ir import Call, UOperator, walk
 from pyflow.cocktailer.optimize import Optimizations
@@ -41,7 +43,7 @@ THREADS = 4
 
 def rnn_program(steps=3):
     def rnn(h0, xs, w, b):
-        return ck.for_loop(xs.shape[0], lambda t, h: ck.tanh(ck.add(ck.linear(h, w, b), xs[t])), h0)
+        return ck.for_loop(xs.shape[0], lambda t, h: flow.tanh(F.linear(h, w, b) + xs[t]), h0)
 
     rng = np.random.default_rng(0)
     args = (rng.standard_normal((2, 8)).astype(np.float32), rng.standard_normal((steps, 2, 8)).astype(np.float32),
@@ -93,7 +95,7 @@ def coresident_limit(threads: int) -> int:
 
 def test_set_resource_caps_the_grid_at_the_co_resident_limit():
     def wide(x):
-        return ck.tanh(x)
+        return flow.tanh(x)
 
     limit = coresident_limit(THREADS)
     small = ck.trace(wide, ck.spec(2, 8), chunk=4, tile=4)        # 4 uTasks
@@ -109,7 +111,7 @@ def test_set_resource_caps_the_grid_at_the_co_resident_limit():
 @pytest.mark.skipif(not is_simulator(), reason="about the simulator's occupancy model: sim.configure changes the "
                                                "simulated GPU, not a real one")
 def test_on_a_smaller_simulated_gpu_the_kernels_own_limit_shrinks():
-    big = ck.trace(lambda x: ck.tanh(x), ck.spec(32, 8), chunk=4, tile=4)
+    big = ck.trace(lambda x: flow.tanh(x), ck.spec(32, 8), chunk=4, tile=4)
     limit = set_resource(big.body, Options(threads=THREADS), big).limit
     with sim.configure(multiprocessor_count=1):   # one SM instead of two: the kernel's own limit halves
         assert set_resource(big.body, Options(threads=THREADS), big).limit == limit // 2
@@ -146,10 +148,10 @@ def test_cost_model_counts_equal_run_stats_for_static_programs(desc, seed):
 def test_function_uTasks_not_inlined_cost_the_barriers_the_kernel_executes():
     @ck.function
     def cell(h, w, b):
-        return ck.tanh(ck.linear(h, w, b))
+        return flow.tanh(F.linear(h, w, b))
 
     program, args = rnn_program()
-    program = ck.trace(lambda h0, xs, w, b: ck.for_loop(3, lambda i, h: ck.add(cell(h, w, b), h), h0),
+    program = ck.trace(lambda h0, xs, w, b: ck.for_loop(3, lambda i, h: cell(h, w, b) + h, h0),
                        *args, chunk=4, tile=4, name="fn")
     for inline in (True, False):
         options = Options(threads=THREADS, inline=inline)
@@ -183,7 +185,7 @@ SMALL_GPU = CostModel(coresident_blocks=16)
 
 
 def test_a_single_huge_operator_stays_on_the_host():
-    program = ck.trace(lambda x: ck.tanh(x), ck.spec(64, 64), chunk=4, tile=4, name="huge")  # 1024 uTasks
+    program = ck.trace(lambda x: flow.tanh(x), ck.spec(64, 64), chunk=4, tile=4, name="huge")  # 1024 uTasks
     sched = schedule(program, Options(threads=THREADS), SMALL_GPU)
     top = decision(sched, "program huge")
     assert top.choice == "host" and top.host.total_us < top.device.total_us
@@ -197,8 +199,8 @@ def test_constraint_1_keeps_a_loop_on_the_host_when_its_body_is():
     # small operators alone would pay off on the device, must then stay on the host too
     def prog(h0, x):
         def outer(i, h):
-            big = ck.for_loop(1, lambda j, y: ck.tanh(y), ck.copy(x))
-            return ck.add(ck.relu(h), ck.sum_rows(big).reshape(1, 8))
+            big = ck.for_loop(1, lambda j, y: flow.tanh(y), x.clone())
+            return flow.relu(h) + big.sum(-1).reshape(1, 8)
         return ck.for_loop(2, outer, h0)
 
     args = (np.ones((1, 8), np.float32), np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))
@@ -238,14 +240,14 @@ def rae_in_a_loop(dim=3):
     def prog(left, right, is_leaf, values, w, b, flags):
         @ck.function(returns=ck.spec(dim))
         def rae(node):
-            x = ck.cond(flags[node].item(), lambda: ck.tanh(values[node]), lambda: ck.relu(values[node]))
+            x = ck.cond(flags[node].item(), lambda: flow.tanh(values[node]), lambda: flow.relu(values[node]))
 
             def inner():
-                return ck.tanh(ck.linear(ck.cat([rae(left[node].item()), rae(right[node].item())]), w, b))
+                return flow.tanh(F.linear(flow.cat([rae(left[node].item()), rae(right[node].item())]), w, b))
 
-            return ck.cond(is_leaf[node].item(), lambda: ck.copy(x), inner)
+            return ck.cond(is_leaf[node].item(), lambda: x.clone(), inner)
 
-        return ck.for_loop(2, lambda i, h: ck.add(h, rae(0)), ck.copy(values[0]))
+        return ck.for_loop(2, lambda i, h: h + rae(0), values[0].clone())
 
     return prog
 

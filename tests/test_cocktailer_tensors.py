@@ -66,22 +66,22 @@ def fresh_vm():
 
 def loop_program(h, x):
     """``h = tanh(h + x)`` three times (a loop uTask)."""
-    return ck.for_loop(3, lambda t, h: ck.tanh(ck.add(h, x)), h)
+    return ck.for_loop(3, lambda t, h: flow.tanh(h + x), h)
 
 
 def pair_program(a, b):
     """Two outputs: ``(a + b, a * b)``."""
-    return ck.add(a, b), ck.mul(a, b)
+    return a + b, a * b
 
 
 def branch_program(a, b):
     """A branch on a device value: ``tanh(a)`` if ``a[0, 0] > 0`` else ``a * b``."""
-    return ck.cond(a[0][0].item() > 0, lambda a, b: ck.tanh(a), lambda a, b: ck.mul(a, b), a, b)
+    return ck.cond(a[0][0].item() > 0, lambda a, b: flow.tanh(a), lambda a, b: a * b, a, b)
 
 
 def while_program(h):
     """``h = 2 sigmoid(h)`` while ``h[0, 0] < 1.5``: a device condition, at most 4 iterations."""
-    return ck.while_loop(lambda h: h[0][0].item() < 1.5, lambda h: ck.add(ck.sigmoid(h), ck.sigmoid(h)), h,
+    return ck.while_loop(lambda h: h[0][0].item() < 1.5, lambda h: flow.sigmoid(h) + flow.sigmoid(h), h,
                          max_iters=8)
 
 
@@ -393,7 +393,7 @@ def test_a_bad_call_raises_at_the_call():
 @pytest.mark.parametrize("mode", MODES)
 def test_a_program_error_is_the_instructions_failure_and_the_vm_goes_on(mode):
     def doubling(h):
-        return ck.while_loop(lambda h: h[0].item() < 10, lambda h: ck.add(h, h), h, max_iters=2)
+        return ck.while_loop(lambda h: h[0].item() < 10, lambda h: h + h, h, max_iters=2)
 
     c = ck.compile(ck.trace(doubling, ck.spec(3), chunk=4), mode=mode, **OPTIONS)
     out = c(flow.tensor(np.array([0.5, 1, 2], np.float32), device="cuda"))   # needs 5 doublings

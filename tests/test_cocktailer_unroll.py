@@ -31,7 +31,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pyflow as flow
 import pyflow.cocktailer as ck
+import pyflow.nn.functional as F
 from pyflow.cocktailer.api import Compiled
 from pyflow.cocktailer.executor import Options
 from pyflow.cocktailer.ir import Call, CallGroup, Lane, walk
@@ -147,10 +149,10 @@ def ternary_program(dim):
         @ck.function(returns=ck.spec(dim))
         def walk(node):
             def inner():
-                three = ck.cat([walk(kids[node * 3 + k].item()) for k in range(3)])
-                return ck.tanh(ck.linear(three, w, b))
+                three = flow.cat([walk(kids[node * 3 + k].item()) for k in range(3)])
+                return flow.tanh(F.linear(three, w, b))
 
-            return ck.cond(is_leaf[node].item(), lambda: ck.copy(values[node]), inner)
+            return ck.cond(is_leaf[node].item(), lambda: values[node].clone(), inner)
 
         return walk(0)
 
@@ -246,15 +248,15 @@ def _runs(program, mode, depth, args, blocks=1) -> bool:
 
 def test_calls_that_write_what_the_other_reads_are_not_grouped():
     def prog(left, right, is_leaf, values, w, b):
-        log = {"t": ck.zeros(1, 3)}
+        log = {"t": flow.zeros(1, 3)}
 
         @ck.function(returns=ck.spec(3))
         def walk(node):
             log["t"] = ck.update(log["t"], 0, values[node])   # every call writes the same row: siblings depend
-            return ck.cond(is_leaf[node].item(), lambda: ck.tanh(values[node]),
-                           lambda: ck.add(walk(left[node].item()), walk(right[node].item())))
+            return ck.cond(is_leaf[node].item(), lambda: flow.tanh(values[node]),
+                           lambda: walk(left[node].item()) + walk(right[node].item()))
 
-        return ck.add(walk(0), log["t"][0])
+        return walk(0) + log["t"][0]
 
     rng = np.random.default_rng(4)
     args = tree_args(*balanced(2), 3, rng)
@@ -266,8 +268,8 @@ def test_a_recursion_with_one_call_per_frame_is_left_alone():
     def prog(nxt, is_last, values):
         @ck.function(returns=ck.spec(2))
         def down(node):
-            return ck.cond(is_last[node].item(), lambda: ck.tanh(values[node]),
-                           lambda: ck.tanh(down(nxt[node].item())))
+            return ck.cond(is_last[node].item(), lambda: flow.tanh(values[node]),
+                           lambda: flow.tanh(down(nxt[node].item())))
 
         return down(0)
 

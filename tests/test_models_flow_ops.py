@@ -1,9 +1,10 @@
 """The models written with flow ops (issue 30) trace to the programs their cocktailer-op versions did.
 
 NASRNN (``(c + m).sum()``, ``flow.zeros``) and RAE (``flow.cat``, ``flow.tanh`` inside a recursive
-function uTask) against twins written here with the cocktailer ops the models used before: the
-same statements (uOperators with their device functions, uTask counts, arguments, reads and
-writes, in the same control-flow tree), so the same launches, host syncs, barriers and values.
+function uTask) against twins written here as the models were before, with Cocktailer's own op
+language, spelled now as the uOperator builders (``ops.py``) those ops were: the same statements
+(uOperators with their device functions, uTask counts, arguments, reads and writes, in the same
+control-flow tree), so the same launches, host syncs, barriers and values.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import pyflow.cocktailer as ck
+from pyflow.cocktailer import ops
 from pyflow.cocktailer.ir import StmtBlock, UOperator
 from pyflow.cocktailer.model_ops import batched_matmul, nasrnn_cell, scaled_softmax_rows
 from pyflow.models import NASRNN, RAE, Attention, StackedLSTM
@@ -59,8 +61,8 @@ def test_nasrnn_with_flow_ops_is_the_program_of_cocktailer_ops():
             ih = batched_matmul(inputs[t], weight_ih)
             return nasrnn_cell(ih, hh, c)
 
-        c, m = ck.for_loop(seq, step, ck.zeros(batch, 5), ck.zeros(batch, 5))
-        return ck.sum_rows(ck.add(c, m).reshape(batch * 5))
+        c, m = ck.for_loop(seq, step, ops.zeros(batch, 5), ops.zeros(batch, 5))
+        return ops.sum_rows(ops.binary("add", c, m).reshape(batch * 5))
 
     twin = ck.trace(nasrnn, ck.spec(seq, batch, 3), *(ck.spec(s) for s in model.parameter_shapes().values()),
                     chunk=4, tile=4, name=f"nasrnn_s{seq}_b{batch}")
@@ -77,8 +79,8 @@ def test_rae_with_flow_ops_is_the_program_of_cocktailer_ops():
         @ck.function(returns=ck.spec(dim))
         def rae(node):
             def inner():
-                children = ck.cat([rae(left[node].item()), rae(right[node].item())])
-                return ck.tanh(ck.linear(children, weight, bias))
+                children = ops.cat([rae(left[node].item()), rae(right[node].item())])
+                return ops.unary("tanh", ops.linear(children, weight, bias))
 
             return ck.cond(is_leaf[node].item(), lambda: inp[node], inner)
 
@@ -124,21 +126,21 @@ def test_attention_with_flow_ops_is_the_program_of_cocktailer_ops():
 
 
 def test_lstm_with_flow_linear_is_the_program_of_cocktailer_ops():
-    """``F.linear(x, w, b)`` (``x.matmul(w.T) + b``) is ck.linear's one uOperator, in a loop, twice a layer."""
+    """``F.linear(x, w, b)`` (``x.matmul(w.T) + b``) is one linear uOperator, in a loop, twice a layer."""
     seq, batch, model = 2, 2, StackedLSTM(3, 4, 2, **TINY)
 
     def lstm(x, h0, c0, w_ih_first, w_ih_rest, w_hh, b_ih, b_hh):   # lstm.py before issue 30
         def step(t, h, c, out):
             layer_in = x[t]
             for k in range(2):
-                gh = ck.linear(h[k], w_hh[k], b_hh[k])
-                gx = ck.linear(layer_in, w_ih_first if k == 0 else w_ih_rest[k - 1], b_ih[k])
+                gh = ops.linear(h[k], w_hh[k], b_hh[k])
+                gx = ops.linear(layer_in, w_ih_first if k == 0 else w_ih_rest[k - 1], b_ih[k])
                 h_k, c_k = ck.lstm_cell(gx, gh, c[k])
                 h, c = ck.update(h, k, h_k), ck.update(c, k, c_k)
                 layer_in = h_k
             return h, c, ck.update(out, t, layer_in)
 
-        h, c, out = ck.for_loop(seq, step, h0, c0, ck.zeros(seq, batch, 4))
+        h, c, out = ck.for_loop(seq, step, h0, c0, ops.zeros(seq, batch, 4))
         return out, h, c
 
     specs = [ck.spec(seq, batch, 3), ck.spec(2, batch, 4), ck.spec(2, batch, 4)] + \

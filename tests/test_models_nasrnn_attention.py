@@ -362,13 +362,13 @@ def test_batched_matmul_rejects_shapes_that_do_not_broadcast_or_fit():
     with pytest.raises(ShapeError, match="K differs"):
         trace(lambda a, b: batched_matmul(a, b), (2, 4), (8, 3, 5))
     with pytest.raises(ShapeError, match="does not fit into"):
-        trace(lambda a, b, c: batched_matmul(a, b, into=ck.copy(c), at=0), (2, 1, 4), (2, 4, 4), (2, 6, 5))
+        trace(lambda a, b, c: batched_matmul(a, b, into=c.clone(), at=0), (2, 1, 4), (2, 4, 4), (2, 6, 5))
     with pytest.raises(ShapeError, match="at=6 puts 1 rows outside the 6"):
-        trace(lambda a, b, c: batched_matmul(a, b, into=ck.copy(c), at=6), (2, 1, 4), (2, 4, 4), (2, 6, 4))
+        trace(lambda a, b, c: batched_matmul(a, b, into=c.clone(), at=6), (2, 1, 4), (2, 4, 4), (2, 6, 4))
     with pytest.raises(ck.TraceError, match="read-only"):
         trace(lambda a, b, c: batched_matmul(a, b, into=c, at=0), (2, 1, 4), (2, 4, 4), (2, 6, 4))
     with pytest.raises(ShapeError, match="overlaps an operand"):
-        trace(lambda a, b: (lambda c: batched_matmul(c, b, into=c))(ck.copy(a)), (4, 4), (4, 4))
+        trace(lambda a, b: (lambda c: batched_matmul(c, b, into=c))(a.clone()), (4, 4), (4, 4))
     with pytest.raises(ShapeError, match=r"gates \(8, 2, 3\)"):
         trace(lambda g, c: nasrnn_cell(g, g, c), (8, 2, 3), (2, 4))
     with pytest.raises(DTypeError, match="scale must be a finite number"):
@@ -380,7 +380,7 @@ def test_a_cache_row_past_the_end_at_run_time_stops_the_kernel():
     from pyflow.errors import IndexOutOfRangeError
 
     def write_rows(x, w, cache, row):
-        return batched_matmul(x, w, into=ck.copy(cache), at=row[0].item())
+        return batched_matmul(x, w, into=cache.clone(), at=row[0].item())
 
     program = ck.trace(write_rows, ck.spec(2, 1, 4), ck.spec(2, 4, 4), ck.spec(2, 3, 4), ck.spec(1, dtype="int64"),
                        chunk=4, tile=4)

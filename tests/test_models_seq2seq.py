@@ -28,6 +28,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import pyflow as flow
 import pyflow.cocktailer as ck
 from pyflow.cocktailer.model_ops import argmax_sum_rows, embedding, gate_lstm_cell, max_rows_into, while_loop_counted
 from pyflow.errors import DTypeError, IterationLimitError, ShapeError
@@ -357,9 +358,9 @@ def test_while_loop_counted_hands_its_body_the_iteration_count():
     """``i`` is 0 at the first test and body; the condition may stop on it or on a device value."""
     def program(xs, limit):
         def body(i, acc, n):
-            return ck.add(acc, xs[i]), ck.add(n, ck.exp(ck.zeros(1)))   # acc += xs[i]; n += 1
+            return acc + xs[i], n + flow.exp(flow.zeros(1))   # acc += xs[i]; n += 1
         return while_loop_counted(lambda i, acc, n: (i < limit[0].item()) & (n[0].item() < 3), body,
-                                  ck.zeros(2), ck.zeros(1), max_iters=4)
+                                  flow.zeros(2), flow.zeros(1), max_iters=4)
 
     traced = ck.trace(program, ck.spec(5, 2), ck.spec(1, dtype="int64"), chunk=4, tile=4)
     xs = np.arange(10, dtype=np.float32).reshape(5, 2)
@@ -371,7 +372,7 @@ def test_while_loop_counted_hands_its_body_the_iteration_count():
 
 
 def test_while_loop_counted_stops_at_max_iters_like_while_loop():
-    traced = ck.trace(lambda h: while_loop_counted(lambda i, h: i >= 0, lambda i, h: ck.tanh(h), h, max_iters=3),
+    traced = ck.trace(lambda h: while_loop_counted(lambda i, h: i >= 0, lambda i, h: flow.tanh(h), h, max_iters=3),
                       ck.spec(2), chunk=4, tile=4)
     for mode in ("compiled", "host"):
         with pytest.raises(IterationLimitError, match="max_iters=3"):
@@ -387,7 +388,7 @@ def test_the_new_ops_reject_shapes_that_do_not_fit():
     with pytest.raises(ShapeError, match="needs two tensors of one shape"):
         trace(lambda x, y: argmax_sum_rows(x, y), (2, 5), (2, 4))
     with pytest.raises(ShapeError, match="do not fit into"):
-        trace(lambda x, y: max_rows_into(x, into=ck.copy(y)), (2, 5), (3,))
+        trace(lambda x, y: max_rows_into(x, into=y.clone()), (2, 5), (3,))
     with pytest.raises(ck.TraceError, match="read-only"):
         trace(lambda x, y: max_rows_into(x, into=y), (2, 5), (2,))
     with pytest.raises(ShapeError, match=r"\(4, B, H\) twice, \(4, H\) twice"):

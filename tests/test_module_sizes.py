@@ -30,9 +30,6 @@ OVER = {
     "kernels/sim/writer.py": 456,
     # issue 30: nn.Graph's lazy tracer (the interpreter prologue becomes one, shared by the interpreters)
     "pyflow/compiler/lazy.py": 459,
-    # issue 30: Cocktailer's IR and executors (Cocktailer traces flow ops; its own op language goes)
-    "pyflow/cocktailer/ir.py": 471,
-    "pyflow/cocktailer/executor.py": 455,
     # kernels of one op family each, a few lines over: split when next edited
     "kernels/conv_backward.py": 456,
     "kernels/indexing.py": 453,

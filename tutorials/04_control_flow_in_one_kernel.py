@@ -35,7 +35,9 @@ import threading
 
 import numpy as np
 
+import pyflow as flow
 import pyflow.cocktailer as ck
+import pyflow.nn.functional as F
 from pyflow.errors import CooperativeLaunchTooLargeError, StackOverflowError
 
 rng = np.random.default_rng(0)
@@ -43,8 +45,12 @@ rng = np.random.default_rng(0)
 # %% [markdown]
 # ## 1. An RNN loop, traced
 #
-# `ck.trace` calls the function with *symbolic* tensors.  Every op checks shapes
-# at once and appends a uOperator; `ck.for_loop` traces its body once.  `xs[t]`
+# `ck.trace` calls the function with *symbolic* tensors (`flow.Tensor`s that hold
+# no values).  The program is written with ordinary flow ops: inside the trace each
+# one runs the op's own shape inference at once, then its *uTask lowering* (set on
+# the op's `OpDef`, `pyflow/cocktailer/lowerings.py`) appends a uOperator.
+# `F.linear(h, w, b)` is `h @ w.T + b`, three ops, lowered to ONE linear uOperator
+# (the bias added as each tile is stored).  `ck.for_loop` traces its body once.  `xs[t]`
 # is a row view whose offset depends on the loop counter `t`, a value that exists
 # only on the device.  `chunk` (elements per elementwise uTask) and `tile` (the
 # side of a matmul tile) set the granularity; small values keep the simulator fast.
@@ -55,7 +61,7 @@ batch, hidden, steps = 2, 8, 4
 
 def rnn(h0, xs, w, b):
     def step(t, h):
-        return ck.tanh(ck.add(ck.linear(h, w, b), xs[t]))
+        return flow.tanh(F.linear(h, w, b) + xs[t])
 
     return ck.for_loop(xs.shape[0], step, h0)
 
@@ -200,10 +206,10 @@ def rae_program(left, right, is_leaf, inp, w, b):
     @ck.function(returns=ck.spec(dim))
     def rae(node):
         def inner():
-            children = ck.cat([rae(left[node].item()), rae(right[node].item())])
-            return ck.tanh(ck.linear(children, w, b))
+            children = flow.cat([rae(left[node].item()), rae(right[node].item())])
+            return flow.tanh(F.linear(children, w, b))
 
-        return ck.cond(is_leaf[node].item(), lambda: ck.copy(inp[node]), inner)
+        return ck.cond(is_leaf[node].item(), lambda: inp[node].clone(), inner)
 
     return rae(0)
 
@@ -311,9 +317,9 @@ def sum_tree(kids, nkids, values):
     def total(node):
         def inner():
             return ck.for_loop(nkids[node].item(),
-                               lambda i, acc: ck.add(acc, total(kids[node * 3 + i].item())), ck.zeros(dim))
+                               lambda i, acc: acc + total(kids[node * 3 + i].item()), flow.zeros(dim))
 
-        return ck.cond(nkids[node].item().eq(0), lambda: ck.copy(values[node]), inner)
+        return ck.cond(nkids[node].item().eq(0), lambda: values[node].clone(), inner)
 
     return total(0)
 

@@ -314,14 +314,15 @@ np.testing.assert_allclose(results[0][-1], expected, rtol=1e-6)
 # still live elsewhere; issue 30 ("one op vocabulary") moves the first two
 # into the OpDef or one table:
 #
-# - **Cocktailer** has its own op language.  `ck.relu` is a function of
-#   `pyflow/cocktailer/ops.py` that emits a uOperator of uTasks, with its own
-#   shape checks; `ck.trace` does not see flow ops.  A `ck.softplus` needs an
-#   entry in that file's `_UNARY` table (and an export in
-#   `pyflow/cocktailer/__init__.py`).  The device function is already
-#   shareable: `make_elementwise_utask(softplus_device)` (`kernels/utask/`)
-#   builds the persistent kernel's uTasks from the very function the eager
-#   kernel maps.
+# - **Cocktailer**: inside `ck.trace` a flow op runs its own inference, then
+#   its *uTask lowering* (`OpDef.utask_lowering`), which appends a uOperator of
+#   uTasks.  The library's lowerings are written in
+#   `pyflow/cocktailer/lowerings.py` (Cocktailer's IR is a layer above the
+#   registry) and set on the OpDefs there with `register_lowering(name, fn)`;
+#   our softplus has none, so `ck.trace` refuses it, naming the op.  Its
+#   lowering would emit a uOperator over
+#   `make_elementwise_utask(softplus_device)` (`kernels/utask/`): the uTasks
+#   made from the very device function the eager kernel maps.
 # - **The Tensor method** `x.softplus()`: Tensor's methods are attached by
 #   `setattr` from a list of names at the end of
 #   `pyflow/framework/functional.py` (in-place twins such as `x.relu_()` from
@@ -340,8 +341,12 @@ np.testing.assert_allclose(results[0][-1], expected, rtol=1e-6)
 # %%
 utasks = make_elementwise_utask(softplus_device)
 print("uTasks from the same device function:", type(utasks).__name__, list(utasks._fields))
-print("ck.softplus exists:", hasattr(ck, "softplus"), "| Tensor.softplus exists:", hasattr(flow.Tensor, "softplus"))
-assert not hasattr(ck, "softplus") and not hasattr(flow.Tensor, "softplus")
+try:
+    ck.trace(softplus, ck.spec(2, 3))
+except ck.TraceError as e:
+    print("in ck.trace:", e)
+print("Tensor.softplus exists:", hasattr(flow.Tensor, "softplus"))
+assert get_op("softplus").utask_lowering is None and not hasattr(flow.Tensor, "softplus")
 
 # %%
 flow.vm.shutdown()  # stop the VM's threads

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from pyflow.cocktailer.ir import (Branch, Call, CallGroup, FunctionCall, Loop, Scalar, StmtBlock, TensorRef, UOperator,
-                                  scalar_loads, walk)
+from pyflow.cocktailer.ir import Branch, Call, CallGroup, FunctionCall, Loop, StmtBlock, TensorRef, UOperator, walk
+from pyflow.cocktailer.scalars import Scalar, scalar_loads
 
 __all__ = ["Access", "Pending", "CLEAR", "UNKNOWN", "BarrierPlan", "accesses", "op_accesses", "scalar_accesses",
            "group_accesses", "has_call", "block_has_call"]

@@ -52,8 +52,9 @@ from pyflow.cocktailer.codegen_common import (ERR_INDEX, ERR_ITERATIONS, ERR_STA
                                               render_offset, render_scalar, render_view)
 from pyflow.cocktailer.codegen_groups import _GRID, CallGroupMixin
 from pyflow.cocktailer.codegen_recursion import RecursionMixin
-from pyflow.cocktailer.ir import (BinOp, Branch, Call, CallGroup, FunctionCall, Load, Loop, StmtBlock, TensorRef,
-                                  UOperator, Var, free_vars, scalar_loads, walk)
+from pyflow.cocktailer.ir import (Branch, Call, CallGroup, FunctionCall, Loop, StmtBlock, TensorRef, UOperator,
+                                  free_vars, walk)
+from pyflow.cocktailer.scalars import BinOp, Load, Var, scalar_loads
 
 __all__ = ["KernelSource", "generate", "ERR_STACK_OVERFLOW", "ERR_ITERATIONS", "ERR_INDEX", "render_scalar",
            "STATUS_HEAD"]

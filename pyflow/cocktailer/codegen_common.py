@@ -18,7 +18,8 @@ the groups of every ``CallGroup`` of a kernel numbered apart).
 
 from __future__ import annotations
 
-from pyflow.cocktailer.ir import BinOp, Const, Load, Offset, Scalar, TensorRef, Var
+from pyflow.cocktailer.ir import Offset, TensorRef
+from pyflow.cocktailer.scalars import BinOp, Const, Load, Scalar, Var
 
 __all__ = ["ERR_STACK_OVERFLOW", "ERR_ITERATIONS", "ERR_INDEX", "STATUS_HEAD", "render_scalar", "render_offset",
            "render_view"]

@@ -29,28 +29,31 @@ import sys
 import numpy as np
 
 import pyflow.cocktailer as ck
-from pyflow.cocktailer.executor import CompiledUProgram, Options
+from pyflow.cocktailer.executor import Options
 from pyflow.cocktailer.names import kernel_name
 from pyflow.cocktailer.optimize_recursion import unroll_recursion
+from pyflow.cocktailer.uprogram import CompiledUProgram
+from pyflow.framework.creation import zeros
+from pyflow.framework.movement import cat
 from pyflow.kernels import backend
 
 __all__ = ["examples", "compile_example", "run"]
 
 
 def _rnn(h0, xs, w, b):
-    return ck.for_loop(xs.shape[0], lambda t, h: ck.tanh(ck.add(ck.linear(h, w, b), xs[t])), h0)
+    return ck.for_loop(xs.shape[0], lambda t, h: (h @ w.T + b + xs[t]).tanh(), h0)
 
 
 def _control(h0, w, b, trips, flags, one):
     @ck.function
     def cell(h):
-        return ck.softmax_rows(ck.tanh(ck.linear(h, w, b)))
+        return (h @ w.T + b).tanh().softmax(-1)
 
     def body(i, h):
-        h = ck.cond(flags[i].item(), lambda h: cell(h), lambda h: ck.relu(ck.sub(h, b)), h)
-        h, _ = ck.while_loop(lambda h, n: n[0].item() < 2, lambda h, n: (ck.mul(h, h), ck.add(n, one)),
-                             h, ck.zeros(1), max_iters=8)
-        return ck.maximum(h, ck.tanh(h))
+        h = ck.cond(flags[i].item(), lambda h: cell(h), lambda h: (h - b).relu(), h)
+        h, _ = ck.while_loop(lambda h, n: n[0].item() < 2, lambda h, n: (h * h, n + one),
+                             h, zeros(1), max_iters=8)
+        return h.maximum(h.tanh())
 
     return ck.for_loop(trips[0].item(), body, h0)
 
@@ -58,8 +61,8 @@ def _control(h0, w, b, trips, flags, one):
 def _tree(left, right, is_leaf, values, w, b):
     @ck.function(returns=ck.spec(4))
     def rae(node):
-        return ck.cond(is_leaf[node].item(), lambda: ck.copy(values[node]),
-                       lambda: ck.tanh(ck.linear(ck.cat([rae(left[node].item()), rae(right[node].item())]), w, b)))
+        return ck.cond(is_leaf[node].item(), lambda: values[node].clone(),
+                       lambda: (cat([rae(left[node].item()), rae(right[node].item())]) @ w.T + b).tanh())
 
     return rae(0)
 
@@ -69,15 +72,15 @@ def _shared_utasks(x, w, b):
     tiled linear (uTasks owning shared arrays): each device function must reach copies of its own."""
     @ck.function
     def head(h):
-        return ck.softmax_rows(ck.linear(h, w, b))
+        return (h @ w.T + b).softmax(-1)
 
     @ck.function
     def cell(h):
-        return head(ck.tanh(ck.linear(h, w, b)))
+        return head((h @ w.T + b).tanh())
 
-    h = ck.softmax_rows(ck.linear(x, w, b))
+    h = (x @ w.T + b).softmax(-1)
     h = cell(h)
-    return cell(h), ck.sum_rows(h)
+    return cell(h), h.sum(-1)
 
 
 def _loops_tree(kids, nkids, values, w, b, one):
@@ -86,30 +89,30 @@ def _loops_tree(kids, nkids, values, w, b, one):
     @ck.function(returns=ck.spec(4))
     def walk(node):
         def inner():
-            total = ck.for_loop(nkids[node].item(), lambda i, acc: ck.add(acc, walk(kids[node * 3 + i].item())),
-                                ck.zeros(4))
+            total = ck.for_loop(nkids[node].item(), lambda i, acc: acc + walk(kids[node * 3 + i].item()),
+                                zeros(4))
             again, _ = ck.while_loop(lambda h, n: n[0].item() < 1,
-                                     lambda h, n: (ck.add(h, walk(kids[node * 3].item())), ck.add(n, one)),
-                                     total, ck.zeros(1), max_iters=2)
-            return ck.while_loop(lambda h: ck.sum_rows(ck.mul(h, h).reshape(1, 4)).item() > 1.0,
-                                 lambda h: ck.tanh(ck.linear(h, w, b)), again, max_iters=8)
+                                     lambda h, n: (h + walk(kids[node * 3].item()), n + one),
+                                     total, zeros(1), max_iters=2)
+            return ck.while_loop(lambda h: (h * h).reshape(1, 4).sum(-1).item() > 1.0,
+                                 lambda h: (h @ w.T + b).tanh(), again, max_iters=8)
 
-        return ck.cond(nkids[node].item().eq(0), lambda: ck.copy(values[node]), inner)
+        return ck.cond(nkids[node].item().eq(0), lambda: values[node].clone(), inner)
 
     return walk(0)
 
 
 def _lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh):
     def step(t, h, c, out):
-        h, c = ck.lstm_cell(ck.linear(x[t], w_ih, b_ih), ck.linear(h, w_hh, b_hh), c)
+        h, c = ck.lstm_cell(x[t] @ w_ih.T + b_ih, h @ w_hh.T + b_hh, c)
         return h, c, ck.update(out, t, h)
 
-    return ck.for_loop(x.shape[0], step, h0, c0, ck.zeros(x.shape[0], *h0.shape))[2]
+    return ck.for_loop(x.shape[0], step, h0, c0, zeros(x.shape[0], *h0.shape))[2]
 
 
 def _row_ops(x, y):
     """Two softmaxes of different widths and a sum: row uTasks reaching one reduction tree three ways."""
-    return ck.softmax_rows(x), ck.softmax_rows(y), ck.sum_rows(ck.softmax_rows(x))
+    return x.softmax(-1), y.softmax(-1), x.softmax(-1).sum(-1)
 
 
 def examples():

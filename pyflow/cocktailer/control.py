@@ -3,9 +3,9 @@
 Each takes Python functions and traces each body once, into a ``Loop`` or a
 ``Branch`` of the IR (``ir.py``) whose blocks hold the body's statements:
 
-    h = ck.for_loop(xs.shape[0], lambda t, h: ck.tanh(ck.add(h, xs[t])), h0)
-    h = ck.while_loop(lambda h: ck.sum_rows(h).item() > 0, lambda h: ck.sub(h, one), h)
-    y = ck.cond(flags[i].item(), lambda h: ck.tanh(h), lambda h: ck.relu(h), h)
+    h = ck.for_loop(xs.shape[0], lambda t, h: flow.tanh(h + xs[t]), h0)
+    h = ck.while_loop(lambda h: h.sum().item() > 0, lambda h: h - one, h)
+    y = ck.cond(flags[i].item(), lambda h: flow.tanh(h), lambda h: flow.relu(h), h)
 
 Memory (the paper's memory management, see ``trace.py``): loop-carried values live
 in state buffers, copied in before the loop and copied back after each iteration
@@ -17,7 +17,8 @@ int device Scalar; ``max_iters`` an int >= 0 (``checks.py``).
 from __future__ import annotations
 
 from pyflow.cocktailer.checks import static_int
-from pyflow.cocktailer.ir import Branch, Const, Loop, Scalar, StmtBlock, Var
+from pyflow.cocktailer.ir import Branch, Loop, StmtBlock
+from pyflow.cocktailer.scalars import Const, Scalar, Var
 from pyflow.cocktailer.trace import (TracedTensor, TraceError, _as_tuple, _copy_into, _current, _float, _int_scalar,
                                      _tensor)
 from pyflow.errors import ShapeError

@@ -2,12 +2,12 @@
 
     @ck.function                            # a function uTask: traced at each call
     def cell(h):
-        return ck.tanh(ck.linear(h, w, b))
+        return flow.tanh(F.linear(h, w, b))
 
     @ck.function(returns=ck.spec(4))        # may call itself: traced once
     def walk(node):
         return ck.cond(is_leaf[node].item(), lambda: values[node],
-                       lambda: ck.add(walk(left[node].item()), walk(right[node].item())))
+                       lambda: walk(left[node].item()) + walk(right[node].item()))
 
 A plain function becomes a ``FunctionCall`` (inlined, or a device function of its
 own).  A recursive one becomes a ``FunctionDef`` whose locals live in frames of its
@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import functools
 
-from pyflow.cocktailer.ir import Buffer, Call, FunctionCall, FunctionDef, Offset, StmtBlock, TensorRef, Var
+from pyflow.cocktailer.ir import Buffer, Call, FunctionCall, FunctionDef, Offset, StmtBlock, TensorRef
 from pyflow.cocktailer.names import readable_name, sanitize
+from pyflow.cocktailer.scalars import Var
 from pyflow.cocktailer.trace import (FLOAT_DTYPES, TracedTensor, TensorSpec, TraceError, _copy_into, _current, _float,
                                      _Frame, _int_argument, _param_names, _tensor, _Trace)
 from pyflow.errors import DTypeError, ShapeError

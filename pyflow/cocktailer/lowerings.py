@@ -4,13 +4,13 @@ A lowering is ``lowering(trace, inputs, attrs) -> [TracedTensor]``: it appends t
 ``UOperator`` s to the statement ``trace`` is recording and returns the results.  It runs
 after the op's own inference accepted the call (``lowering.py``), so it only decides *how*:
 which device function of ``kernels/utask/`` and how the work splits into uTasks.  The
-lowerings here call the builders of ``ops.py`` (the same uOperators ``cocktailer.relu`` and
-friends emit), so a program written with flow ops is the very program written with
-``cocktailer`` ops.  A case an op allows but no uTask does (broadcasting other than a row,
-a softmax over another dim than the last) is a ``TraceError`` naming the op.
+lowerings here call the uOperator builders of ``ops.py`` (and ``model_ops.py``, ``conv_ops.py``).
+A case an op allows but no uTask does (broadcasting other than a row, a softmax over another
+dim than the last) is a ``TraceError`` naming the op.  ``x.clone()`` (the ``contiguous`` op) is a
+copy uOperator: a value of its own, e.g. to ``cocktailer.update`` in place.
 
 ``flow.nn.functional.linear(x, w, b)`` is ``x.matmul(w.T) + b`` (as in PyTorch), three ops, and
-runs as ONE uOperator, ``cocktailer.linear``'s: ``w.T`` of a 2-D tensor is a ``TransposedView``
+runs as ONE uOperator, ``ops.linear``'s: ``w.T`` of a 2-D tensor is a ``TransposedView``
 (not contiguous, so no uTask reads it as a tensor; only matmul's second operand may be one), the
 matmul reads it as the tiled matmul's ``transpose_b`` operand (OneFlow's ``matmul`` has that
 attr), and an ``add`` of a bias row right after fuses into that uOperator (OneFlow's
@@ -46,7 +46,7 @@ from pyflow.kernels.layout import contiguous_strides, normalize_axes, normalize_
 __all__ = ["UNARY", "BINARY", "COMMUTATIVE", "LazyView", "TransposedView", "ScaledView", "LinearProduct"]
 
 UNARY = ("tanh", "sigmoid", "relu", "exp", "neg")
-BINARY = {"add": "add", "sub": "sub", "mul": "mul", "max": "maximum"}   # flow op -> ops.py's name
+BINARY = {"add": "add", "sub": "sub", "mul": "mul", "max": "maximum"}   # flow op -> ops.BINARY's name
 COMMUTATIVE = ("add", "mul", "max")
 
 
@@ -123,7 +123,7 @@ def _tensors(name: str, inputs, lazy_ok: dict | None = None) -> list:
 
 def _unary(name: str):
     def lower(trace, inputs, attrs):
-        return [ops._unary(name, *_tensors(name, inputs))]
+        return [ops.unary(name, *_tensors(name, inputs))]
     return lower
 
 
@@ -174,7 +174,7 @@ def _binary(name: str):
         if a.shape != b.shape and not _is_row(b, a):
             raise TraceError(f"op {name!r}: broadcasting {list(a.shape)} with {list(b.shape)} has no uTask "
                              "lowering (same shapes, or a row of the last dim)")
-        return [ops._binary(BINARY[name], a, b)]
+        return [ops.binary(BINARY[name], a, b)]
     return lower
 
 
@@ -186,10 +186,8 @@ def _matmul(trace, inputs, attrs):
         raise TraceError(f"op 'matmul': {list(a.shape)} @ {list(b.shape)} has no uTask lowering (a 1-D operand "
                          "only as x in x @ w.T)")
     if isinstance(b, TransposedView) and len(b.shape) == 2:   # x (..., K), w (N, K)
-        out = trace.new_ref(a.shape[:-1] + (b.shape[1],), a.dtype)
-        operator = ops.linear_operator(out, a.ref, b.base.ref, None)
-        trace.emit(operator)
-        return [LinearProduct(out, operator, a.ref, b.base.ref)]
+        product = ops.linear(a, b.base)   # emits the linear uOperator: the last item of the statement list
+        return [LinearProduct(product.ref, trace.blocks[-1].items[-1], a.ref, b.base.ref)]
     if isinstance(b, TransposedView):
         return [batched_matmul(a, b.base, transpose_b=True)]
     if len(a.shape) == len(b.shape) <= 3 and a.shape[:-2] == b.shape[:-2]:
@@ -233,6 +231,12 @@ def _fill(trace, inputs, attrs):
     if attrs["value"] != 0:
         raise TraceError(f"op 'fill': filling with {attrs['value']!r} has no uTask lowering (only zeros)")
     return [ops.zeros(attrs["shape"], dtype=attrs["dtype"])]
+
+
+def _clone(trace, inputs, attrs):
+    """``x.clone()``: a copy uOperator (a tensor of its own, as eager's clone)."""
+    (x,) = _tensors("contiguous", inputs)
+    return [ops.copy(x)]
 
 
 def _view(name: str):
@@ -294,6 +298,7 @@ def _register() -> None:
     register_lowering("softmax", _softmax)
     register_lowering("cat", _cat)
     register_lowering("fill", _fill)
+    register_lowering("contiguous", _clone)
     register_lowering("conv2d", _conv2d)
     for name in ("max_pool2d", "avg_pool2d"):
         register_lowering(name, _pool(name))

@@ -53,7 +53,8 @@ import numbers
 
 from pyflow.cocktailer.checks import static_int
 from pyflow.cocktailer.control import _loop_state, _unwrap, _write_back
-from pyflow.cocktailer.ir import Const, Loop, Scalar, StmtBlock, TensorRef, Var
+from pyflow.cocktailer.ir import Loop, StmtBlock, TensorRef
+from pyflow.cocktailer.scalars import Const, Scalar, Var
 from pyflow.cocktailer.trace import (TracedTensor, TraceError, _as_tuple, _current, _emit_op, _float, _int_argument,
                                      _same_dtype, _tensor)
 from pyflow.errors import DTypeError, ShapeError
@@ -118,7 +119,7 @@ def batched_matmul(a, b, *, transpose_b: bool = False, into=None, at=None) -> Tr
     else:
         target = _tensor(into, op)
         if target.readonly:
-            raise TraceError(f"{op}: program inputs are read-only; write into a copy (cocktailer.copy(x))")
+            raise TraceError(f"{op}: program inputs are read-only; write into a copy (x.clone())")
         out = _float(target, op)
         _same_dtype(op, a, out)
         if len(out.shape) < 2 or out.shape[:-2] != batch_shape or out.shape[-1] != N or out.shape[-2] < M:
@@ -247,7 +248,7 @@ def max_rows_into(x, into) -> TracedTensor:
     _current()   # (raises outside a trace)
     src, target = _float(_tensor(x, op), op), _tensor(into, op)
     if target.readonly:
-        raise TraceError(f"{op}: program inputs are read-only; write into a copy (cocktailer.copy(x))")
+        raise TraceError(f"{op}: program inputs are read-only; write into a copy (x.clone())")
     out = _float(target, op)
     _same_dtype(op, src, out)
     if not src.shape or src.shape[-1] == 0 or out.shape != src.shape[:-1]:

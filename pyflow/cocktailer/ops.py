@@ -1,14 +1,17 @@
-"""The ops of the front end (seed 001): each checks shapes at trace time and emits one UOperator.
+"""The uOperator builders (seed 001) that the flow ops' uTask lowerings call, and Cocktailer's own ops.
 
-An op takes ``TracedTensor``s, checks shapes and dtypes *now* (a ``ShapeError``
-names the op and the shapes), allocates its output in the arena (or the current
-recursive frame) and appends a ``UOperator`` whose uTasks call a device function
-from ``kernels/utask/``.  Each ``UOperator`` also lists what its uTasks read and
-write, and how (``("elementwise", chunk)``: element ``e`` is touched by uTask
-``e // chunk`` on the same thread every time; ``None``: by any block), which is
-what the code generator's barrier plan works from.  The uTask lowerings of flow ops
-(``lowerings.py``: ``flow.relu(x)``, ``x + y``, ``x.sum(-1)`` inside a trace) call these same
-builders, so either spelling emits the same uOperators.
+Inside ``cocktailer.trace`` a program is written with flow ops (``flow.relu(x)``, ``x + y``,
+``x.sum(-1)``, ``F.linear``); each op's uTask lowering (``lowerings.py``) decides which builder
+here makes its ``UOperator``.  A builder allocates its output in the arena (or the current
+recursive frame) and appends a ``UOperator`` whose uTasks call a device function from
+``kernels/utask/``.  Each ``UOperator`` also lists what its uTasks read and write, and how
+(``("elementwise", chunk)``: element ``e`` is touched by uTask ``e // chunk`` on the same thread
+every time; ``None``: by any block), which is what the code generator's barrier plan works from.
+The op's own inference has checked the call before a builder runs.
+
+Two are ops of their own, since no flow op says what they do inside a persistent kernel:
+``lstm_cell`` (the fused LSTM cell) and ``update`` (an in-place row write that makes the old
+version stale); they check their shapes here (a ``ShapeError`` names the op and the shapes).
 """
 
 from __future__ import annotations
@@ -28,33 +31,35 @@ from pyflow.kernels.utask.matmul import make_matmul_utask
 from pyflow.kernels.utask.reduce import make_reduce_row_utask, make_softmax_row_utask
 from pyflow.kernels.utask.sizes import ceil_div
 
-__all__ = ["linear", "matmul", "tanh", "sigmoid", "relu", "exp", "neg", "add", "sub", "mul", "maximum",
-           "sum_rows", "max_rows", "softmax_rows", "lstm_cell", "cat", "update", "zeros", "copy"]
+__all__ = ["UNARY", "BINARY", "unary", "binary", "copy", "zeros", "linear", "linear_operator", "matmul", "sum_rows",
+           "max_rows", "softmax_rows", "lstm_cell", "cat", "update"]
 
 
-_UNARY = {"tanh": scalar_ops.tanh, "sigmoid": scalar_ops.sigmoid, "relu": scalar_ops.relu,
-          "exp": scalar_ops.exp, "neg": scalar_ops.neg, "identity": scalar_ops.identity}
-_BINARY = {"add": scalar_ops.add, "sub": scalar_ops.sub, "mul": scalar_ops.mul, "maximum": scalar_ops.maximum}
+UNARY = {"tanh": scalar_ops.tanh, "sigmoid": scalar_ops.sigmoid, "relu": scalar_ops.relu,
+         "exp": scalar_ops.exp, "neg": scalar_ops.neg, "identity": scalar_ops.identity}
+BINARY = {"add": scalar_ops.add, "sub": scalar_ops.sub, "mul": scalar_ops.mul, "maximum": scalar_ops.maximum}
 
 
-def _unary(name: str, x, out: TensorRef | None = None) -> TracedTensor:
+def unary(name: str, x) -> TracedTensor:
+    """``name(x)`` elementwise (a key of ``UNARY``): one map uOperator, ``chunk`` elements a uTask."""
     t = _current()
     src = _float(_tensor(x, name), name)
-    out = out if out is not None else t.new_ref(src.shape, src.dtype)
+    out = t.new_ref(src.shape, src.dtype)
     ew = ("elementwise", t.chunk)
-    fn = make_elementwise_utask(_UNARY[name]).map
+    fn = make_elementwise_utask(UNARY[name]).map
     _emit_op(name, fn, f"{name}_map", ceil_div(src.size, t.chunk), (out, src, src.size, t.chunk),
              [(src, ew)], [(out, ew)], f"{out!r} = {name}({src!r})")
     return TracedTensor(out)
 
 
-def _binary(name: str, a, b) -> TracedTensor:
+def binary(name: str, a, b) -> TracedTensor:
+    """``name(a, b)`` elementwise (a key of ``BINARY``): same shapes, or ``b`` a row of ``a``'s last dim."""
     t = _current()
     a, b = _float(_tensor(a, name), name), _float(_tensor(b, name), name)
     _same_dtype(name, a, b)
     ew = ("elementwise", t.chunk)
     out = t.new_ref(a.shape, a.dtype)
-    utasks = make_elementwise_utask(_BINARY[name])
+    utasks = make_elementwise_utask(BINARY[name])
     if a.shape == b.shape:
         _emit_op(name, utasks.zip, f"{name}_zip", ceil_div(a.size, t.chunk), (out, a, b, a.size, t.chunk),
                  [(a, ew), (b, ew)], [(out, ew)], f"{out!r} = {name}({a!r}, {b!r})")
@@ -68,22 +73,9 @@ def _binary(name: str, a, b) -> TracedTensor:
     return TracedTensor(out)
 
 
-def tanh(x): return _unary("tanh", x)
-def sigmoid(x): return _unary("sigmoid", x)
-def relu(x): return _unary("relu", x)
-def exp(x): return _unary("exp", x)
-def neg(x): return _unary("neg", x)
-def add(a, b): return _binary("add", a, b)
-def sub(a, b): return _binary("sub", a, b)
-def mul(a, b): return _binary("mul", a, b)
-def maximum(a, b): return _binary("maximum", a, b)
-
-
 def copy(x) -> TracedTensor:
-    """A fresh copy of ``x``."""
-    return _unary("identity", x)
-
-
+    """A fresh copy of ``x`` (``x.clone()``: a value of its own, e.g. to ``update`` in place)."""
+    return unary("identity", x)
 
 
 def zeros(*shape, dtype="float32") -> TracedTensor:
@@ -105,15 +97,11 @@ def _rows(ref: TensorRef) -> int:
 
 
 def linear(x, weight, bias=None) -> TracedTensor:
-    """``x @ weight.T + bias`` (nn.Linear): x (..., K), weight (N, K), bias (N,) -> (..., N)."""
+    """``x @ weight.T (+ bias)``: x (..., K), weight (N, K), bias (N,) -> (..., N), as one ``linear_operator``
+    (the lowering of ``x @ w.T``; its bias add, when next, is fused in by ``lowerings.py``)."""
     t = _current()
     x, w = _float(_tensor(x, "linear"), "linear"), _float(_tensor(weight, "linear"), "linear")
     b = _float(_tensor(bias, "linear"), "linear") if bias is not None else None
-    _same_dtype("linear", x, w, *([b] if b is not None else []))
-    if not x.shape or len(w.shape) != 2 or x.shape[-1] != w.shape[1]:
-        raise ShapeError(f"linear: input {x.shape} does not fit weight {w.shape} (need (..., K) and (N, K))")
-    if b is not None and b.shape != (w.shape[0],):
-        raise ShapeError(f"linear: bias {b.shape} does not fit weight {w.shape} (need ({w.shape[0]},))")
     out = t.new_ref(x.shape[:-1] + (w.shape[0],), x.dtype)
     t.emit(linear_operator(out, x, w, b))
     return TracedTensor(out)
@@ -227,7 +215,7 @@ def update(x, index, value) -> TracedTensor:
     """``x`` with row ``index`` replaced by ``value``, written in place; returns the new version."""
     x = _tensor(x, "update")
     if x.readonly:
-        raise TraceError("update: program inputs are read-only; update a copy (cocktailer.copy(x))")
+        raise TraceError("update: program inputs are read-only; update a copy (x.clone())")
     row = x[index]
     v = _float(_tensor(value, "update"), "update")
     if v.shape != row.shape:

@@ -37,24 +37,26 @@ import heapq
 
 from pyflow.cocktailer.barriers import CLEAR, BarrierPlan, op_accesses
 from pyflow.cocktailer.ir import (
-    BinOp,
     Branch,
     Call,
     CallGroup,
-    Const,
     FunctionCall,
     Lane,
-    Load,
     Loop,
     Offset,
-    Scalar,
     StmtBlock,
     TensorRef,
     UOperator,
+    walk,
+)
+from pyflow.cocktailer.scalars import (
+    BinOp,
+    Const,
+    Load,
+    Scalar,
     Var,
     as_scalar,
     py_op,
-    walk,
 )
 
 __all__ = [

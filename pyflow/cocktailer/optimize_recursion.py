@@ -34,20 +34,22 @@ from pyflow.cocktailer.ir import (
     Buffer,
     Call,
     CallGroup,
-    Const,
     FunctionDef,
     Lane,
     Loop,
     NestedUTask,
     Offset,
-    Scalar,
     StmtBlock,
     TensorRef,
     UOperator,
-    Var,
     walk,
 )
 from pyflow.cocktailer.optimize import PassResult, _Cloner, _overlap, _rebuild
+from pyflow.cocktailer.scalars import (
+    Const,
+    Scalar,
+    Var,
+)
 from pyflow.cocktailer.trace import copy_operator
 
 __all__ = ["unroll_recursion"]

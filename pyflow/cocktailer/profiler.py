@@ -39,9 +39,9 @@ import time
 
 import numpy as np
 
-from pyflow.cocktailer.ir import (Branch, Call, CallGroup, FunctionCall, Lane, Loop, StmtBlock, UOperator, scalar_loads,
-                                  walk)
+from pyflow.cocktailer.ir import Branch, Call, CallGroup, FunctionCall, Lane, Loop, StmtBlock, UOperator, walk
 from pyflow.cocktailer.optimize import static_value
+from pyflow.cocktailer.scalars import scalar_loads
 from pyflow.kernels.backend import cuda, is_gpu
 
 __all__ = ["CostModel", "Estimate", "Profiler", "utask_work"]

@@ -11,7 +11,9 @@ state ``h`` (batch, hidden)::
     ("cond", "flag" | "sign", k, then, else)   on flags[k], or on sum(h) > 0
 
 Program inputs: ``h0, xs (steps, batch, hidden), w (hidden, hidden), b (hidden,),
-trips (3,) int64, flags (3,) int64, one (1,)`` (``inputs`` makes them).
+trips (3,) int64, flags (3,) int64, one (1,)`` (``inputs`` makes them).  The program is
+written with flow ops, as Tensor methods and operators (``(h @ w.T + b).tanh()``,
+``h.softmax(-1)``): this package sits below the public ``pyflow`` API it would import.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import random
 import numpy as np
 
 import pyflow.cocktailer as ck
+from pyflow.framework.creation import zeros
 
 __all__ = ["OPS", "build", "inputs", "numpy_twin", "random_description"]
 
@@ -55,27 +58,27 @@ def build(desc):
                 return count[0].item() < lim
 
             def step(h, count):
-                return run_stmts(body, h, env), ck.add(count, env["one"])
+                return run_stmts(body, h, env), count + env["one"]
 
-            h, _ = ck.while_loop(test, step, h, ck.zeros(1), max_iters=5)
+            h, _ = ck.while_loop(test, step, h, zeros(1), max_iters=5)
             return h
         _, pred_kind, k, then, orelse = s
         if pred_kind == "flag":
             pred = env["flags"][k].item()
         else:
-            pred = ck.sum_rows(h.reshape(1, -1)).item() > 0
+            pred = h.reshape(1, -1).sum(-1).item() > 0
         return ck.cond(pred, lambda h: run_stmts(then, h, env), lambda h: run_stmts(orelse, h, env), h)
 
     def apply_op(kind, h, env):
         if kind == "linear_tanh":
-            return ck.tanh(ck.linear(h, env["w"], env["b"]))
+            return (h @ env["w"].T + env["b"]).tanh()
         if kind == "add_x":
-            return ck.add(h, env["xs"][env.get("i", 0)])
+            return h + env["xs"][env.get("i", 0)]
         if kind == "softmax":
-            return ck.softmax_rows(h)
+            return h.softmax(-1)
         if kind == "square_mix":
-            return ck.sub(ck.mul(h, h), ck.tanh(h))
-        return ck.relu(ck.sub(h, env["b"]))
+            return h * h - h.tanh()
+        return (h - env["b"]).relu()
 
     def program(h0, xs, w, b, trips, flags, one):
         env = {"xs": xs, "w": w, "b": b, "trips": trips, "flags": flags, "one": one}

@@ -23,10 +23,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from pyflow.cocktailer.executor import CompiledUProgram, Options
+from pyflow.cocktailer.executor import Options
 from pyflow.cocktailer.ir import StmtBlock, UOperator
 from pyflow.cocktailer.names import kernel_name
 from pyflow.cocktailer.profiler import CostModel
+from pyflow.cocktailer.uprogram import CompiledUProgram
 from pyflow.kernels.backend import cuda, is_gpu
 from pyflow.kernels.utask.generated import cooperative_grid_limit
 

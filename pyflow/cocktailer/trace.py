@@ -1,18 +1,21 @@
-"""The front end (seed 001): write a program with ops and control flow, trace it into the IR.
+"""The front end (seed 001): write a program with flow ops and control flow, trace it into the IR.
 
+    import pyflow as flow
     import pyflow.cocktailer as ck
+    import pyflow.nn.functional as F
 
     def rnn(h0, xs, w, b):
         def step(t, h):                        # t: the loop counter (a device Scalar)
-            return ck.tanh(ck.linear(h, w, b) + xs[t])
+            return flow.tanh(F.linear(h, w, b) + xs[t])
         return ck.for_loop(xs.shape[0], step, h0)
 
     program = ck.trace(rnn, ck.spec(4, 8), ck.spec(5, 4, 8), ck.spec(8, 8), ck.spec(8))
 
 Arguments are symbolic ``TracedTensor``s (``pyflow.Tensor``s): a flow op on them (``x + y``,
-``x.sum(-1)``) runs its uTask lowering (``lowering.py``; ``ops.py``'s ops emit the same
-directly).  Every op checks shapes *now* (a ``ShapeError`` names the op and the shapes)
-and appends a ``UOperator`` to the statement being traced.  Control flow takes Python
+``x.sum(-1)``) runs the op's own inference, then its uTask lowering (``lowering.py``,
+``lowerings.py``; the builders are in ``ops.py``).  Shapes are checked *now* (a ``ShapeError``
+names the op and the shapes) and the op appends a ``UOperator`` to the statement being traced.
+Control flow takes Python
 functions and traces each body once:
 ``for_loop``, ``while_loop``, ``cond`` (``control.py``), ``function`` (a function
 uTask, optionally recursive: ``functions.py``).  Device values used for control are
@@ -41,9 +44,9 @@ import threading
 import numpy as np
 
 from pyflow.cocktailer.checks import static_int
-from pyflow.cocktailer.ir import (Buffer, Const, FunctionDef, Load, Offset, Scalar, StmtBlock, TensorRef, UOperator,
-                                  is_int_scalar)
+from pyflow.cocktailer.ir import Buffer, FunctionDef, Offset, StmtBlock, TensorRef, UOperator
 from pyflow.cocktailer.names import Names, readable_name, sanitize
+from pyflow.cocktailer.scalars import Const, Load, Scalar, is_int_scalar
 from pyflow.device import Device
 from pyflow.errors import DTypeError, PyflowError, ShapeError
 from pyflow.framework.tensor import Tensor
