@@ -1,8 +1,9 @@
 """What one act and one message of the actor runtime cost, in counts (never times; issue 31).
 
 Properties: with zero-cost kernels and every actor on the caller's thread, an act makes a bounded number
-of Python calls; the deterministic delivery loop makes one call of its own per message (``take``), not
-``take`` + ``deliver`` + a lock; recording an act never asks for the thread's rank context
+of Python calls; the deterministic delivery loop makes no call of its own for a message at the queue's head
+(``take`` only where it cannot take the head: an empty queue, a parked message), not ``take`` + ``deliver`` + a
+lock; recording an act never asks for the thread's rank context
 (``env.current()``, ``current_vm()``); and a compiled call turns the Python numbers of its ops into
 tensors once per task, not at every act (no ``tensor`` instruction per call), with values bit for bit
 those of eager, whatever the numbers' types and the tensors' dtypes.
@@ -55,11 +56,11 @@ def test_a_zero_cost_act_makes_few_python_calls():
     assert stats.total_calls / acts < 60, stats.total_calls / acts   # 76 before
 
 
-def test_the_delivery_loop_makes_one_call_of_its_own_per_message():
+def test_the_delivery_loop_makes_no_call_of_its_own_per_message():
     stats, _, messages = _zero_cost_profile()
     assert messages > 2 * CALLS * STAGES
     assert _calls_of(stats, "deterministic.py", "deliver") == 0   # inlined in deliver_until's loop
-    assert _calls_of(stats, "thread.py", "take") == messages
+    assert _calls_of(stats, "thread.py", "take") <= CALLS   # (once per call: the queue ran empty when it was done)
     locks = _calls_of(stats, "~", "<method '__exit__' of '_thread.lock' objects>")
     assert locks < messages, (locks, messages)   # a take reads the queue's head without the lock; an act's
     #                                              messages are enqueued under one lock

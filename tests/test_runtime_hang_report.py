@@ -6,7 +6,9 @@ blocks its stream's VM worker until the test lets it go (as an output critical s
 this very call did, issue 35's 1-D -> 2-D graph), so the output's hand-over is queued behind it
 for ever.  ``g(x)`` returns (the call's frontier acted); ``flow.sync()``, which waits for the
 graph calls in flight, must then report within the runtime's hang timeout, naming the call and
-the actor whose work never came back.
+the actor whose work never came back: whether the output critical section started waiting for the
+hand-over before the worker blocked or not (both orders forced with events; the second one used to
+wait silently, so the test failed at times).
 
 And a graph garbage-collected on a thread its calls in flight need (a VM worker, another rank's
 thread) does not close its runtime *there*: the close runs on a thread of its own.
@@ -23,6 +25,7 @@ import pyflow as flow
 from pyflow import nn, vm
 from pyflow.errors import OpError, RuntimeHangError
 from pyflow.runtime.act import act
+from pyflow.runtime.call import CallHandle
 
 BOUND = 60.0   # seconds: generous; the hang timeout below is 0.5 s
 
@@ -32,33 +35,52 @@ class _AddOne(nn.Graph):
         return (x * 2.0) + 1.0
 
 
-def _blocking_output_act(graph):
-    """An act that does the output task's work, then blocks its value's stream worker until ``graph``'s
-    runtime stopped: as the critical section did, which waited for this very call."""
+def _blocking_output_act(graph, order: str, section_waits: threading.Event):
+    """An act that does the output task's work, then blocks its value's stream worker (in a callback) until
+    ``graph``'s runtime stopped, as the critical section did, which waited for this very call.  ``order``
+    forces which comes first (``section_waits`` is set once the output critical section waits):
+
+    * "worker first": the act returns only once the worker blocked, so the critical section (issued when
+      ``g(x)`` returns) is queued behind it and never starts its wait;
+    * "section first": the blocking callback writes the value after a reader of it on another worker (the
+      lazy-job launcher's) that returns only once the critical section waits for the hand-over.
+    """
     def act_fn(plan, task, ins, outs, j, call):
         results = act(plan, task, ins, outs, j, call)
         if task.kind == "output":
-            runtime = graph.runtime
+            runtime, blocking = graph.runtime, threading.Event()
 
             def block(ep_stream, blob):   # on the VM worker: nothing queued behind it runs
+                blocking.set()
                 deadline = time.monotonic() + BOUND
                 while runtime.error is None and time.monotonic() < deadline:
                     time.sleep(0.01)
-            vm.run(lambda builder: builder.access_blob_by_callback(results[0]._blob, block, "mut", name="stuck"))
+            blob = results[0]._blob
+            if order == "section first":
+                gate = lambda: section_waits.wait(BOUND)   # noqa: E731
+                vm.run(lambda builder: builder.launch_lazy_job("gate", gate, [blob]))
+            vm.run(lambda builder: builder.access_blob_by_callback(blob, block, "mut", name="stuck"))
+            if order == "worker first":
+                assert blocking.wait(BOUND)
         return results
     return act_fn
 
 
-@pytest.mark.slow   # timing-dependent: see the docstring; out of the default run until the watchdog covers both orders
-def test_a_call_whose_device_work_never_comes_back_is_reported_by_flow_sync(monkeypatch):
-    """Reported when the output critical section is already waiting for the hand-over when the worker blocks (issue
-    35's order).  In the other order (the blocking callback first: the critical section, which reads the output,
-    then never starts its wait) nothing reports the stuck worker: the call left "in flight" when the sink acted,
-    and the VM takes a running callback for no hang; which order happens is a race, so the test fails at times
-    (found in CI, 2026-11-29)."""
+@pytest.mark.parametrize("order", ["worker first", "section first"])
+def test_a_call_whose_device_work_never_comes_back_is_reported_by_flow_sync(monkeypatch, order):
+    """Reported whichever comes first: the output critical section waiting for the hand-over, or the VM worker
+    blocking before it (then the section, queued behind the worker, never starts its wait: the watchdog reports
+    the pending hand-over, and the section then fails with the report)."""
     monkeypatch.setenv("PYFLOW_HANG_TIMEOUT", "0.5")
+    section_waits = threading.Event()
+    fetch = CallHandle.output
+
+    def output(handle, index):
+        section_waits.set()
+        return fetch(handle, index)
+    monkeypatch.setattr(CallHandle, "output", output)
     g = _AddOne()
-    g.act_fn = _blocking_output_act(g)
+    g.act_fn = _blocking_output_act(g, order, section_waits)
     try:
         start = time.monotonic()
         y = g(flow.ones(3))   # the frontier (the output task) acted: the call is handed back

@@ -41,8 +41,6 @@ timing.)
 
 from __future__ import annotations
 
-import weakref
-
 from pyflow.autograd import no_grad
 from pyflow.compiler.boxing_tasks import run_boxing_task
 from pyflow.distributed.global_tensor import make_global, to_local
@@ -55,7 +53,8 @@ from pyflow.framework.op_registry import get_op
 from pyflow.framework.tensor import Tensor, tensor
 from pyflow.runtime.call import CallContext
 
-__all__ = ["act", "make_act", "act_table", "act_input", "produced_regsts", "PreparedOpCall"]
+__all__ = ["act", "make_act", "act_table", "act_input", "produced_regsts", "PreparedOpCall", "issues_nothing",
+           "quiet_tasks"]
 
 
 def produced_regsts(plan, task) -> list:
@@ -90,6 +89,26 @@ def act_table(plan, tasks):
     return act_of
 
 
+def issues_nothing(plan, task, fed) -> bool:
+    """Does no act of ``task`` ever issue a VM instruction?  A tick, an input, a regst passed on, a variable not
+    refilled per call (``fed``: the names of those that are), a view of a regst that is no view (its act only
+    makes a layout: a view of a view may have to copy first, the module docstring).  The runtime's timeline
+    then needs no issuer for its acts: there is no device work to hear of (``Runtime``)."""
+    op_type = plan.op_attrs[task.op_name][0] if task.op_name in plan.op_attrs else None
+    if task.kind in ("tick", "input", "repeat") or op_type == "to_global":
+        return True
+    if task.kind == "variable":
+        return task.op_name not in fed
+    return op_type == "view" and not _made_by_view(plan, task.consumed["in_0"][0])
+
+
+def quiet_tasks(plan, tasks, feeds) -> set:
+    """The ids of ``tasks`` that ``issues_nothing`` (``feeds``: ``(variable name, value function)`` per variable
+    refilled per call, as ``CallTemplate.feeds``)."""
+    fed = {name for name, _ in feeds}
+    return {task.task_id for task in tasks if issues_nothing(plan, task, fed)}
+
+
 def make_act(plan, task):
     """``task``'s act as a function ``(ins, outs, j, call) -> list``, with what the Plan fixed decided now.
 
@@ -112,6 +131,7 @@ def make_act(plan, task):
 def _make_act(plan, task):
     op_type, op_inputs, attrs = plan.op_attrs[task.op_name]
     kind, name = task.kind, task.op_name
+    site = (f"<nn.Graph {plan.job_name!r}: task {task.task_id}, op {name!r}>", 0)   # what its failures name
     # per argument: ("in_i", None) to take from the consumed regsts, or (None, constant)
     arg_spec = [(f"in_{i}", None) if isinstance(x, str) else (None, x) for i, x in enumerate(op_inputs)]
 
@@ -121,10 +141,17 @@ def _make_act(plan, task):
     if kind == "tick":
         return lambda ins, outs, j, call: list(outs)
     if kind == "variable":
+        fills: dict = {}   # a fed value -> the PreparedOpCall of ``fill`` that writes it (``_prepared_fill``)
+
         def variable(ins, outs, j, call):
             tensor = to_local(call.variables[name])   # a global variable: this rank's piece
             if name in call.feeds:   # a learning rate, a step count: this call's value
-                tensor.fill_(call.feeds[name])
+                value = call.feeds[name]
+                fill = fills.get(value) if is_scalar(value) else None
+                if fill is None or fill([], [tensor]) is None:
+                    tensor.fill_(value)   # (checked: the first call with this value, or one not prepared)
+                    if is_scalar(value) and len(fills) < _FILLS_KEPT:
+                        fills[value] = _prepared_fill(tensor, value, site)
             return [tensor]
         return variable
     if kind == "input":
@@ -175,7 +202,7 @@ def _make_act(plan, task):
         layout = get_op(attrs["_op"]).view if "_op" in attrs and "_perm" not in attrs else None
 
         def view(ins, outs, j, call):
-            (x,) = bind(ins)
+            x = ins["in_0"]
             if of_view and not x.is_contiguous():
                 seen = _view_of_strided(x, layout, attrs)
                 if seen is not None:
@@ -194,11 +221,11 @@ def _make_act(plan, task):
     k = get_op(op_type).updates_input
     # the Python numbers among the op's arguments: made into tensors at the first act, then reused
     constants = {"pending": any(key is None and is_scalar(x) for key, x in arg_spec), "made": None}
-    issue, copy = _Issuer(op_type, kwargs), _Issuer("contiguous", {})
+    issue, copy = _Issuer(op_type, kwargs, site), _Issuer("contiguous", {}, site)
 
     def compute(ins, outs, j, call):
-        args = bind(ins)
-        targets = [args[into_arg[i]] if i in into_arg else outs[i] for i in range(len(outs))]
+        args = [ins[key] if key is not None else x for key, x in arg_spec]   # (``bind``, inlined: every act)
+        targets = [args[into_arg[i]] if i in into_arg else outs[i] for i in range(len(outs))] if into_arg else outs
         if k is not None and targets:   # the op writes only parts of input k: it starts as a copy of it
             copy([args[k]], [targets[0]])
             args[k] = targets[0]
@@ -217,10 +244,10 @@ def _make_act(plan, task):
 class _Issuer:
     """One op of a compute task, issued at every act: the first act through ``apply`` (under ``no_grad``: the
     Plan holds its backward already, nothing is recorded for autograd), which checks it; every later act
-    through the ``PreparedOpCall`` that first act allows, where it allows one."""
+    through the ``PreparedOpCall`` that first act allows, where it allows one (issued at ``site``, the task's)."""
 
-    def __init__(self, op_type: str, kwargs: dict):
-        self.op_type, self.kwargs = op_type, kwargs
+    def __init__(self, op_type: str, kwargs: dict, site: tuple):
+        self.op_type, self.kwargs, self.site = op_type, kwargs, site
         self.first, self.prepared = True, None
 
     def __call__(self, inputs: list, targets: list) -> list:
@@ -234,8 +261,20 @@ class _Issuer:
             results = apply(self.op_type, inputs, out=targets or None, **self.kwargs)
         if self.first:   # (after the first act: the call passed apply's checks)
             self.first = False
-            self.prepared = PreparedOpCall.of(get_op(self.op_type), inputs, targets, self.kwargs)
+            self.prepared = PreparedOpCall.of(get_op(self.op_type), inputs, targets, self.kwargs, self.site)
         return results
+
+
+_FILLS_KEPT = 8   # fed values of one variable whose fill is prepared (a learning rate takes a few values)
+
+
+def _prepared_fill(tensor: Tensor, value, site: tuple):
+    """The ``PreparedOpCall`` of ``tensor.fill_(value)`` (the ``fill`` op ``fill_`` applies, into ``tensor``), made
+    after one ``fill_`` checked it: a variable refilled with a feed's value before every call (the learning rate)
+    issues its fill as a compute task issues its op, not through ``apply`` each time.  None: not preparable."""
+    attrs = dict(shape=tensor.shape, dtype=tensor.dtype, value=to_scalar(value, tensor.dtype, "fill_"),
+                 device=tensor.device)
+    return PreparedOpCall.of(get_op("fill"), [], [tensor], attrs, site)
 
 
 _LAYOUTS_KEPT = 64   # layouts of one task's inputs and outputs remembered (cleared when full: a cache)
@@ -252,18 +291,19 @@ class PreparedOpCall:
     ``apply`` would issue more for are never prepared: global tensors, a number or a cast to convert, a view, an
     output of another shape or dtype than the result (a cast after the op), an op that updates a copy of an input
     it makes itself (no regst to write).  Its ops are issued, never traced (as on an actor thread): a Plan's call is
-    the runtime's work, not part of a ``build`` or a Cocktailer trace around it.
+    the runtime's work, not part of a ``build`` or a Cocktailer trace around it.  A failure of its op names
+    ``site`` (its task), known when it is made: no walk of the stack for the user's line at every act.
     """
 
-    def __init__(self, op, inferred, attrs: dict, signature: list):
-        self.op, self.inferred, self.attrs, self.signature = op, inferred, attrs, signature
-        # the layouts (storage, offset, strides; shape and dtype are the signature's) of the inputs and outputs
+    def __init__(self, op, inferred, attrs: dict, signature: list, site: tuple = ("<pyflow>", 0)):
+        self.op, self.inferred, self.attrs, self.signature, self.site = op, inferred, attrs, signature, site
+        # the layouts (storage id, offset, strides; shape and dtype are the signature's) of the inputs and outputs
         # an act has seen -> does an input overlap an output (``copy_overlapping_inputs``)?  The regsts' memory
         # is the Plan's, a few views of one chunk, so a handful of layouts repeat at every act: each is decided once
         self.overlaps: dict = {}
 
     @classmethod
-    def of(cls, op, inputs: list, targets: list, attrs: dict):
+    def of(cls, op, inputs: list, targets: list, attrs: dict, site: tuple = ("<pyflow>", 0)):
         """The prepared call of ``op`` on ``inputs`` writing ``targets`` (empty: new outputs), or None where
         ``apply`` must decide at every act (the class docstring)."""
         tensors = inputs + targets
@@ -276,7 +316,7 @@ class PreparedOpCall:
         if inferred.converts or any(o.shape != meta.shape or o.dtype != meta.dtype
                                     for o, meta in zip(targets, inferred.metas)):
             return None
-        return cls(op, inferred, attrs, [(x._blob.shape, x._blob.dtype, x.device) for x in tensors])
+        return cls(op, inferred, attrs, [(x._blob.shape, x._blob.dtype, x.device) for x in tensors], site)
 
     def __call__(self, inputs: list, targets: list) -> list | None:
         """Issue the op on ``inputs`` into ``targets`` (empty: new tensors); its outputs, or None (not issued)
@@ -284,27 +324,24 @@ class PreparedOpCall:
         layouts = ()
         for x, (shape, dtype, device) in zip(inputs + targets, self.signature):
             blob = x._blob
-            if blob.shape != shape or blob.dtype != dtype or blob.storage.device is not device:
+            storage = blob.storage
+            if blob.shape != shape or blob.dtype != dtype or storage.device is not device:
                 return None
-            layouts += (id(blob.storage), blob.offset, blob.strides)
+            # (a storage's ``id`` is its own, never another's after it is freed; a key holds no storage alive)
+            layouts += (storage.id, blob.offset, blob.strides)
         inferred, attrs = self.inferred, self.attrs
         if targets:
             overlaps = self.overlaps
-            seen = overlaps.get(layouts)
-            # (keyed by the storages' ids, each checked by a weak reference: a cache must not keep a caller's
-            # input memory alive, and a new storage at a freed one's address is not the old one)
-            if seen is None or seen[0] or any(ref() is not x._blob.storage
-                                              for ref, x in zip(seen[1], inputs + targets)):
+            if layouts not in overlaps or overlaps[layouts]:   # (no call where the layouts were seen, overlap-free)
                 if len(overlaps) > _LAYOUTS_KEPT:
                     overlaps.clear()
                 given = list(inputs)
-                refs = tuple(weakref.ref(x._blob.storage) for x in inputs + targets)
                 copy_overlapping_inputs(self.op, inputs, targets)   # (it replaces an overlapping input by a copy)
-                overlaps[layouts] = (any(x is not y for x, y in zip(given, inputs)), refs)
+                overlaps[layouts] = any(x is not y for x, y in zip(given, inputs))
             outputs = targets
         else:
             outputs = make_outputs(inferred)
-        vm.run(lambda builder: build_op_call(builder, inputs, outputs, inferred, attrs))
+        vm.run(lambda builder: build_op_call(builder, inputs, outputs, inferred, attrs), self.site)
         for o in targets:
             o._bump_version()
         return outputs

@@ -42,7 +42,7 @@ import threading
 import numpy as np
 
 from pyflow.distributed.global_tensor import make_global
-from pyflow.errors import DeviceError, DTypeError, GraphError, ShapeError
+from pyflow.errors import DeviceError, DTypeError, GraphError, RuntimeHangError, ShapeError
 from pyflow.framework.tensor import Tensor
 from pyflow.runtime.comm_net import is_comm
 from pyflow.runtime.watchdog import wait_until
@@ -145,6 +145,8 @@ class CallHandle:
         return value
 
     def _deliver(self, index: int, value, error=None) -> None:
+        if error is None and isinstance(self._runtime.error, RuntimeHangError):
+            error = self._runtime.error   # a hang report counted this hand-over as one that never came back
         self._delivered[index] = (value, error)
         self._runtime._notify()   # (the runtime's waiters, this one among them, look again)
 

@@ -24,13 +24,26 @@ def step_once(runtime, index: int | None = None, act: bool = True):
     return msg
 
 
-def deliver_until(runtime, predicate, max_call: int | None = None) -> None:
-    """Deliver messages (about calls up to ``max_call``) until ``predicate()``; RuntimeHangError if none is left."""
+def deliver_until(runtime, predicate, max_call: int | None = None, notified: bool = False) -> None:
+    """Deliver messages (about calls up to ``max_call``) until ``predicate()``; RuntimeHangError if none is left.
+
+    ``notified``: ``predicate()`` can only turn true where the runtime notifies (``Runtime.run_until``), so it
+    is asked after a notification only (``runtime.notifications`` changed), not once per message delivered."""
     home = runtime.home
     take, handle, actors = home.take, home.handle, home.actors
-    while not predicate() and runtime.error is None:
+    queue, parked, limit = home._queue, home._parked, float("inf") if max_call is None else max_call
+    asked = None   # ``runtime.notifications`` when ``predicate()`` was last asked (false then)
+    while runtime.error is None:
+        if not notified or asked != runtime.notifications:
+            asked = runtime.notifications
+            if predicate():
+                break
         seen = home.enqueued
-        msg = take(None, max_call)
+        if (queue and queue[0][1] <= limit and home._rng is None and not home._ready
+                and (not parked or parked[0][0] > limit)):
+            msg = queue.popleft()[2]   # (``take``'s usual case, inlined: the queue's head is next and allowed)
+        else:
+            msg = take(None, max_call)
         if msg is not None:   # (``deliver(runtime, msg, True)``, inlined: this loop runs once per message)
             try:
                 if msg.dst in actors:   # (``home.handle``'s usual case, inlined too)

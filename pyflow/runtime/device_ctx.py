@@ -37,9 +37,22 @@ import threading
 
 from pyflow import vm as _vm
 from pyflow.device import DeviceType
+from pyflow.errors import OpError
 from pyflow.vm.failure import first_failure
 
-__all__ = ["after_device_work"]
+__all__ = ["after_device_work", "device_work_error"]
+
+
+def device_work_error(actor, failure) -> BaseException:
+    """The error that stops the runtime when ``failure`` (a ``Failure`` of the VM, or an exception) is what an
+    act of ``actor`` issued: an ``OpError`` naming the actor and its op."""
+    where = f"actor {actor.actor_id} ({actor.kind} actor of op {actor.op_name!r})"
+    if isinstance(failure, BaseException):
+        error = OpError(f"{where}: its device work failed: {type(failure).__name__}: {failure}", op=actor.op_name)
+        error.__cause__ = failure
+        return error
+    failure.reported = True
+    return failure.to_error(reading=f"{where}: its device work failed")
 
 
 def after_device_work(reads, writes, name: str, on_done, on_reached=None) -> int:

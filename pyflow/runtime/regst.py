@@ -50,7 +50,7 @@ __all__ = ["Regst", "RegstMgr", "memory_fits", "requests_by_regst", "make_chunks
 class Regst:
     """One in-flight copy of a regst desc: its tensor, the piece it holds, who still reads it."""
 
-    __slots__ = ("desc", "producer", "index", "tensor", "piece", "readers_left", "pinned_input")
+    __slots__ = ("desc", "producer", "index", "tensor", "piece", "readers_left", "pinned_input", "sends", "returns")
 
     def __init__(self, desc, index: int, tensor=None):
         self.desc = desc                  # the compiler's RegstDesc
@@ -60,6 +60,11 @@ class Regst:
         self.piece = None                 # (call, j) while it is in flight, else None
         self.readers_left: set = set()    # consumers (actor ids) that have not returned it yet
         self.pinned_input = None          # an alias regst: the consumed regst whose memory it is
+        # the messages that send it to its consumers and give it back from each (actor id -> message), made once
+        # by the actors (``Actor.__init__``) and reused: each is in flight at most once at a time, since the copy
+        # goes out again only after every consumer gave it back; a send sets only its ``piece``
+        self.sends: list = []
+        self.returns: dict = {}
 
     @property
     def reading_count(self) -> int:
@@ -150,6 +155,10 @@ class RegstMgr:
 
     def regsts_of(self, desc_id: int) -> list[Regst]:
         return self._regsts[desc_id]
+
+    def copies_of(self, desc_id: int) -> list[Regst]:
+        """``regsts_of(desc_id)``, or none where another rank's task produces that desc."""
+        return self._regsts.get(desc_id, [])
 
     def all_regsts(self) -> list[Regst]:
         return [r for copies in self._regsts.values() for r in copies]

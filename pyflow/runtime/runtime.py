@@ -10,7 +10,8 @@ nothing is central: actors react to messages.  pyflow's Runtime:
    closed again: new Plans, never an edit), the ``ActorMsgBus``, the ``ThreadMgr`` (one
    thread per stream id of the Plan).
 2. **Construct**: a ``construct`` command per task goes to its thread; the thread
-   builds the actor there; the runtime waits until all are built.
+   builds the actor there; the runtime waits until all are built.  Interrupted (Ctrl-C), or
+   failed (an actor that cannot be built), construction tells every thread it started to leave.
 3. **Calls**: ``launch(inputs)`` registers a call (its ``CallContext``: the inputs,
    this call's learning rate and step, where outputs go) and sends ``launch`` to the
    source tick.  The call flows through the actors as pieces ``(call, j)``; the sink
@@ -52,19 +53,22 @@ import threading
 import time
 
 from pyflow import env
+from pyflow import vm as _vm
 from pyflow.compiler.plan import replan_memory
 from pyflow.compiler.rank_ticks import close_calls, rank_tasks
-from pyflow.errors import OpError, RuntimeHangError
-from pyflow.runtime.act import act_table
+from pyflow.errors import RuntimeHangError
+from pyflow.runtime.act import act_table, quiet_tasks
 from pyflow.runtime.call import CallContext, CallHandle, CallTemplate, frontier_tasks
 from pyflow.runtime.comm_net import CommOrder
 from pyflow.runtime.deterministic import deliver_until, step_once
+from pyflow.runtime.device_ctx import device_work_error
 from pyflow.runtime.live import live_runtimes
 from pyflow.runtime.msg import cmd_msg
 from pyflow.runtime.msg_bus import ActorMsgBus
 from pyflow.runtime.regst import RegstMgr, memory_fits
 from pyflow.runtime.thread import DeterministicThread, ThreadMgr
-from pyflow.runtime.timeline import ActRecord, plot, report_to_tracers, save_chrome_trace
+from pyflow.runtime.timeline import (ActRecord, issuing_acts, plot, report_to_tracers, save_chrome_trace,
+                                     with_device_runs)
 from pyflow.runtime.watchdog import Watchdog, default_hang_timeout, hang_report, wait_until
 
 __all__ = ["Runtime", "CallHandle"]
@@ -76,7 +80,7 @@ class Runtime:
     ``job`` gives the variables and per-call feeds (``nn.Graph`` passes its Job); a
     hand-made Plan without variables may leave it None.  ``act_fn`` replaces
     ``act`` (``act.py``; tests and benchmarks: e.g. tasks that sleep).  ``timeline``
-    keeps that many act records (0: none).
+    keeps that many act records (0: none), with when each act's device work ran (``timeline.py``).
     """
 
     def __init__(self, plan, job=None, *, deterministic: bool = False, seed: int | None = None,
@@ -87,10 +91,8 @@ class Runtime:
         self.job, self.name = job, name
         self.ctx = env.current()
         self.rank = self.ctx.rank   # this rank's tasks of the Plan (every rank runs its own Runtime)
-        self.deterministic, self.seed = deterministic, seed
-        self.max_calls_in_flight = max_calls_in_flight
+        self.deterministic, self.seed, self.max_calls_in_flight = deterministic, seed, max_calls_in_flight
         self.hang_timeout = hang_timeout if hang_timeout is not None else default_hang_timeout()
-        self._timeline: collections.deque = collections.deque(maxlen=timeline)
         if not memory_fits(plan):   # regst nums edited by hand: plan its memory, and the guards, again
             plan = replan_memory(plan)
         if plan.calls_in_flight < max_calls_in_flight:   # closed for fewer calls (or none): close it for ours
@@ -98,40 +100,45 @@ class Runtime:
         self.plan = plan   # read, never edited: the two steps above make new Plans (the compiler's)
         mine, self.source_id, self.sink_id = rank_tasks(plan, self.rank)
         self.comm_order = CommOrder(self.plan, [t.task_id for t in mine])
-        self.act_fn = act_fn or act_table(self.plan, mine)   # each task's act made now (OneFlow's kernels)
+        self._act_fn = act_fn or act_table(self.plan, mine)   # each task's act made now (OneFlow's kernels)
+        self._device_work: dict = {}   # actor id -> its act's ActDeviceWork, until record_act takes it
+        self.set_timeline_limit(timeline)   # (sets ``act_fn``: ``_act_fn``, timed if the timeline is on)
         self.error: BaseException | None = None
-        self.closed = False
-        self.actors: dict = {}
+        self.closed, self.actors = False, {}
         self._calls: dict[int, CallHandle] = {}
         self._next_call = 0
         self._lock = threading.Lock()
-        self.changed = threading.Condition()   # notified when what a waiting caller looks at changes (_notify)
-        self._progress = time.monotonic()
-        self._callbacks = 0
-        self._exited = 0
-        self._all_built = threading.Event()
-        self._all_exited = threading.Event()
+        self.changed, self.notifications = threading.Condition(), 0   # a waiting caller's wake-ups (``_notify``)
+        self._progress, self._callbacks, self._exited = time.monotonic(), 0, 0
+        self._all_built, self._all_exited = threading.Event(), threading.Event()
         self.regst_mgr = RegstMgr(self.plan, [t.task_id for t in mine], self.rank)
         self.frontier = frontier_tasks(self.plan, mine)   # see call.py: what a call must issue before returning
         self.template = CallTemplate(self.plan, job, [t for t in mine if t.kind == "input"])   # what calls share
+        self.quiet = set() if act_fn else quiet_tasks(self.plan, mine, self.template.feeds)   # acts with no issuer
         self.bus = ActorMsgBus()
-        tasks = mine
-        self._task_count = len(tasks)
-        if deterministic:
-            self.home = DeterministicThread(self, seed)
-            self.thread_mgr = None
-            for task in tasks:
-                self.bus.add_route(task.task_id, self.home)
-        else:
-            self.home = None
-            self.thread_mgr = ThreadMgr(self, tasks)
-            for task in tasks:
-                self.bus.add_route(task.task_id, self.thread_mgr.thread(task.thread_id))
+        self._task_count = len(mine)
+        self.home = DeterministicThread(self, seed) if deterministic else None
+        self.thread_mgr, self._watchdog = None if deterministic else ThreadMgr(self, mine), None
+        for task in mine:
+            self.bus.add_route(task.task_id, self.home if deterministic else self.thread_mgr.thread(task.thread_id))
+        try:
+            self._construct(mine)
+        except BaseException:   # Ctrl-C, an actor that failed to build: every thread started leaves (after the
+            self.closed = True   # constructs queued before), unwaited for, so that a Ctrl-C goes up at once
+            if self.thread_mgr is not None:
+                self.thread_mgr.stop()
+            if self._watchdog is not None:
+                self._watchdog.stop(join=False)
+            raise
+        live_runtimes.add(self)
+
+    def _construct(self, tasks) -> None:
+        """Start the threads, build every actor on its thread, start the watchdog (the module docstring's 2)."""
+        if self.thread_mgr is not None:
             self.thread_mgr.start()
         for task in tasks:
             self.bus.send(cmd_msg(task.task_id, "construct", task))
-        self._watchdog = None
-        if deterministic:
+        if self.deterministic:
             self.run_until(self._all_built.is_set)
             if self.error is not None:
                 raise self.error
@@ -139,7 +146,6 @@ class Runtime:
             self._wait(self._all_built.is_set, "constructing the actors")
             self._watchdog = Watchdog(self)
             self._watchdog.start()
-        live_runtimes.add(self)
 
     # --- calls ----------------------------------------------------------------------------------
 
@@ -246,7 +252,7 @@ class Runtime:
             return
         record = ActRecord(actor.actor_id, actor.op_name, actor.kind, actor.thread.name, start, end, piece,
                            tuple(consumed), tuple(produced))
-        self._timeline.append(record)
+        self._timeline.append((record, self._device_work.pop(actor.actor_id, None)))
         if tracing:
             report_to_tracers(vm, record)
 
@@ -261,15 +267,7 @@ class Runtime:
 
     def fail_from_device(self, actor, failure) -> None:
         """A kernel an act issued failed (seen by its device callback)."""
-        where = f"actor {actor.actor_id} ({actor.kind} actor of op {actor.op_name!r})"
-        if isinstance(failure, BaseException):
-            error = OpError(f"{where}: its device work failed: {type(failure).__name__}: {failure}",
-                            op=actor.op_name)
-            error.__cause__ = failure
-        else:
-            failure.reported = True
-            error = failure.to_error(reading=f"{where}: its device work failed")
-        self.fail(error)
+        self.fail(device_work_error(actor, failure))
 
     def fail(self, error: BaseException) -> None:
         """Stop the runtime: every pending call raises ``error``; every thread leaves its loop."""
@@ -288,6 +286,7 @@ class Runtime:
     def _notify(self) -> None:
         """Wake every caller blocked in ``_wait`` to look again (never called holding ``_lock``: a waiter
         holds ``changed`` while its predicate takes ``_lock``)."""
+        self.notifications += 1   # (deterministic mode asks an event's predicate only after one: ``run_until``)
         with self.changed:
             self.changed.notify_all()
 
@@ -297,11 +296,13 @@ class Runtime:
         """Every recorded act (the last ``timeline`` of them), in the order they were recorded.
 
         ``wait``: first let the calls in flight finish (``wait_calls``), since ``nn.Graph`` returns before
-        its call is over; ``wait=False`` (or a call from an actor's own thread): the acts so far.
+        its call is over, and then the device work they issued (each record's ``device``: when it ran);
+        ``wait=False`` (or a call from an actor's own thread): the acts, and their device runs, so far.
         """
-        if wait:
+        if wait and threading.current_thread() not in self.threads():
             self.wait_calls()
-        return list(self._timeline)
+            _vm.drain(self.ctx.vm, "the device work of the timeline's acts")
+        return [with_device_runs(record, work) for record, work in list(self._timeline)]
 
     def wait_calls(self) -> None:
         """Threaded mode, from outside the runtime's threads: wait until no call is in flight (a hang raises
@@ -314,6 +315,7 @@ class Runtime:
     def set_timeline_limit(self, records: int) -> None:
         """Keep at most ``records`` act records from now on (0: none); the records so far are dropped."""
         self._timeline = collections.deque(maxlen=records)
+        self.act_fn = issuing_acts(self._act_fn, self._device_work) if records else self._act_fn
 
     def save_timeline(self, path) -> str:
         """The timeline as a Chrome/Perfetto trace (JSON) at ``path``."""
@@ -348,13 +350,11 @@ class Runtime:
             raise KeyError(f"no single actor for {key!r}: {[a.op_name for a in self.actors.values()]}")
         return found[0]
 
-    def run_until(self, predicate, max_call: int | None = None) -> None:
-        """Deterministic mode: deliver messages (about calls up to ``max_call``) until ``predicate()``.
-
-        No message left while ``predicate()`` is false: RuntimeHangError at once (``deterministic.py``).
-        """
+    def run_until(self, predicate, max_call: int | None = None, notified: bool = False) -> None:
+        """Deterministic mode: deliver messages (calls up to ``max_call``) until ``predicate()``, asked only after a
+        ``_notify`` if ``notified`` (it turns true only there); none left: RuntimeHangError (``deterministic.py``)."""
         self._need_deterministic("run_until")
-        deliver_until(self, predicate, max_call)
+        deliver_until(self, predicate, max_call, notified)
 
     def _need_deterministic(self, what: str) -> None:
         if not self.deterministic:
@@ -365,13 +365,13 @@ class Runtime:
     def wait_issued(self, handle: CallHandle) -> None:
         """Wait until the call's frontier acted (``call.py``), or the runtime stopped."""
         if self.deterministic:
-            self.run_until(handle.issued, max_call=handle.index)
+            self.run_until(handle.issued, max_call=handle.index, notified=True)
         else:
             self._wait(handle.issued, f"call {handle.index} to be issued")
 
     def wait_for(self, handle: CallHandle, timeout: float | None = None) -> None:
-        if self.deterministic:   # (``handle.done`` without its own call: asked once per message delivered)
-            self.run_until(handle._done.is_set, max_call=handle.index)
+        if self.deterministic:   # (set where the call finishes, which notifies: asked only then)
+            self.run_until(handle._done.is_set, max_call=handle.index, notified=True)
             return
         if not handle._done.wait(timeout):
             raise TimeoutError(f"call {handle.index} of {self.plan.job_name} is not done after {timeout} s")

@@ -192,9 +192,10 @@ class DeterministicThread(_ActorHome):
     def enqueue_local(self, msgs: list) -> None:
         """``enqueue`` each of ``msgs`` (an act's messages, in order), taking the lock once for all of them."""
         with self._lock:
-            for msg in msgs:   # (``_call_of`` inlined for a regst message: an act sends mostly those)
-                self._queue.append((self.enqueued, msg.piece[0] if msg.kind == REGST else _call_of(msg), msg))
-                self.enqueued += 1
+            first = self.enqueued   # (``_call_of`` inlined for a regst message: an act sends mostly those)
+            self._queue.extend([(first + i, msg.piece[0] if msg.kind == REGST else _call_of(msg), msg)
+                                for i, msg in enumerate(msgs)])
+            self.enqueued = first + len(msgs)
             if self._waiting:
                 self._cond.notify_all()
 

@@ -7,6 +7,13 @@ piece)``).  ``Runtime.timeline()`` returns them; with them one can *see* pipelin
 (seed 003's figures: each thread a row, the calls in alternating colours) and check
 back pressure: with regst num r a producer is never more than r pieces ahead.
 
+Issuing is not running: an act only queues its kernels, and an ep stream (a GPU's, or the
+simulator's emulated one) runs them later, often while a later act issues its own.  So each
+act's instructions carry an ``ActDeviceWork`` as their VM issuer (``issuing_acts``; the
+mechanism ``flow.trace()`` uses, ``pyflow/vm/stream.py``'s ``TracedWork``), and the record's
+``device`` lists when each ep task they launched *ran* (``DeviceRun``): a matmul's kernel time
+is the matmul act's, not that of the act that waits for it.
+
 * ``to_chrome_trace(records)`` - the Chrome trace event format (open the JSON in
   ui.perfetto.dev), one track per actor thread (acts of one thread never overlap);
 * ``plot(records, path)`` / ``plot_many({label: records}, path)`` - PNGs with matplotlib;
@@ -21,12 +28,52 @@ import dataclasses
 import itertools
 import types
 
-__all__ = ["ActRecord", "to_chrome_trace", "save_chrome_trace", "plot", "plot_many", "report_to_tracers"]
+from pyflow.vm import set_issuer
+
+__all__ = ["ActRecord", "DeviceRun", "ActDeviceWork", "issuing_acts", "with_device_runs", "to_chrome_trace",
+           "save_chrome_trace", "plot", "plot_many", "report_to_tracers"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceRun:
+    """One ep-stream task an act's instructions launched, and when it ran there (perf_counter seconds)."""
+
+    instruction: str   # the VM instruction that launched it: "matmul", "fuse[fill,fill]"...
+    ep_stream: str     # where it ran, e.g. "cuda:0/compute"
+    task: str          # what ran: the op's kernel ("matmul"), "memcpy_d2h", "record_event"...
+    started: float
+    finished: float
+
+
+class ActDeviceWork:
+    """The VM issuer (``pyflow.vm.set_issuer``) of one act's instructions: a ``DeviceRun`` per ep task they
+    launched, added by the ep stream's thread when the task ran."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self):
+        self.runs: list = []
+
+    def on_device_work(self, work, ep_stream: str, task: str, started: float, finished: float) -> None:
+        self.runs.append(DeviceRun(work.name, ep_stream, task, started, finished))
+
+
+def issuing_acts(act_fn, pending: dict):
+    """``act_fn`` with a fresh ``ActDeviceWork`` as the issuer of the instructions each act builds, left in
+    ``pending[task id]`` for the act's record (``Runtime.record_act``, on the same thread, right after)."""
+    def act(plan, task, ins, outs, j, call):
+        work = pending[task.task_id] = ActDeviceWork()
+        previous = set_issuer(work)
+        try:
+            return act_fn(plan, task, ins, outs, j, call)
+        finally:
+            set_issuer(previous)
+    return act
 
 
 @dataclasses.dataclass(frozen=True)
 class ActRecord:
-    """One act: who, where, when (perf_counter seconds), which piece, which regsts."""
+    """One act: who, where, when (perf_counter seconds), which piece, which regsts, when its device work ran."""
 
     actor_id: int
     op_name: str
@@ -37,21 +84,39 @@ class ActRecord:
     piece: tuple       # (call, j)
     consumed: tuple    # ((regst desc id, copy index, piece), ...) read by this act
     produced: tuple    # ((regst desc id, copy index, piece), ...) sent by this act
+    device: tuple = ()   # a DeviceRun per ep task its instructions launched, in the order they ran
 
     @property
     def call(self) -> int:
         return self.piece[0]
 
+    @property
+    def device_start(self) -> float | None:
+        """When the first ep task of this act started running (None: it launched none)."""
+        return min((run.started for run in self.device), default=None)
+
+    @property
+    def device_end(self) -> float | None:
+        """When the last ep task of this act finished running (None: it launched none)."""
+        return max((run.finished for run in self.device), default=None)
+
+
+def with_device_runs(record: ActRecord, work: ActDeviceWork | None) -> ActRecord:
+    """``record`` with the ep tasks ``work`` saw run so far."""
+    return record if work is None or not work.runs else dataclasses.replace(record, device=tuple(work.runs))
+
 
 def to_chrome_trace(records) -> dict:
-    """The Chrome trace event format: process "pyflow actors", one track per actor thread."""
+    """The Chrome trace event format: process "pyflow actors", one track per actor thread, then one per ep stream
+    (each act's device runs, named by its op)."""
     records = sorted(records, key=lambda r: r.start)
     events = [{"ph": "M", "name": "process_name", "pid": 2, "tid": 0, "ts": 0, "args": {"name": "pyflow actors"}}]
     if not records:
         return {"traceEvents": events, "displayTimeUnit": "ms"}
     origin = records[0].start
     threads = sorted({r.thread for r in records})
-    for tid, name in enumerate(threads, start=1):
+    lanes = sorted({run.ep_stream for r in records for run in r.device})
+    for tid, name in enumerate(threads + [f"ep {lane}" for lane in lanes], start=1):
         events.append({"ph": "M", "name": "thread_name", "pid": 2, "tid": tid, "ts": 0, "args": {"name": name}})
     for r in records:
         events.append({"ph": "X", "name": r.op_name, "cat": r.kind, "pid": 2, "tid": threads.index(r.thread) + 1,
@@ -59,6 +124,13 @@ def to_chrome_trace(records) -> dict:
                        "args": {"actor": r.actor_id, "piece": list(r.piece),
                                 "consumed": [list(map(_plain, c)) for c in r.consumed],
                                 "produced": [list(map(_plain, p)) for p in r.produced]}})
+        for run in r.device:
+            events.append({"ph": "X", "name": r.op_name, "cat": "device", "pid": 2,
+                           "tid": len(threads) + lanes.index(run.ep_stream) + 1,
+                           "ts": round((run.started - origin) * 1e6, 3),
+                           "dur": round((run.finished - run.started) * 1e6, 3),
+                           "args": {"actor": r.actor_id, "piece": list(r.piece), "task": run.task,
+                                    "instruction": run.instruction}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"clock": "time.perf_counter(), microseconds since the first act", "acts": len(records)}}
 

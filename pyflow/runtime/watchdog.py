@@ -3,8 +3,9 @@
 A Plan can be made to deadlock (a regst num of 0, a cycle of control regsts), and a
 bug can do it too.  Actors then simply stop acting; nothing raises.  The watchdog (a
 thread named ``pyflow-actor-watchdog-<graph>``) looks every second or so: if calls are
-in flight, no act's device work is pending (a long kernel is not a hang), and no actor
-acted for ``hang_timeout`` seconds (``PYFLOW_HANG_TIMEOUT``, default 60), it stops the
+in flight (or outputs wait for their hand-over, below), no act's device work is pending (a
+long kernel is not a hang), and no actor acted for ``hang_timeout`` seconds
+(``PYFLOW_HANG_TIMEOUT``, default 60), it stops the
 runtime with a ``RuntimeHangError`` built by ``hang_report``: every actor that holds
 something and cannot act, and why, in the seed's terms:
 
@@ -23,6 +24,13 @@ work may just be queued behind a long stretch of eager work).  One cpu kernel th
 longer than the hang timeout, before the call's callback, is reported: raise the timeout.  So a call
 whose outputs wait for such work (``flow.sync()``, a read of an output, the output critical
 section) ends with this report, not a silent wait.
+
+**Hand-overs** (``handovers_pending``): a call leaves "in flight" when its sink acts, but its
+output critical sections still wait for the output actors' hand-over callbacks.  A VM worker
+blocked before one of them (in another callback, say) used to be reported only if a critical
+section was already waiting when it blocked: a section queued behind the blocked worker never
+starts its wait.  So the watchdog watches pending hand-overs too, as it watches calls in
+flight: nothing moving for the hang timeout with one pending is a hang, whichever came first.
 
 A deterministic runtime needs no watchdog: when no message is left and its call is not
 done, it reports at once.
@@ -46,7 +54,7 @@ import time
 
 from pyflow.errors import RuntimeHangError
 
-__all__ = ["Watchdog", "hang_report", "default_hang_timeout", "wait_until", "vm_mark"]
+__all__ = ["Watchdog", "hang_report", "default_hang_timeout", "wait_until", "vm_mark", "handovers_pending"]
 
 
 def default_hang_timeout() -> float:
@@ -81,6 +89,20 @@ def hang_report(runtime, idle: float, what: str) -> str:
         idle_actors = [f"{a.op_name!r} ({a.actor_id})" for a in runtime.actors.values() if not a.exited]
         lines.append(f"  none holds a piece; live actors: {', '.join(idle_actors)}")
     return "\n".join(lines)
+
+
+def handovers_pending(runtime) -> str | None:
+    """The outputs whose hand-over callback has not come back ("output 0 of call 3 to be handed over"), or None.
+
+    The output critical section of each waits for it (or will, once the VM gets to the section), even after
+    the call left "in flight"."""
+    pending = []
+    for actor in list(runtime.actors.values()):
+        if actor.kind == "output" and actor.device_work:
+            index = runtime.plan.op_attrs[actor.op_name][2]["index"]
+            calls = sorted((acts - 1) // actor.acts_per_call for acts in list(actor.device_work.values()))
+            pending += [f"output {index} of call {n} to be handed over" for n in calls]
+    return ", ".join(pending) or None
 
 
 def vm_mark(runtime):
@@ -145,6 +167,9 @@ class Watchdog:
                 mark, moved = vm_mark(runtime), time.monotonic()
             busy, idle, device_work = runtime.activity()
             idle = min(idle, time.monotonic() - moved)
-            if busy and not device_work and idle > runtime.hang_timeout:
-                runtime.fail(RuntimeHangError(hang_report(runtime, idle, "running calls")))
+            if device_work or idle <= runtime.hang_timeout:
+                continue
+            what = "running calls" if busy else handovers_pending(runtime)   # (the module docstring's hand-overs)
+            if what is not None:
+                runtime.fail(RuntimeHangError(hang_report(runtime, idle, what)))
                 return

@@ -29,14 +29,15 @@ import os
 import threading
 
 from pyflow import _exit, env
-from pyflow.vm.builder import InstructionsBuilder, no_instructions, physical_run
+from pyflow.device.ep.base import is_interrupt
+from pyflow.vm.builder import InstructionsBuilder, no_instructions, physical_run, set_issuer
 from pyflow.vm.eager_blob_object import EagerBlobObject, TensorStorage
 from pyflow.vm.failure import Failure
 from pyflow.vm.virtual_machine import VirtualMachine, report_unseen
 
 __all__ = ["VirtualMachine", "InstructionsBuilder", "physical_run", "EagerBlobObject", "TensorStorage",
            "Failure", "get_vm", "current_vm", "run", "sync", "add_sync_hook", "wait_for_issuers", "sync_mode",
-           "add_shutdown_hook", "shutdown", "no_instructions"]
+           "add_shutdown_hook", "shutdown", "no_instructions", "set_issuer", "drain"]
 
 _vm_lock = threading.Lock()
 
@@ -59,9 +60,9 @@ def current_vm() -> VirtualMachine | None:
     return None if machine is None or machine.closed else machine
 
 
-def run(build) -> None:
-    """``physical_run(build, get_vm())``."""
-    physical_run(build, get_vm())
+def run(build, site=None) -> None:
+    """``physical_run(build, get_vm(), site)``."""
+    physical_run(build, get_vm(), site)
 
 
 _sync_hooks: list = []   # callables run first by every sync() (see add_sync_hook)
@@ -97,12 +98,15 @@ def sync() -> None:
     """
     wait_for_issuers()
     vm = get_vm()
-    _drain(vm, "flow.sync()")
+    drain(vm, "flow.sync()")
     vm.raise_failures()
 
 
-def _drain(vm: VirtualMachine, what: str) -> None:
-    """Wait until everything issued so far has finished (failures stay pending)."""
+def drain(vm: VirtualMachine | None, what: str) -> None:
+    """Wait until everything issued to ``vm`` so far has finished, its device work included (failures stay
+    pending: ``sync()`` reports them); nothing to wait for without a VM, or with one shut down."""
+    if vm is None or vm.closed:
+        return
     done = threading.Event()
     physical_run(lambda builder: builder.global_sync(done.set), vm)
     vm.wait_until(done.is_set, what, drive=vm.sync_mode)
@@ -124,7 +128,7 @@ def sync_mode(enabled: bool = True):
         yield vm
     finally:
         try:
-            _drain(vm, "the end of a sync_mode block")
+            drain(vm, "the end of a sync_mode block")
         finally:
             vm.sync_mode = previous
     vm.raise_failures()
@@ -138,6 +142,12 @@ def shutdown(at_exit: bool = False, release_held: bool = False) -> None:
     ``release_held``: also give back the memory of tensors still alive (a rank that
     ended: its tensors are nobody's now, though an exception's frames may keep them);
     otherwise a tensor outlives its VM and the next VM uses it.
+
+    **Ctrl-C while it waits** (for the graph calls in flight, or the queued work): at exit the queued work
+    is abandoned and the process ends with status 130 (``_abandoned_on_ctrl_c``).  Called by the program, the
+    interrupt goes up at once and nothing is shut down: the VM stays the rank's VM and goes on with its queued
+    work (``_interrupted``).  Abandoning it there would leave tensors written by work that never ran, in a
+    process that goes on; so a second ``shutdown()`` waits for the rest, and exit gives it up on Ctrl-C.
     """
     with _abandoned_on_ctrl_c(at_exit, "the graph calls in flight"):
         for hook in list(_shutdown_hooks):
@@ -149,12 +159,34 @@ def shutdown(at_exit: bool = False, release_held: bool = False) -> None:
         return
     try:
         with _abandoned_on_ctrl_c(at_exit, "the VM's queued work"):
-            _drain(vm, "shutdown")
-    finally:
-        unseen = vm.shutdown(release_held=release_held)
-        report_unseen(unseen)
-        if at_exit and unseen:
-            _exit.mark_unseen_failures(len(unseen))
+            drain(vm, "shutdown")
+    except BaseException as error:
+        if not at_exit and is_interrupt(error):
+            _interrupted(ctx, vm, release_held)
+        else:
+            _stop(vm, release_held, at_exit)
+        raise
+    _stop(vm, release_held, at_exit)
+
+
+def _stop(vm: VirtualMachine, release_held: bool, at_exit: bool) -> None:
+    """Stop ``vm`` (drained, or failed while draining) and report the failures nobody saw."""
+    unseen = vm.shutdown(release_held=release_held)
+    report_unseen(unseen)
+    if at_exit and unseen:
+        _exit.mark_unseen_failures(len(unseen))
+
+
+def _interrupted(ctx, vm: VirtualMachine, release_held: bool) -> None:
+    """Ctrl-C while the program's own ``shutdown()`` waited for ``vm``'s queued work: ``vm`` is the rank's VM
+    again, its work going on (``shutdown``'s docstring), unless another thread made the rank a new VM
+    meanwhile: then ``vm`` finishes its work and stops on a thread of its own (``pyflow-vm-shutdown``)."""
+    with _vm_lock:
+        kept = ctx.vm is None
+        if kept:
+            ctx.vm = vm
+    if not kept:
+        threading.Thread(target=_stop, args=(vm, release_held, False), daemon=True, name="pyflow-vm-shutdown").start()
 
 
 @contextlib.contextmanager

@@ -19,7 +19,8 @@ user threads issue ops.  The builder's methods are OneFlow's:
 
 Every instruction remembers the user's line and thread that issued it
 (``policy.site`` / ``policy.thread``): a failure names that line and is
-pending for that thread.  Back pressure waits *before* anything is built, and
+pending for that thread.  It also carries the thread's *issuer* (``set_issuer``),
+if one is set: whoever wants to hear when its ep-stream work runs.  Back pressure waits *before* anything is built, and
 building + receiving is a critical stretch (``interrupts.critical``): a Ctrl-C
 never leaves a tensor's stream history pointing at an instruction the VM did not
 receive.
@@ -41,9 +42,24 @@ from pyflow.vm.instruction import Instruction
 from pyflow.vm.policies import (AccessBlobByCallback, AllocateTensors, Barrier, LaunchLazyJob, LaunchProgram, OpCall,
                                 RecordEvent, ReleaseTensor, StreamRecordEvent, StreamWait, StreamWaitEvent)
 
-__all__ = ["InstructionsBuilder", "physical_run", "supports_stream_wait_between", "no_instructions"]
+__all__ = ["InstructionsBuilder", "physical_run", "supports_stream_wait_between", "no_instructions", "set_issuer"]
 
 _forbidden = threading.local()  # .reason: why this thread may not issue instructions now
+_issuing = threading.local()    # .issuer: what the instructions this thread builds carry (``set_issuer``)
+
+
+def set_issuer(issuer):
+    """Instructions this thread builds from now on carry ``issuer`` (None: nobody); returns the previous one, to
+    set back.
+
+    When an ep stream runs a task one of them launched, the VM tells the issuer as it tells ``flow.trace()``'s
+    tracers (``stream.TracedWork``): ``issuer.on_device_work(work, ep_stream, task, started, finished)``, on the
+    thread that ran it.  The actor runtime sets one per act, so its timeline says when each act's kernels ran,
+    not only when the act queued them.
+    """
+    previous = getattr(_issuing, "issuer", None)
+    _issuing.issuer = issuer
+    return previous
 
 
 @contextlib.contextmanager
@@ -68,14 +84,15 @@ def supports_stream_wait_between(from_stream, to_stream) -> bool:
 class InstructionsBuilder:
     """Collects instructions for one PhysicalRun."""
 
-    def __init__(self, vm):
+    def __init__(self, vm, site=None):
         self.vm = vm
         self.instructions: list[Instruction] = []
-        self.site = issue_site()                # the user's line that issued this PhysicalRun
+        self.site = site if site is not None else issue_site()   # the user's line that issued this PhysicalRun
         self.thread = threading.get_ident()
+        self.issuer = getattr(_issuing, "issuer", None)
 
     def _append(self, stream_symbol, policy, vm_stream=None) -> Instruction:
-        policy.site, policy.thread = self.site, self.thread
+        policy.site, policy.thread, policy.issuer = self.site, self.thread, self.issuer
         instruction = Instruction(vm_stream or self.vm.get_vm_stream(stream_symbol), policy)
         self.instructions.append(instruction)
         return instruction
@@ -243,9 +260,11 @@ class InstructionsBuilder:
             self._append(from_stream, RecordEvent(deps, from_stream))
 
 
-def physical_run(build, vm) -> None:
+def physical_run(build, vm, site=None) -> None:
     """Build instructions with ``build(builder)`` and hand them to ``vm`` (OneFlow's PhysicalRun).
 
+    ``site``: the ``(filename, lineno)`` failures of these instructions name, where the issuer knows it
+    already (an nn.Graph act: its task); None: ``issue_site()`` finds the user's line on the stack.
     In step-through mode the caller then runs the schedule rounds itself.
     """
     reason = getattr(_forbidden, "reason", None)
@@ -254,7 +273,7 @@ def physical_run(build, vm) -> None:
     vm.check()                 # a VM thread's unexpected error is raised here, at the next call
     vm.apply_back_pressure()   # may wait: before anything is built
     with interrupts.critical(), vm.build_lock:
-        builder = InstructionsBuilder(vm)
+        builder = InstructionsBuilder(vm, site)
         builder.drain_releases()
         build(builder)
         vm.receive(builder.instructions)

@@ -65,7 +65,7 @@ def describe_site(site) -> str:
     """``script.py:12 (y = flow.relu(x))`` for a site from ``issue_site``."""
     filename, lineno = site
     text = linecache.getline(filename, lineno).strip() if lineno else ""
-    where = f"{filename}:{lineno}"
+    where = f"{filename}:{lineno}" if lineno else filename   # (lineno 0: a site that is no line of a file)
     return f"{where} ({text})" if text else where
 
 

@@ -21,9 +21,10 @@ knows:
 
 ``run(instruction)`` is ``StreamPolicy::Run``: activate the device, compute, and
 record an ep event when "done" must wait for the device (device2host streams,
-RecordEvent instructions).  While ``flow.trace()`` records, the ep work it launches
-reports when it *runs* (``TracedWork``): on an asynchronous ep stream that is later than the
-compute that queued it, often after the instruction was released.
+RecordEvent instructions).  While ``flow.trace()`` records, or for an instruction with an
+issuer (``builder.set_issuer``: an actor's act), the ep work it launches reports when it *runs*
+(``TracedWork``): on an asynchronous ep stream that is later than the compute that queued it,
+often after the instruction was released.
 """
 
 from __future__ import annotations
@@ -39,20 +40,24 @@ __all__ = ["VmStream", "TracedWork"]
 
 
 class TracedWork:
-    """The work owner (``pyflow.device.ep.base.set_work_owner``) of one instruction while the VM's tracers
-    record: each ep task it launched tells them when it ran.  Holds the instruction's name and marks only
-    (the instruction itself, and its tensors, may be gone by then)."""
+    """The work owner (``pyflow.device.ep.base.set_work_owner``) of one instruction (one member of a fused one)
+    while the VM's tracers record, or while its policy has an issuer: each ep task it launched tells them, and
+    the issuer, when it ran.  Holds the instruction's name and marks only (the instruction itself, and its
+    tensors, may be gone by then)."""
 
-    __slots__ = ("vm", "name", "serial", "stream", "received")
+    __slots__ = ("vm", "name", "serial", "stream", "received", "issuer")
 
-    def __init__(self, vm, instruction, stream_name: str):
+    def __init__(self, vm, instruction, stream_name: str, issuer=None):
         self.vm, self.name, self.serial, self.stream = vm, instruction.name, instruction.serial, stream_name
         self.received = instruction.times.get("received")
+        self.issuer = issuer
 
     def ran(self, ep_stream, task: str, started: float, finished: float) -> None:
         where = f"{ep_stream.device.device}/{ep_stream.name}"
         for tracer in list(self.vm.tracers):
             tracer.on_device_work(self, where, task, started, finished)
+        if self.issuer is not None:
+            self.issuer.on_device_work(self, where, task, started, finished)
 
 
 class VmStream:
@@ -120,8 +125,8 @@ class VmStream:
         policy = instruction.policy
         members = policy.members()
         finished = 0
-        traced = bool(self.vm.tracers)
-        previous = ep.base.set_work_owner(TracedWork(self.vm, instruction, self.name)) if traced else None
+        traced = bool(self.vm.tracers) or policy.issuer is not None
+        previous = ep.base.work_owner() if traced else None
         try:
             for member in members:   # (a traced op that failed in prepare never starts)
                 if member.failure is None:
@@ -130,6 +135,8 @@ class VmStream:
             self.ep_device.set_as_active()
             compute_member = self.vm.compute_member
             for member in members:
+                if traced:   # one owner per member: a fused group's members may be different acts'
+                    ep.base.set_work_owner(TracedWork(self.vm, instruction, self.name, member.issuer))
                 compute_member(member, instruction)
                 finished += 1
             if self.event_recorded or policy.records_event:

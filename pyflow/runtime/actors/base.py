@@ -98,6 +98,14 @@ class Actor:
             slot.pinned_source = self.in_slots.get(desc.alias_of if desc.mem == "alias" else desc.inplace_of)
         # what every act walks, as lists made once (OneFlow's actors hold theirs from construction too)
         self.in_list, self.out_list = list(self.in_slots.values()), list(self.out_slots.values())
+        # the regst messages its acts send, made once (``Regst.sends`` / ``Regst.returns``: reused, a send sets
+        # only the piece; OneFlow's actors also keep their regst messages from construction)
+        for slot in self.out_list:
+            for regst in slot.regsts:
+                regst.sends = [ActorMsg(REGST, self.actor_id, consumer, regst) for consumer in slot.consumers]
+        for slot in self.in_list:
+            for regst in runtime.regst_mgr.copies_of(slot.desc.id):
+                regst.returns[self.actor_id] = ActorMsg(REGST, self.actor_id, slot.producer, regst)
         self.pins: collections.Counter = collections.Counter()   # consumed regst -> its aliases in flight
         self.deferred: set = set()      # consumed regsts used up, going back once their pins reach 0
         self.ended = False              # an eord arrived: from now on, check whether the inputs are finished
@@ -107,7 +115,12 @@ class Actor:
         self.all_local = all(thread_of(peer) is thread for peer in peers)
         # ``process_msg(msg)``: update the state with ``msg``, act while possible, wind down once the inputs
         # ended; the handler of the actor's state (``handler_normal``, then ``handler_zombie``), one call
-        self.process_msg = self.handler_normal
+        cls = type(self)   # (an actor whose readiness and arrivals are the normal actor's takes the inlined handler)
+        plain = (cls.is_read_ready is Actor.is_read_ready and cls.is_write_ready is Actor.is_write_ready
+                 and cls.on_arrived is Actor.on_arrived)
+        self.process_msg = self.handler_plain if plain else self.handler_normal
+        # an act that issues no VM instruction runs without the timeline's issuer (``Runtime.quiet``)
+        self.quiet = self.actor_id in runtime.quiet
 
     # --- messages ---------------------------------------------------------------------------
 
@@ -118,14 +131,51 @@ class Actor:
             if regst.producer == self.actor_id:   # (``on_returned``, inlined)
                 readers = regst.readers_left
                 readers.discard(msg.src)
-                if not readers:
-                    self.free_regst(regst)
+                if readers:
+                    return   # others still read it: nothing changed that could let this actor act or end
+                self.free_regst(regst)
             else:
                 self.on_arrived(regst)
         else:
             self.receive(msg)
         while not self.zombie and self.is_read_ready() and self.is_write_ready():
             self.act_once()
+        if self.ended and self.input_finished():
+            self.become_zombie()
+
+    def handler_plain(self, msg) -> None:
+        """``handler_normal`` for an actor that keeps the normal actor's ``on_arrived``, ``is_read_ready`` and
+        ``is_write_ready``, with their usual cases inlined: a regst message costs no call of them."""
+        if msg.kind != REGST:
+            self.handler_normal(msg)
+            return
+        regst = msg.regst
+        if regst.producer == self.actor_id:   # (``on_returned``, inlined)
+            readers = regst.readers_left
+            readers.discard(msg.src)
+            if readers:
+                return   # others still read it: nothing changed that could let this actor act or end
+            self.free_regst(regst)
+        else:
+            slot = self.in_slots[regst.desc.id]
+            if slot.mode == "one" and (not slot.regsts or slot.regsts[-1].piece < regst.piece):
+                slot.regsts.append(regst)   # (``on_arrived``'s usual case: one piece per act, in order)
+            else:
+                self.on_arrived(regst)
+        while not self.zombie:
+            piece = (self.acts, 0) if self.acts_per_call == 1 else divmod(self.acts, self.acts_per_call)
+            for slot in self.in_list:   # (``is_read_ready``)
+                regsts = slot.regsts
+                if not regsts or (regsts[0].piece != piece if slot.mode == "one" else not slot.ready_at(*piece)):
+                    break
+            else:
+                for slot in self.out_list:   # (``is_write_ready``)
+                    if slot.current is None and not slot.free:
+                        break
+                else:
+                    self.act_once()
+                    continue
+            break
         if self.ended and self.input_finished():
             self.become_zombie()
 
@@ -220,7 +270,8 @@ class Actor:
 
     def act_once(self) -> None:
         n, j = (self.acts, 0) if self.acts_per_call == 1 else divmod(self.acts, self.acts_per_call)
-        call = self.runtime.call_context(n)
+        calls = self.runtime._calls   # (``runtime.call_context(n)``, inlined: every act asks)
+        call = calls[n].context if n in calls else self.runtime.call_context(n)
         ins, outs = {}, []   # (plain loops: a comprehension is one more Python call per act)
         for key, slot in self.data_in:
             ins[key] = slot.regsts[0].tensor
@@ -231,7 +282,8 @@ class Actor:
             outs.append(slot.current.tensor)
         start = time.perf_counter()
         try:
-            results = self.runtime.act_fn(self.plan, self.task, ins, outs, j, call)
+            act_fn = self.runtime._act_fn if self.quiet else self.runtime.act_fn
+            results = act_fn(self.plan, self.task, ins, outs, j, call)
         except Exception as error:
             raise OpError(f"actor {self.actor_id} ({self.kind} actor of op {self.op_name!r}, task kind "
                           f"{self.task.kind}) failed at piece {(n, j)}: {type(error).__name__}: {error}",
@@ -245,7 +297,7 @@ class Actor:
     def after_act(self, n: int, j: int, start: float, end: float, slots=None, consumed=None) -> None:
         """Send what is complete downstream, give back what was used up (``slots``: those consumed slots,
         default all); record the act (``consumed``: more (desc, index, piece) it read)."""
-        sends, written, produced = [], [], []
+        sends, written, produced = [], [], ()   # (the record's tuples are built as tuples: no copy to make)
         me, local = self.actor_id, self.all_local   # (all local: nothing waits for the act's device work, so the
         #                                             tensors it read and wrote need not be listed)
         for slot in self.out_list:
@@ -254,7 +306,7 @@ class Actor:
                 continue   # Acc / Pack: this regst is not full yet
             regst, slot.current = slot.current, None
             regst.piece = piece = (n, j // per)
-            produced.append((slot.desc.id, regst.index, piece))
+            produced += ((slot.desc.id, regst.index, piece),)
             if regst.tensor is not None and not local:
                 written.append(regst.tensor)
             if slot.pinned_source is not None:
@@ -263,22 +315,25 @@ class Actor:
                 self.free_regst(regst)
                 continue
             regst.readers_left = set(slot.consumers)
-            for consumer in slot.consumers:
-                sends.append(ActorMsg(REGST, me, consumer, regst, piece))
+            for msg in regst.sends:
+                msg.piece = piece
+            sends += regst.sends
         read = []
-        consumed = list(consumed) if consumed else []
+        consumed = tuple(consumed) if consumed else ()
         for slot in self.in_list if slots is None else slots:
             regst = slot.regsts[0]
-            consumed.append((slot.desc.id, regst.index, regst.piece))
+            consumed += ((slot.desc.id, regst.index, regst.piece),)
             slot.uses += 1
             if slot.mode == "held" and slot.uses < slot.ratio:
                 continue
             slot.uses = 0
             slot.regsts.pop(0)
-            if self.pins and self.pins[regst]:   # (most acts pin nothing: no look-up then)
+            if regst in self.pins:   # (a Counter's subscript would call ``__missing__`` for every other regst)
                 self.deferred.add(regst)   # an alias of it is still out there
                 continue
-            sends.append(ActorMsg(REGST, me, regst.producer, regst, regst.piece))   # given back
+            msg = regst.returns[me]   # given back
+            msg.piece = regst.piece
+            sends.append(msg)
             if regst.tensor is not None and not local:
                 read.append(regst.tensor)
         self.runtime.record_act(self, (n, j), start, end, consumed, produced)

@@ -21,10 +21,11 @@ A policy answers the engine's questions about one kind of instruction:
 For pyflow's failure semantics (``pyflow/vm/failure.py``) a policy also says
 which blobs it ``read_blobs`` and ``written_blobs`` (a failure marks the written
 ones failed; a failed read blob means the policy does not run), and carries
-``site`` / ``thread``: the user's line and thread that issued it (set by the
-builder).  ``members()`` is the policy itself, or a fused group's policies:
-the VM prepares and computes each member on its own, so one member's failure
-never touches another's.
+``site`` / ``thread``: the user's line and thread that issued it, and ``issuer``: who
+wants to hear when its ep-stream work runs (``builder.set_issuer``); the builder sets
+them.  ``members()`` is the policy itself, or a fused group's policies: the VM
+prepares and computes each member on its own, so one member's failure never
+touches another's.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class InstructionPolicy:
     failure = None                 # the Failure of this policy, once it failed
     site = ("<pyflow>", 0)         # (filename, lineno) of the user's line that issued it
     thread = None                  # threading.get_ident() of the thread that issued it
+    issuer = None                  # told when its ep-stream work ran (``builder.set_issuer``: an actor's act)
 
     prepares = False               # does it override ``prepare`` (set per class: the VM skips the call if not)
     allocates = 0                  # bytes its prepare allocates (the engine's throttle on memory allocated ahead)

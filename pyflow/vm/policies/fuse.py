@@ -27,6 +27,8 @@ class Fuse(InstructionPolicy):
         self.policies = list(policies)
         self.name = "fuse[" + ",".join(p.name for p in self.policies) + "]"
         self.records_event = self.policies[-1].records_event
+        # any member's issuer: the VM then reports the group's ep work, member by member (``VmStream.run``)
+        self.issuer = next((p.issuer for p in self.policies if p.issuer is not None), None)
 
     def input_dependences(self) -> list:
         return [d for p in self.policies for d in p.input_dependences()]

@@ -36,15 +36,6 @@ from pyflow.vm.policies.base import InstructionPolicy
 __all__ = ["OpCall"]
 
 
-def _unique(deps) -> list:
-    """``deps`` without repeats, in order (dependence objects compare by identity)."""
-    result = []
-    for dep in deps:
-        if dep not in result:
-            result.append(dep)
-    return result
-
-
 class OpCall(InstructionPolicy):
     """One op's kernel over input and output blobs, on one stream."""
 
@@ -59,9 +50,18 @@ class OpCall(InstructionPolicy):
         self.outputs = list(outputs)
         self._written_blobs = self.outputs + ([b for i, b in enumerate(self.inputs) if i in mutable_inputs]
                                               if mutable_inputs else [])
-        self._writes = _unique([b.storage.dep for b in self._written_blobs])
-        self._reads = [d for d in _unique([b.storage.dep for b in self.inputs]) if d not in self._writes]
-        self.allocates = sum(b.storage.nbytes for b in self.outputs if b.storage.allocation is None)
+        # the storages' dependence objects it writes, then those it only reads, each once, in order; and the
+        # bytes its outputs still need (plain loops: every op of eager and of an nn.Graph act passes here)
+        self._writes, self._reads, self.allocates = [], [], 0
+        for blob in self._written_blobs:
+            if blob.storage.dep not in self._writes:
+                self._writes.append(blob.storage.dep)
+        for blob in self.inputs:
+            if blob.storage.dep not in self._writes and blob.storage.dep not in self._reads:
+                self._reads.append(blob.storage.dep)
+        for blob in self.outputs:
+            if blob.storage.allocation is None:
+                self.allocates += blob.storage.nbytes
         in_order = sequential or mutable_inputs or not self.inputs or stream.stream_type is StreamType.ccl
         self._sequential = stream.schedule_dep if in_order else None
         self.fuse_type = "enable" if self._sequential is not None else "none"
