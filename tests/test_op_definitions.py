@@ -29,7 +29,7 @@ from pyflow.framework.interpreter import apply
 from pyflow.framework.op_registry import (BROADCAST_ONLY, NO_BACKWARD, OP_REGISTRY, UNDECLARED, OpDef, TensorMeta,
                                           get_op, register_op)
 from pyflow.framework.sbp import B, P, S, Signature, piece_slices
-from pyflow.framework.views import reshape_attrs
+from pyflow.framework.views import WHOLE, reshape_attrs
 from pyflow.ops.elementwise import BINARY_OPS, COMPARISONS, FLOAT_UNARY, LOGICAL_OPS, UNARY_OPS
 from pyflow.ops.reduce import REDUCE_OPS
 
@@ -240,11 +240,38 @@ def _index_case(data, rng, name):
     return [_values(rng, shape, "float"), index, _values(rng, index_shape, "float")], {"axis": axis}
 
 
+def _slice_case(data, rng, name):
+    """``slice_view``'s index as ``x[...]`` gives it (an int, a (start, stop, step) slice, ``WHOLE``, or a
+    new dim per item); ``slice_update``'s (no new dims, an int a length-1 slice) with a value of the region's
+    shape."""
+    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3), label="shape"))
+    index = []
+    for n in shape:
+        kind = data.draw(st.sampled_from(["int", "slice", "whole", "new"] if name == "slice_view" else
+                                          ["int", "slice", "whole"]), label="kind")
+        if kind == "new":
+            index.append(None)
+        if kind == "int":
+            k = data.draw(st.integers(0, n - 1), label="int")
+            index.append(k if name == "slice_view" else (k, k + 1, 1))
+        elif kind == "whole":
+            index.append(WHOLE)
+        elif kind == "slice":
+            start, stop = sorted(data.draw(st.lists(st.integers(0, n), min_size=2, max_size=2), label="bounds"))
+            index.append((start, stop, data.draw(st.integers(1, 3), label="step")))
+    x = _values(rng, shape, "float")
+    if name == "slice_view":
+        return [x], {"index": tuple(index)}
+    region = x[tuple(slice(*item) for item in index)].shape
+    return [x, _values(rng, region, "float")], {"index": tuple(index)}
+
+
 CASES = {**{name: _elementwise_case for name in _KINDS}, "where": _where_case, "clamp": _clamp_case,
          "cast": _cast_case, "contiguous": _one_input_case("float"), "matmul": _matmul_case,
          **{name: _reduction_case for name in REDUCE_OPS}, "softmax": _softmax_case, "log_softmax": _softmax_case,
          **{name: _view_case for name in ("permute", "narrow", "squeeze", "unsqueeze", "expand")},
-         "view": _reshape_case, "dim_gather": _index_case, "scatter_add": _index_case}
+         "view": _reshape_case, "dim_gather": _index_case, "scatter_add": _index_case,
+         "slice_view": _slice_case, "slice_update": _slice_case}
 
 
 def test_every_op_with_sbp_rules_has_inputs_in_the_property_test():
@@ -327,6 +354,7 @@ def test_every_declared_signature_is_true(name, data):
     ("softmax", [np.arange(8.0).reshape(2, 4)], {"axis": 1}, Signature((S(1),), (S(1),))),   # its own axis
     ("narrow", [np.arange(8.0).reshape(2, 4)], {"dim": 1, "start": 1, "length": 2},
      Signature((S(1),), (S(1),))),                                                       # a cut split dim
+    ("slice_view", [np.arange(8.0).reshape(2, 4)], {"index": (WHOLE, (1, 4, 2))}, Signature((S(1),), (S(1),))),
     ("view", [np.arange(24.0).reshape(4, 6)], reshape_attrs((4, 6), (4, 2, 3)),
      Signature((S(0),), (S(1),))),                                                       # another dim
     ("dim_gather", [np.arange(8.0).reshape(4, 2), np.zeros((4, 2), np.int64)], {"axis": 0},

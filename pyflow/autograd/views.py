@@ -1,16 +1,17 @@
-"""Gradients of what is not an op yet: indexing, ``x[i] = v``, and moving between local and global.
+"""Gradients of what is not an op yet: advanced indexing (``x[i]``, ``x[i] = v``), local <-> global.
 
-The view ops (``reshape``, ``permute``, ``expand``, ``narrow``, ``squeeze``, ``unsqueeze``) are
-ops with their backward rules in ``pyflow/ops/views.py``.  These Tensor methods do not go through
-the interpreter, so autograd wraps them (``install``) and records a Node for each, with these
-rules (``g`` is the result's gradient):
+The view ops (``reshape``, ``permute``, ``expand``, ``narrow``, ``squeeze``, ``unsqueeze``, and
+``slice_view``: ``x[index]`` with ints, slices, None, ...) and ``slice_update`` (``x[index] = v``
+for such an index) are ops with their backward rules in ``pyflow/ops/views.py``.  These Tensor
+methods do not go through the interpreter as one op, so autograd wraps them (``install``) and
+records a Node for each, with these rules (``g`` is the result's gradient):
 
 ============================  ==================================================================
-``x[index]``                  zeros of the input's shape with ``g`` added at the elements the index
+``x[index]``, advanced        zeros of the input's shape with ``g`` added at the elements the index
                               selected; an index may select an element twice (``x[[0, 0]]``), so
                               the positions come from indexing ``arange(numel)`` the same way,
                               and ``index_add`` sums
-``x[index] = v`` (in place)   x's history gets ``g`` with the written elements zeroed; ``v`` gets
+``x[index] = v``, advanced    x's history gets ``g`` with the written elements zeroed; ``v`` gets
                               ``g[index]`` summed to its shape
 ``to_global``, ``to_local``   ``g`` boxed back to the input's placement, with the *dual* SBP
                               (B <-> P, S stays): e.g. the local tensors that became a B tensor
@@ -27,6 +28,7 @@ from pyflow.autograd.engine import dual_sbp
 from pyflow.autograd.graph import requires_grad
 from pyflow.autograd.mode import is_grad_enabled
 from pyflow.autograd.record import Recorder, record_unary_view
+from pyflow.framework.indexing import is_basic
 from pyflow.framework.tensor import Tensor
 from pyflow.ops._grad import sum_to
 
@@ -81,7 +83,7 @@ def _getitem(method):
     @functools.wraps(method)
     def wrapper(self, index):
         result = method(self, index)
-        if is_grad_enabled() and requires_grad(self):
+        if not is_basic(index) and is_grad_enabled() and requires_grad(self):   # basic: the slice_view op
             record_unary_view("index", _index_rule, self, result, {"index": index})
         return result
     return wrapper
@@ -90,6 +92,8 @@ def _getitem(method):
 def _setitem(method):
     @functools.wraps(method)
     def wrapper(self, index, value):
+        if is_basic(index):   # the slice_update op: recorded by the interpreter
+            return method(self, index, value)
         recording = is_grad_enabled() and (requires_grad(self) or requires_grad(value))
         if recording:
             Recorder().check_inplace("setitem", [self])

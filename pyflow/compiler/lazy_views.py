@@ -1,9 +1,9 @@
 """Views inside ``nn.Graph.build``: a ``view`` JobOp, a layout over its input's blob (LazyTracer's ``view``).
 
-A view op (``OpDef.view``: ``permute``, ``reshape``, ``narrow``...; ``pyflow/ops/views.py``)
+A view op (``OpDef.view``: ``permute``, ``reshape``, ``narrow``, ``x[i]``...; ``pyflow/ops/views.py``)
 is recorded as a ``view`` JobOp of the layout the op gives over its input, keeping the op's
 name and attrs (``_op``, ``_op_attrs``), so the autograd pass calls the op's own backward rule,
-the one eager autograd calls.  A view made by no op (``x[i]``, a strided ``_view``) is a
+the one eager autograd calls.  A view made by no op (a strided ``Tensor._view``) is a
 ``view`` JobOp without them.  Its task aliases the input's memory (``compiler/task_graph.py``).
 """
 

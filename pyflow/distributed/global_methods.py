@@ -11,12 +11,16 @@ themselves.  The rest of the Tensor API works on global tensors too:
 * ``.to(device type)``, ``.cpu()``, ``.cuda()``: the same ranks on another
   device type (boxing's device copy); ``.to(dtype)``, ``clone()`` and
   ``contiguous()`` are ops (a partial sum stays one); ``detach()`` keeps the layout;
-* ``x[...]`` and ``repeat``: computed on the broadcast tensor (every rank of the
-  placement holds it all), and the result is broadcast too.  A rank outside the
+* ``x[index]`` with ints, slices, None and ``...`` is the view op ``slice_view``: a split of
+  a dim the index keeps whole stays a split;
+* ``x[index]`` with a tensor, list or mask in it, and ``repeat``: computed on the
+  broadcast tensor (every rank of the placement holds it all), and the result is
+  broadcast too.  A rank outside the
   placement computes the result's shape on a data-less stand-in and gets an
   empty piece; a method that needs data there is an error naming it.
-* ``x[index] = value``: computed on the broadcast tensor, then boxed back into
-  ``x``'s own layout and pieces.
+* ``x[index] = value``: with a basic index, the op ``slice_update`` (a split of a dim the
+  index keeps whole stays one); with a tensor, list or mask in it, computed on the broadcast
+  tensor, then boxed back into ``x``'s own layout and pieces.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pyflow.device import Device
 from pyflow.distributed.boxing_steps import Layout
 from pyflow.distributed.global_tensor import box, layout_of, make_global, to_global, to_local
 from pyflow.framework.args import describe
+from pyflow.framework.indexing import is_basic
 from pyflow.framework.placement import placement as Placement
 from pyflow.framework.sbp import SbpParallel
 from pyflow.framework.tensor import Tensor
@@ -100,6 +105,8 @@ def _on_broadcast(method, name: str):
             return method(lazy, *args, **kwargs)
         placement = self._global.placement
         if name == "__getitem__":
+            if is_basic(args[0]):   # the slice_view op: the global interpreter (or the graph) runs it
+                return method(self, *args)
             args = (_consistent_index(args[0], placement),)
         if placement.has(env.get_rank()):
             return _wrap_results(method(to_local(_broadcast(self)), *args, **kwargs), placement)
@@ -147,7 +154,7 @@ def _cast(x: Tensor, dtype) -> Tensor:
 def _setitem(method):
     @functools.wraps(method)
     def wrapper(self, index, value):
-        if self._global is None:
+        if self._global is None or is_basic(index):   # basic: the slice_update op, run by the global interpreter
             return method(self, index, value)
         placement = self._global.placement
         index = _consistent_index(index, placement)

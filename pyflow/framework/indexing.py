@@ -44,13 +44,17 @@ from pyflow.framework import args
 from pyflow.framework.args import describe
 from pyflow.framework.dtypes import BOOL, DEFAULT_INT, is_scalar, to_scalar
 from pyflow.framework.functional import where
+from pyflow.framework.grad_mode import is_grad_enabled, set_grad_mode
 from pyflow.framework.inplace import _writable
 from pyflow.framework.interpreter import apply
+from pyflow.framework.op_registry import get_op
+from pyflow.framework.sbp import B
 from pyflow.framework.tensor import Tensor, tensor
-from pyflow.framework.views import view_strides
+from pyflow.framework.views import WHOLE, view_strides
 from pyflow.kernels.dtypes import INDEX_DTYPES
+from pyflow.kernels.layout import contiguous_strides
 
-__all__ = ["getitem", "setitem"]
+__all__ = ["getitem", "setitem", "is_basic"]
 
 
 @dataclasses.dataclass
@@ -155,36 +159,52 @@ def _place(t, items, advanced: _Advanced) -> None:
 
 
 def _basic(t: Tensor, items) -> Tensor:
-    """The view of ints, slices and None (an advanced item stands for ``ndim`` full slices)."""
-    blob = t._blob
-    shape, strides, offset, dim = [], [], blob.offset, 0
+    """The view of ints, slices and None: the ``slice_view`` op (an advanced item stands for ``ndim`` whole
+    dims)."""
+    return apply("slice_view", [t], index=_slice_index(t, items))[0]
+
+
+def _slice_index(t: Tensor, items) -> tuple:
+    """The ``slice_view`` op's index for ``items``: ints in range, slices as (start, stop, step) of the dim's
+    size, a slice that keeps the whole dim as ``WHOLE`` (which a split dim's pieces can take too), None."""
+    index, dim = [], 0
     for item in items:
         if item is None:
-            shape.append(1)
-            strides.append(0)
+            index.append(None)
             continue
         if isinstance(item, _Advanced):
-            shape += blob.shape[dim:dim + item.ndim]
-            strides += blob.strides[dim:dim + item.ndim]
+            index += [WHOLE] * item.ndim
             dim += item.ndim
             continue
-        size, stride = blob.shape[dim], blob.strides[dim]
+        size = t.shape[dim]
         if isinstance(item, int):
             if not -size <= item < size:
                 raise IndexOutOfRangeError(f"indexing {describe(t)}: index {item} is out of bounds for "
                                            f"dimension {dim} with size {size}")
-            offset += (item % size) * stride
+            index.append(item % size)
         else:
             start, stop, step = (args.as_int(v, "indexing", "a slice bound") if v is not None else None
                                  for v in (item.start, item.stop, item.step))
             if step is not None and step <= 0:
                 raise ShapeError(f"indexing {describe(t)}: slice step must be positive, got {step}")
             start, stop, step = slice(start, stop, step).indices(size)
-            shape.append(len(range(start, stop, step)))
-            strides.append(stride * step)
-            offset += start * stride if shape[-1] else 0
+            index.append(WHOLE if (start, step) == (0, 1) and stop == size else (start, stop, step))
         dim += 1
-    return t._view(shape + list(blob.shape[dim:]), strides + list(blob.strides[dim:]), offset)
+    return tuple(index) + (WHOLE,) * (t.ndim - dim)
+
+
+def is_basic(index) -> bool:
+    """Is ``index`` basic (ints, slices, ``...``, None: ``x[index]`` is a view, the ``slice_view`` op), not
+    advanced (a tensor, list or mask in it: a copy)?
+
+    >>> is_basic((0, slice(None), None, Ellipsis)), is_basic([0, 1]), is_basic([0, slice(1)]), is_basic((0, True))
+    (True, False, True, False)
+    """
+    if _sequence_as_tuple(index):
+        index = tuple(index)
+    items = index if isinstance(index, tuple) else (index,)
+    return all(item is None or item is Ellipsis or isinstance(item, slice)
+               or isinstance(item, numbers.Integral) and not isinstance(item, (bool, np.bool_)) for item in items)
 
 
 def _positions(advanced: _Advanced, device, wrap: int | None = None) -> Tensor:
@@ -328,16 +348,67 @@ def _value(value, t: Tensor):
 
 
 def setitem(self: Tensor, index, value) -> None:
-    """``self[index] = value``: an in-place write of ``self`` (``fill_``/``copy_``, or ``index_copy``)."""
+    """``self[index] = value``, in place: a basic index is the ``slice_update`` op; with a tensor or a mask
+    in it, an ``index_copy`` into the basic view, which autograd records as one node
+    (``pyflow/autograd/views.py``), so the ops it issues are issued with grad mode off."""
     self, items, advanced = _items(self, index)
+    if advanced is None:
+        _slice_update(self, _slice_index(self, items), value)
+        return
+    enabled = is_grad_enabled()
+    set_grad_mode(False)
+    try:
+        _index_copy(self, items, advanced, value)
+    finally:
+        set_grad_mode(enabled)
+
+
+def _slice_update(self: Tensor, index: tuple, value) -> None:
+    """The ``slice_update`` op (OneFlow's): an int of the index is a length-1 slice of the region it
+    writes, and the value, expanded to the view's shape, gets those dims (and loses the None ones)."""
+    strides = contiguous_strides(self.shape) if self.is_global else tuple(self._blob.strides)   # (a piece may be
+    shape, strides, _ = get_op("slice_view").view(tuple(self.shape), strides, 0, {"index": index})   # absent)
+    if math.prod(shape) > 1 and any(s == 0 and n > 1 for n, s in zip(shape, strides)):
+        raise ShapeError(f"setitem: several elements of {describe(self)}[...] share one memory location "
+                         "(an expanded view); write to a .clone() instead")
+    if not isinstance(value, Tensor):   # a number, a list...: a tensor where self is
+        value = _placed(value, self)
+    if not args.broadcasts_to(value.shape, shape):
+        raise ShapeError(f"setitem: the value {describe(value)} does not broadcast to the indexed shape "
+                         f"{list(shape)} of {describe(self)}")
+    value = _placed(value, self).expand(shape)
+    dropped = tuple(j for j, item in enumerate(i for i in index if not isinstance(i, int)) if item is None)
+    if dropped:
+        value = value.squeeze(dropped)
+    region = tuple(item for item in index if item is not None)
+    for d, item in enumerate(region):
+        if isinstance(item, int):
+            value = value.unsqueeze(d)
+    region = tuple((item, item + 1, 1) if isinstance(item, int) else item for item in region)
+    apply("slice_update", [self, value], out=[self], index=region)
+
+
+def _placed(value, t: Tensor) -> Tensor:
+    """``value`` (a number, a list or array, or a tensor) as a tensor where ``t`` is: on its device, or global
+    on its placement (broadcast; a local tensor: rank 0's values, as ``to_global`` makes them)."""
+    if not t.is_global:
+        value = _value(value, t)
+        if isinstance(value, Tensor):
+            return value.to(t.device)
+        return apply("fill", [], shape=(), dtype=t.dtype, value=value, device=t.device)[0]
+    whole = (B,) * len(t.placement.hierarchy)
+    if isinstance(value, (list, tuple, np.ndarray)):   # the same on every rank, as the program is
+        return tensor(value, placement=t.placement, sbp=whole)
+    value = _value(value, t)
+    if isinstance(value, Tensor):
+        return value if value.is_global else value.to_global(t.placement, whole)
+    return tensor(value, dtype=t.dtype, placement=t.placement, sbp=whole)
+
+
+def _index_copy(self: Tensor, items, advanced: _Advanced, value) -> None:
     view = _basic(self, items)
     _writable(view, "setitem")
-    if isinstance(value, Tensor) and advanced is None and not args.broadcasts_to(value.shape, view.shape):
-        raise ShapeError(f"setitem: the value {describe(value)} does not broadcast to {describe(view)}")
     value = _value(value, self)
-    if advanced is None:
-        (view.copy_ if isinstance(value, Tensor) else view.fill_)(value)
-        return
     if advanced.ndim == 0:
         view, advanced.ndim = view.unsqueeze(advanced.position), 1
         advanced.source = advanced.source.reshape(1)

@@ -31,7 +31,11 @@ from pyflow.framework.interpreter import apply
 from pyflow.framework.tensor import Tensor
 from pyflow.kernels.layout import contiguous_strides
 
-__all__ = ["view_strides", "reshape_attrs", "resolve_shape", "FUNCTIONS"]
+__all__ = ["view_strides", "reshape_attrs", "resolve_shape", "FUNCTIONS", "WHOLE"]
+
+WHOLE = (0, None, 1)
+"""A ``slice_view`` index item that keeps a dim whole (the ``:`` of ``x[:, 0]``): (start, stop, step) with no
+stop, so it means the same on every rank's piece of a split dim (``pyflow/ops/views.py``)."""
 
 
 def view_strides(shape, strides, new_shape):

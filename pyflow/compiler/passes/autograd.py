@@ -91,8 +91,9 @@ def constant(value, dtype, like):
 
 
 def view_backward(job, op: JobOp, grad):
-    """The gradient of a ``view`` JobOp that no view op made (``x[i]``, a strided view: shape, strides,
-    offset into a contiguous input); a view op's has the op's own backward rule (``pyflow/ops/views.py``).
+    """The gradient of a ``view`` JobOp that no view op made (a ``Tensor._view`` inside build, e.g. the
+    ``broadcast_view`` of an ``out=`` result: shape, strides, offset into a contiguous input); a view op's
+    (``x.T``, ``x[i]``...) has the op's own backward rule (``pyflow/ops/views.py``).
 
     A view that reads every element once (a permutation of the dims, a reshape) has the inverse view as
     its gradient, as in eager autograd: a view again, no op that computes.  Any other view (an expanded dim
@@ -188,7 +189,7 @@ def run(job, tracer) -> None:
             acc = _acc(job, op, out_grads[0])
             add(op.inputs[0], acc)
             continue
-        if op.type == "view" and "_op" not in op.attrs:   # a view that is no op (x[i]): scattered back
+        if op.type == "view" and "_op" not in op.attrs:   # a view that is no op (a _view): scattered back
             add(op.inputs[0], view_backward(job, op, out_grads[0]))
             continue
         if op.type == "to_global":
