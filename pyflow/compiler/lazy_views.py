@@ -3,8 +3,11 @@
 A view op (``OpDef.view``: ``permute``, ``reshape``, ``narrow``, ``x[i]``...; ``pyflow/ops/views.py``)
 is recorded as a ``view`` JobOp of the layout the op gives over its input, keeping the op's
 name and attrs (``_op``, ``_op_attrs``), so the autograd pass calls the op's own backward rule,
-the one eager autograd calls.  A view made by no op (a strided ``Tensor._view``) is a
-``view`` JobOp without them.  Its task aliases the input's memory (``compiler/task_graph.py``).
+the one eager autograd calls, and the OpGraph the op's own SBP signatures (a global view of a
+split blob stays split where the op keeps that dim; each rank's task views its piece with the
+op's layout rule and attrs, as the global interpreter does).  A view made by no op (a strided
+``Tensor._view``) is a ``view`` JobOp without them.  Its task aliases the input's memory
+(``compiler/task_graph.py``).
 """
 
 from __future__ import annotations
@@ -39,13 +42,14 @@ def record_view(tracer, x, shape, strides, offset, detach: bool = False, op=None
         attrs["_op"], attrs["_op_attrs"] = op
     source = tracer.job.blobs[x._lbn]
     if source.placement is not None:   # a global view: its signature says how the pieces view
-        from pyflow.compiler.op_graph import _permutation, _view_signature
+        from pyflow.compiler.op_graph import _permutation, infer_signature
 
-        signature = _view_signature(source, attrs)
+        signature = infer_signature("view", [source], [desc.shape], attrs, source.placement)
         desc = BlobDesc(desc.shape, x.dtype, placement=source.placement, sbp=signature.outputs[0])
-        perm = _permutation(tuple(source.shape), attrs)
-        if perm is not None and signature.inputs[0] == tuple(source.sbp):
-            attrs["_perm"] = tuple(perm)
+        if op is None:   # a view of no op keeps a split only as a permutation of the piece's dims
+            perm = _permutation(tuple(source.shape), attrs)
+            if perm is not None and signature.inputs[0] == tuple(source.sbp):
+                attrs["_perm"] = tuple(perm)
     (result,) = tracer._record("view", [x._lbn], [desc], attrs)
     x._has_views = True
     result._is_view = not detach

@@ -23,8 +23,13 @@ The SBP rules of the ops the compiler itself makes:
                             local -> global: a B needs the same value everywhere)
 ``unpack`` ``repeat``       the input's SBP, kept: they act on each rank's piece (an S(0)
 ``acc`` ``pack`` output     input's micro-batch j is rows j of every piece, as in OneFlow)
-``view``                    a permutation of dims moves the splits with it; any other view
-                            needs the whole blob: (B) -> (B)
+``view`` made by a view op  the op's own signatures (``OpDef.sbp_signatures``: a split of a
+(``_op``: permute, reshape, dim the view keeps whole moves with it, P stays P), chosen by the
+narrow, ``x[i]``...)        cost model as for any op; each rank views its piece with the op's
+                            attrs, as the global interpreter does
+``view`` made by no op      (``detach``; ``broadcast_view``: of ``copy_``'s source, of an
+                            ``out=`` result): a permutation of dims moves the splits with it;
+                            any other view needs the whole blob: (B) -> (B)
 fused optimizer updates     every tensor of the model's shape takes the model's SBP (the
                             update writes it in place, so it cannot move), 0-d ones B
 ==========================  ===============================================================
@@ -119,8 +124,10 @@ def infer_signature(op_type: str, in_descs: list, out_shapes: list, attrs: dict,
         return Signature((target,), (target,))
     if op_type in _KEEP:
         return Signature((current[0],), tuple(current[0] for _ in out_shapes))
-    if op_type == "view":
+    if op_type == "view" and "_op" not in attrs:
         return _view_signature(in_descs[0], attrs)
+    if op_type == "view":   # a view op's JobOp: the op's signatures, with the op's attrs
+        op_type, attrs = attrs["_op"], attrs["_op_attrs"]
     if op_type in UPDATE_OPS:
         model = in_descs[0]
         if any(s.is_partial for s in model.sbp):

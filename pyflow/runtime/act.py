@@ -16,8 +16,9 @@ compute/copy  the op itself: ``apply(op, inputs, out=[its regsts])`` (the eager 
               eager and graph share one definition) at the first act; later acts issue
               the OpCall that first one decided (``PreparedOpCall``: no inference, no
               checks per act); ``view``: the view of its input (no
-              copy: its regst is an alias of the input's, which stays alive while it is read;
-              a view of a view is the view op's layout rule over the first one's strides)
+              copy: its regst is an alias of the input's, which stays alive while it is read):
+              the view op's layout rule and attrs over this rank's piece, its strides included
+              (a split piece views its own rows; a view of a view needs no copy)
 variable      binds the eager tensor (parameters persist across calls)
 input         binds the call's input
 unpack        micro-batch j of its input (rows ``j*b .. (j+1)*b``)
@@ -192,27 +193,20 @@ def _make_act(plan, task):
             apply("contiguous", [x], out=[outs[0].narrow(0, j * b, b).view(*x.shape)])
             return list(outs)
         return pack
-    if op_type == "view":
-        # A view's strides are those of its input's blob: contiguous, unless that input is itself a view
-        # (an alias regst, no copy).  Then the view op's own layout rule (``OpDef.view``) gives this view over
-        # the input's actual layout, as eager's view of a view (a permute of a permute: no copy); where the rule
-        # cannot (a reshape of dims not contiguous with each other), or the view was made by no op, it reads
-        # the input's elements laid out contiguously first, as eager's reshape copies.
+    if op_type == "view":   # no VM instruction: the view's regst is an alias of its input's (task_graph.py)
+        if "_op" in attrs:
+            return _view_op_act(get_op(attrs["_op"]).view, attrs["_op_attrs"])
+        # A view made by no op: the recorded layout, relative to a contiguous input (``_perm``: a permutation
+        # of a split piece's own dims); an input that is itself a strided view is read contiguously first.
         of_view = _made_by_view(plan, task.consumed["in_0"][0])
-        layout = get_op(attrs["_op"]).view if "_op" in attrs and "_perm" not in attrs else None
 
         def view(ins, outs, j, call):
             x = ins["in_0"]
             if of_view and not x.is_contiguous():
-                seen = _view_of_strided(x, layout, attrs)
-                if seen is not None:
-                    return [seen]
                 (x,) = apply("contiguous", [x])
-            if "_perm" in attrs:   # a global blob's split piece: permute the piece's own dims
-                seen = x.permute(*attrs["_perm"])
-            else:
-                seen = x._view(attrs["shape"], attrs["strides"], x._blob.offset + attrs["offset"])   # relative
-            return [seen]   # no VM instruction: the view's regst is an alias of its input's (task_graph.py)
+            if "_perm" in attrs:
+                return [x.permute(*attrs["_perm"])]
+            return [x._view(attrs["shape"], attrs["strides"], x._blob.offset + attrs["offset"])]   # relative
         return view
     into = list(attrs.get("_out_into", ()))
     kwargs = {k: v for k, v in attrs.items() if not k.startswith("_")}
@@ -367,17 +361,37 @@ def _numbers_as_tensors(op_type: str, inputs: list, kwargs: dict) -> list | None
     return made if same else None
 
 
-def _view_of_strided(x: Tensor, layout, attrs: dict) -> Tensor | None:
-    """The view ``attrs`` records (made by the view op whose rule is ``layout``) over ``x``'s own strides, without
-    a copy; None where ``layout`` is None or cannot view them (its ``ShapeError``), or gives another shape."""
-    if layout is None:
-        return None
-    blob = x._blob
-    try:
-        shape, strides, offset = layout(tuple(blob.shape), tuple(blob.strides), blob.offset, attrs["_op_attrs"])
-    except ShapeError:
-        return None
-    return x._view(shape, strides, offset) if tuple(shape) == tuple(attrs["shape"]) else None
+def _view_op_act(layout, op_attrs: dict):
+    """The act of a view op's task: the op's layout rule (``OpDef.view``) with its attrs over the input
+    piece's own layout, as the global interpreter views each rank's piece (the attrs are the same on every
+    piece: a reshape keeps a split dim as -1, a narrow or an index never cuts it), and as eager views a
+    view (a permute of a permute: no copy).  Where the rule cannot view the piece's strides (a reshape of
+    dims not contiguous with each other) it views the piece's elements laid out contiguously, as eager's
+    reshape copies.  The rule is a function of the piece's layout, which the Plan fixes: it is asked once
+    per layout (``seen``), not at every act."""
+    seen: dict = {}   # (shape, strides, offset) of the input piece -> the view's layout, or None: not viewable
+
+    def layout_of(blob):
+        key = (blob.shape, blob.strides, blob.offset)
+        if key not in seen:
+            if len(seen) > _LAYOUTS_KEPT:
+                seen.clear()
+            try:
+                seen[key] = layout(tuple(blob.shape), tuple(blob.strides), blob.offset, op_attrs)
+            except ShapeError:
+                seen[key] = None
+        return seen[key]
+
+    def view(ins, outs, j, call):
+        x = ins["in_0"]
+        found = layout_of(x._blob)
+        if found is None:
+            (x,) = apply("contiguous", [x])
+            found = layout_of(x._blob)
+            if found is None:   # (not even contiguous: the rule's own error)
+                layout(tuple(x._blob.shape), tuple(x._blob.strides), x._blob.offset, op_attrs)
+        return [x._view(*found)]
+    return view
 
 
 def _made_by_view(plan, regst_id: int) -> bool:

@@ -31,7 +31,6 @@ from pyflow.errors import CompileError
 from pyflow.framework import creation
 from pyflow.framework.op_registry import get_op
 from pyflow.framework.sbp import SbpParallel
-from pyflow.kernels.layout import contiguous_strides
 
 __all__ = ["run", "JobCtx", "view_backward"]
 
@@ -91,28 +90,17 @@ def constant(value, dtype, like):
 
 
 def view_backward(job, op: JobOp, grad):
-    """The gradient of a ``view`` JobOp that no view op made (a ``Tensor._view`` inside build, e.g. the
-    ``broadcast_view`` of an ``out=`` result: shape, strides, offset into a contiguous input); a view op's
-    (``x.T``, ``x[i]``...) has the op's own backward rule (``pyflow/ops/views.py``).
-
-    A view that reads every element once (a permutation of the dims, a reshape) has the inverse view as
-    its gradient, as in eager autograd: a view again, no op that computes.  Any other view (an expanded dim
-    reads one place many times, a slice reads only some): scatter-add ``grad`` back to the positions the
-    view read."""
-    from pyflow.compiler.op_graph import _permutation
+    """The gradient of a ``view`` JobOp that no view op made; a view op's (``x.T``, ``x[i]``...) has the op's
+    own backward rule (``pyflow/ops/views.py``).  Inside build only ``interpreter.broadcast_view`` still makes
+    such a differentiable view (``Tensor._view``: shape, strides, offset into a contiguous input): the
+    broadcast of the source of ``y.copy_(x)``, or of an ``out=`` result of another shape (``LazyTracer._write``);
+    ``detach()`` is one too, but stops the gradient.  A broadcast reads one place many times: ``grad`` is
+    scatter-added back to the positions the view read."""
     from pyflow.framework.tensor import tensor
 
     (src,) = op.inputs
     desc = job.blobs[src]
-    perm = op.attrs.get("_perm")   # a permutation of a split global blob
-    if perm is None and desc.placement is None:
-        perm = _permutation(tuple(desc.shape), op.attrs)
-    if perm is not None:   # permute the gradient back
-        return grad.permute(*[perm.index(d) for d in range(len(perm))])
     shape, strides, offset = op.attrs["shape"], op.attrs["strides"], op.attrs["offset"]
-    if desc.placement is None and offset == 0 and tuple(strides) == contiguous_strides(shape) and \
-            int(np.prod(shape, dtype=np.int64)) == int(np.prod(desc.shape, dtype=np.int64)):
-        return grad.reshape(tuple(desc.shape))   # a reshape: the gradient reshaped back
     positions = np.full(shape, offset, dtype=np.int64)
     for d, (n, s) in enumerate(zip(shape, strides)):
         index_shape = [1] * len(shape)
