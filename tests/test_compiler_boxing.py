@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 
 import pyflow as flow
 from pyflow import env
-from pyflow.compiler.boxing import CHAIN, NODE_KINDS, build_boxing, evaluate
+from pyflow.compiler.boxing import build_boxing, evaluate
 from pyflow.device import ep
-from pyflow.distributed.boxing import Layout
+from pyflow.distributed.boxing_chain import CHAIN, NODE_KINDS
+from pyflow.distributed.boxing_steps import Layout
 from pyflow.errors import CompileError
 from pyflow.framework.placement import placement
 from pyflow.framework.sbp import piece_slices

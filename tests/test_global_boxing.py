@@ -4,8 +4,10 @@ The central property: for random logical tensors (uneven and zero-size ones
 included), random placements (1 to 4 ranks, 1-D and 2-D, cpu and cuda) and
 random SBPs, converting keeps the logical value (``numpy()`` on every rank),
 and every rank's piece is its balanced slice (S), the whole (B), or a share of
-a sum (P).  Chains of three random conversions round-trip.  Each builder of the
-chain is the one chosen for its case, and P layouts follow OneFlow's rules.
+a sum (P).  Chains of three random conversions round-trip.  Eager boxing runs
+the one boxing chain's plan (``pyflow/distributed/boxing_chain/``): each builder
+is the one chosen for its case and eager runs its plan keeping the value, and P
+layouts follow OneFlow's rules.
 Bad placements and SBPs are errors at the call, on every rank.
 """
 
@@ -19,7 +21,9 @@ from hypothesis import strategies as st
 
 import pyflow as flow
 from pyflow import env
-from pyflow.distributed.boxing import Layout, choose
+from pyflow.distributed.boxing import plan_for
+from pyflow.distributed.boxing_chain import CHAIN
+from pyflow.distributed.boxing_steps import Layout
 from pyflow.errors import AxisError, DeviceError, RankError, ShapeError
 from pyflow.framework.sbp import balanced_split, piece_slices
 from tests.helpers_devices import EMULATED_STREAMS
@@ -214,42 +218,43 @@ def _layout(kind, ranks, *sbp):
     return Layout(flow.placement(kind, ranks), tuple(sbp))
 
 
-CHOICES = [
-    (("cuda", [0, 1], S(0)), ("cuda", [0, 1], S(0)), "identity"),
-    (("cuda", [0, 1], S(0)), ("cpu", [0, 1], S(0)), "device copy"),
-    (("cuda", [0, 1], P), ("cuda", [0, 1], B), "all-reduce"),
-    (("cuda", [0, 1], P), ("cuda", [0, 1], S(1)), "reduce-scatter"),
-    (("cuda", [0, 1], S(1)), ("cuda", [0, 1], B), "all-gather"),
-    (("cuda", [0, 1], S(0)), ("cuda", [0, 1], S(1)), "all-to-all"),
-    (("cuda", [0, 1], B), ("cuda", [0, 1], S(0)), "local slice"),
-    (("cuda", [0, 1], B), ("cuda", [0, 1], P), "local partial"),
-    (("cuda", [0, 1], S(0)), ("cuda", [0, 1], P), "local partial"),
-    (("cuda", [0, 1], S(0)), ("cpu", [0, 1], B), "copy around"),
-    (("cuda", [[0, 1], [2, 3]], S(0), B), ("cuda", [[0, 1], [2, 3]], S(0), S(1)), "nd dim reduce"),
-    (("cuda", [[0, 1], [2, 3]], B, S(1)), ("cuda", [[0, 1], [2, 3]], S(0), S(1)), "nd dim reduce"),
-    (("cuda", [[0, 1], [2, 3]], S(0), S(0)), ("cuda", [[0, 1], [2, 3]], B, S(0)), "generic exchange"),
-    (("cuda", [0, 1], S(0)), ("cuda", [2, 3], S(1)), "generic exchange"),
-    (("cuda", [0], B), ("cuda", [0, 1, 2, 3], B), "generic exchange"),
-    (("cuda", [0, 1, 2, 3], S(0)), ("cpu", [3], B), "generic exchange"),
+CHOICES = [  # src, dst, the plan's builder (shape (4, 6)); every builder of the chain has a case
+    (("cuda", [0, 1], S(0)), ("cuda", [0, 1], S(0)), "one_to_one"),
+    (("cuda", [0, 1], S(0)), ("cpu", [0, 1], S(0)), "one_to_one"),
+    (("cuda", [0, 1, 2, 3], B), ("cpu", [3], S(0)), "b21"),
+    (("cuda", [0, 1], P), ("cuda", [0, 1], B), "collective_boxing(all_reduce)"),
+    (("cuda", [0, 1], P), ("cuda", [0, 1], S(1)), "collective_boxing(reduce_scatter)"),
+    (("cuda", [0, 1], S(1)), ("cuda", [0, 1], B), "collective_boxing(all_gather)"),
+    (("cuda", [0, 1], S(0)), ("cuda", [0, 1], S(1)), "collective_boxing(all_to_all)"),
+    (("cuda", [0, 1, 2], P), ("cuda", [1], B), "collective_boxing(reduce)"),
+    (("cuda", [0], B), ("cuda", [0, 1, 2, 3], B), "collective_boxing(broadcast)"),
+    (("cuda", [0, 1], B), ("cuda", [0, 1], S(0)), "slice_boxing(B2S)"),
+    (("cuda", [0, 1], S(0)), ("cuda", [0, 1], P), "slice_boxing(S2P)"),
+    (("cuda", [0, 1], S(0)), ("cpu", [0, 1], B), "slice_boxing(S2B)"),
+    (("cuda", [0, 1], S(0)), ("cuda", [2, 3], S(1)), "slice_boxing(S2S)"),
+    (("cuda", [0, 1, 2, 3], S(0)), ("cpu", [3], B), "slice_boxing(S2B)"),
+    (("cuda", [[0, 1], [2, 3]], P, P), ("cuda", [[0, 1], [2, 3]], B, B), "dim_reduce(collective_boxing(all_reduce))"),
+    (("cuda", [[0, 1], [2, 3]], S(0), B), ("cuda", [[0, 1], [2, 3]], S(0), S(1)), "intra_group(slice_boxing(B2S))"),
+    (("cuda", [[0, 1], [2, 3]], B, S(1)), ("cuda", [[0, 1], [2, 3]], S(0), S(1)), "inter_group(slice_boxing(B2S))"),
+    (("cpu", [0], B), ("cpu", [1, 2, 3], B), "naive_b2b"),
+    (("cuda", [0, 1], B), ("cuda", [0, 1], P), "naive_b2p"),
+    (("cuda", [[0, 1], [2, 3]], S(0), S(0)), ("cuda", [[0, 1], [2, 3]], B, S(0)), "naive"),
 ]
 
 
 @pytest.mark.parametrize("src, dst, builder", CHOICES, ids=[f"{b}-{i}" for i, (_, _, b) in enumerate(CHOICES)])
 def test_each_builder_is_the_one_chosen_for_its_case(src, dst, builder):
-    assert in_world(4, lambda: choose(_layout(*src), _layout(*dst), (4, 6)).name) == builder
+    assert in_world(4, lambda: plan_for(_layout(*src), _layout(*dst), (4, 6)).builder) == builder
 
 
-CASES_BY_BUILDER = {b for _, _, b in CHOICES}
+CASES_BY_BUILDER = {b.split("(")[0] for _, _, b in CHOICES}
 
 
 def test_every_builder_of_the_chain_has_a_case():
-    from pyflow.distributed.boxing import CHAIN
-
-    assert {b.name for b in CHAIN} == CASES_BY_BUILDER
+    assert {b.name for b in CHAIN.builders} == CASES_BY_BUILDER
 
 
-@pytest.mark.parametrize("src, dst, builder", [c for c in CHOICES if c[2] != "identity"],
-                         ids=[f"{b}-{i}" for i, (_, _, b) in enumerate(CHOICES) if b != "identity"])
+@pytest.mark.parametrize("src, dst, builder", CHOICES[1:], ids=[f"{b}-{i}" for i, (_, _, b) in enumerate(CHOICES[1:])])
 def test_each_builder_keeps_the_value(src, dst, builder):
     logical = np.arange(24, dtype=np.float32).reshape(4, 6)
 
@@ -262,6 +267,44 @@ def test_each_builder_keeps_the_value(src, dst, builder):
     for value, _ in results:
         np.testing.assert_array_equal(value, logical)
     check_pieces([r[1] for r in results], logical, dst[0], dst[1], tuple(dst[2:]))
+
+
+def test_eager_boxing_runs_on_each_rank_exactly_the_plans_nodes_of_that_rank(monkeypatch):
+    """One chain: the nodes eager boxing runs are the plan nn.Graph makes tasks of, rank by rank."""
+    from pyflow.distributed import boxing
+
+    ran, rounds, watching = [], [], set()       # watching: the ranks inside the to_global under test
+    run_node, exchange_round = boxing.run_node, boxing.exchange_round
+
+    def recording_node(node, args, ctx):
+        if ctx.rank in watching:
+            ran.append((ctx.rank, node.kind, node.rank, node.device))
+        return run_node(node, args, ctx)
+
+    def recording_round(moves, sends, ctx):
+        if ctx.rank in watching:
+            rounds.append((ctx.rank, tuple(index for index, _ in moves)))
+        return exchange_round(moves, sends, ctx)
+
+    monkeypatch.setattr(boxing, "run_node", recording_node)
+    monkeypatch.setattr(boxing, "exchange_round", recording_round)
+    src, dst = ("cuda", [0, 1, 2], S(0)), ("cpu", [1, 2, 3], S(1))
+
+    def body():
+        x = flow.tensor(np.arange(24.0).reshape(4, 6), placement=flow.placement(*src[:2]), sbp=src[2])
+        watching.add(flow.env.get_rank())
+        y = x.to_global(flow.placement(*dst[:2]), dst[2])
+        watching.discard(flow.env.get_rank())
+        return y.to_local().numpy()
+
+    pieces = run(body, world_size=4)
+    np.testing.assert_array_equal(np.concatenate(pieces[1:], axis=1), np.arange(24.0).reshape(4, 6))
+    plan = in_world(4, lambda: plan_for(_layout(*src), _layout(*dst), (4, 6)))
+    comm = tuple(i for i, n in enumerate(plan.nodes) if n.kind == "comm_net")
+    expected = [(n.rank, n.kind, n.rank, n.device) for n in plan.nodes if n.kind != "comm_net"]
+    assert plan.builder == "slice_boxing(S2S)" and comm
+    assert sorted(ran) == sorted(expected)
+    assert sorted(rounds) == [(r, comm) for r in range(4)]   # every move in one round, on every rank
 
 
 # --- OneFlow's P layouts --------------------------------------------------------------------------------------------

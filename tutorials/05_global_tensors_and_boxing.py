@@ -35,7 +35,6 @@ import os
 
 os.environ.setdefault("PYFLOW_CUDA", "sim")
 
-import dataclasses
 import tempfile
 import threading
 
@@ -43,7 +42,9 @@ import numpy as np
 
 import pyflow as flow
 from pyflow.device.ep import device_count
-from pyflow.distributed.boxing import CHAIN, Layout, choose
+from pyflow.distributed.boxing import plan_for
+from pyflow.distributed.boxing_chain import CHAIN
+from pyflow.distributed.boxing_steps import Layout
 from pyflow.framework.interpreter import global_interpreter
 from pyflow.framework.sbp import balanced_split
 
@@ -172,17 +173,19 @@ assert (per_rank[0]["P"][1] == locals_.sum(axis=0, keepdims=True)).all()
 #
 # `y = x.to_global(placement=..., sbp=...)` of a global `x` keeps the logical
 # value and changes the layout, `Layout(placement, sbp_tuple)` in
-# `pyflow/distributed/boxing.py`.  As in OneFlow's eager boxing, a **chain of
-# builders** is asked in order "can you box src -> dst?".  The first that can
-# returns a **plan**, a list of steps that each rank runs on its piece:
+# `pyflow/distributed/boxing_steps.py`.  As in OneFlow, a **chain of builders**
+# (`pyflow/distributed/boxing_chain/`) is asked in order "can you box
+# src -> dst?".  The first that can returns a **plan**, a small graph of boxing
+# nodes (slice, concat, add, zeros, copy, comm_net, collective...), each on a
+# rank; every rank runs its own nodes.  nn.Graph makes the same nodes tasks:
 
 # %%
-print(" -> ".join(builder.name for builder in CHAIN))
+print(" -> ".join(builder.name for builder in CHAIN.builders))
 
 # %% [markdown]
 # `convert` below runs one conversion on 4 ranks.  Each rank returns its piece
 # before and after, and rank 0 returns the chain's choice:
-# `choose(src, dst, shape).name` and `choose(...).plan(src, dst, shape)`.
+# `plan_for(src, dst, shape)`, whose `builder` names the builder that took it.
 # `draw` then shows a 4x4 grid per rank: the cells its piece covers, with
 # their values (grey: not in the piece).  The logical tensor is 0..15.
 
@@ -198,13 +201,9 @@ def snapshot(x):
     return x.to_local().numpy(), region
 
 
-def short_step(step):
-    """A plan step, with its layouts written short: AllGather(layout=(B) on cpu [0, 1, 2, 3], axis=0)."""
-    fields = []
-    for field in dataclasses.fields(step):
-        value = getattr(step, field.name)
-        fields.append(f"{field.name}={value.short() if isinstance(value, Layout) else value}")
-    return f"{type(step).__name__}({', '.join(fields)})"
+def short_plan(plan):
+    """A plan's nodes, one a line: ``n0 = collective(in0; op=all_gather, ...) -> (4, 4) @ rank 0 cpu:0``."""
+    return "\n".join(str(plan).splitlines()[1:])
 
 
 def convert(src_ranks, src_sbp, dst_ranks, dst_sbp, make=None):
@@ -216,14 +215,13 @@ def convert(src_ranks, src_sbp, dst_ranks, dst_sbp, make=None):
         y = x.to_global(placement=dst, sbp=dst_sbp)
         assert (y.numpy() == LOGICAL).all()                  # boxing keeps the logical value
         src_layout, dst_layout = Layout(src, (src_sbp,)), Layout(dst, (dst_sbp,))
-        builder = choose(src_layout, dst_layout, (4, 4))
-        plan = builder.plan(src_layout, dst_layout, (4, 4))
-        return snapshot(x), snapshot(y), src_layout.short(), dst_layout.short(), builder.name, plan
+        plan = plan_for(src_layout, dst_layout, (4, 4))
+        return snapshot(x), snapshot(y), src_layout.short(), dst_layout.short(), plan.builder, plan
 
     results = flow.distributed.run(per_rank, world_size=4)
     _, _, src_text, dst_text, name, plan = results[0]
     print(f"{src_text} -> {dst_text}: builder {name!r}")
-    print("  plan:", [short_step(step) for step in plan])
+    print(short_plan(plan))
     return [r[0] for r in results], [r[1] for r in results], f"{src_text} -> {dst_text} ({name})"
 
 
@@ -318,10 +316,10 @@ draw(before, after, title, "4_b_to_p_local.png")
 assert (after[0][0] == LOGICAL).all() and all((piece[0] == 0).all() for piece in after[1:])
 
 # %% [markdown]
-# **Across placements: S(0) on [0, 1] -> S(1) on [2, 3].**  No special builder
-# fits, so the last link of the chain, the generic exchange, takes it.  Each
-# sender sends every receiver the part of its piece that the receiver's piece
-# covers.  Ranks outside a placement hold no piece.
+# **Across placements: S(0) on [0, 1] -> S(1) on [2, 3].**  No collective
+# fits, so slice boxing (S2S) takes it: each sender slices out the part of its
+# piece that a receiver's piece covers and sends it (comm_net); each receiver
+# concatenates what arrives.  Ranks outside a placement hold no piece.
 
 # %%
 before, after, title = convert([0, 1], S(0), [2, 3], S(1))
@@ -370,7 +368,7 @@ def data_parallel():
     reduction = last_op()
     partial = total.to_local().numpy()
     total_b = total.to_global(sbp=B)                  # P -> B
-    chain = choose(Layout(on4, (P,)), Layout(on4, (B,)), tuple(total.shape)).name
+    chain = plan_for(Layout(on4, (P,)), Layout(on4, (B,)), tuple(total.shape)).builder
     return matmul, collectives, y.sbp, y_value, reduction, total.sbp, partial, chain, total_b.to_local().numpy()
 
 
@@ -419,8 +417,9 @@ np.testing.assert_allclose(results[0][4], X @ W, rtol=1e-6)
 # ops run as kernels on each rank's device.  The transport
 # moves host arrays, so a collective copies to the host and back, as OneFlow's
 # CPU collectives do.  `numpy()` boxes to B on every rank's cpu, which is a
-# different device type *and* SBP: the chain's **copy around** all-gathers on
-# the GPUs and then copies to the host.
+# different device type *and* SBP: the chain's **slice boxing (S2B)** copies
+# each GPU piece to its host (d2h), sends it to the other ranks (comm_net) and
+# concatenates the pieces on every host.
 
 # %%
 def on_gpus():
@@ -429,8 +428,8 @@ def on_gpus():
     y = flow.relu(x)
     signature = last_op()
     src, dst = Layout(gpus, (S(0),)), Layout(flow.placement("cpu", [0, 1]), (B,))
-    plan = choose(src, dst, (4, 4)).plan(src, dst, (4, 4))
-    return (str(y.to_local().device), flow.env.get_local_rank(), signature, choose(src, dst, (4, 4)).name, plan,
+    plan = plan_for(src, dst, (4, 4))
+    return (str(y.to_local().device), flow.env.get_local_rank(), signature, plan.builder, plan,
             y.numpy())
 
 
@@ -441,7 +440,7 @@ for rank, (device, local_rank, signature, name, plan, value) in enumerate(
     print(f"rank {rank}: piece on {device} (local rank {local_rank} % {gpus} cuda device(s)), {signature}")
     assert device == f"cuda:{local_rank % gpus}" and signature == "relu: (S(0)) -> S(0)"
     np.testing.assert_allclose(value, np.maximum(LOGICAL - 6, 0))
-print(f"numpy(): builder {name!r}, plan {[short_step(step) for step in plan]}")
+print(f"numpy(): builder {name!r}, plan:\n{short_plan(plan)}")
 
 # %% [markdown]
 # ## 7. Divergent code: an error, not a hang
@@ -473,7 +472,7 @@ else:
     raise AssertionError("the divergent ranks were not reported")
 
 # %% [markdown]
-# Where to read more: `pyflow/distributed/boxing.py` has the chain table,
+# Where to read more: `pyflow/distributed/boxing_chain/` has the chain table,
 # each op's definition in `pyflow/ops/` its signatures (`sbp_signatures`),
 # `pyflow/distributed/signatures.py` the cost model, and the project's design
 # notes (SEMANTICS §4 and §4a) the rules, checked against OneFlow.  Seed 004

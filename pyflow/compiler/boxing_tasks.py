@@ -20,8 +20,12 @@ collective    one transport collective (``op``: all_reduce, reduce_scatter, all_
               reduce, broadcast) issued on the rank's ccl stream, as eager boxing issues them
 ============  =================================================================================
 
-The node kinds' reference semantics (numpy) are ``pyflow.compiler.boxing.evaluate``;
-the tests check these acts against it and against eager boxing.
+The on-rank kinds and what each collective op computes are eager boxing's own
+(``write_piece``, ``collective_call`` in ``pyflow/distributed/boxing_steps.py``):
+a node kind is written once for both paths; only send / recv (the compiled
+comm_net's two tasks, matched by tag) are the Plan's.  The node kinds' reference
+semantics (numpy) are ``pyflow.compiler.boxing.evaluate``; the tests check these
+acts against it and against eager boxing.
 """
 
 from __future__ import annotations
@@ -29,38 +33,17 @@ from __future__ import annotations
 import numpy as np
 
 from pyflow import env
+from pyflow.distributed.boxing_steps import LOCAL_KINDS, collective_call, write_piece
 from pyflow.distributed.ccl import collective, describe_call
 from pyflow.framework.creation import tensor
-from pyflow.framework.interpreter import apply
 
 __all__ = ["run_boxing_task"]
 
 
-def _region(x, region):
-    for d, (start, stop) in enumerate(region):
-        x = x.narrow(d, start, stop - start)
-    return x
-
-
 def run_boxing_task(kind: str, args: list, out, attrs: dict):
     """One act of a boxing task: writes ``out`` (this rank's planned memory for the node's piece)."""
-    if kind == "slice":
-        apply("contiguous", [_region(args[0], attrs["region"])], out=[out])
-    elif kind == "concat":
-        apply("cat", list(args), out=[out], axis=attrs["axis"])
-    elif kind == "add":
-        apply("contiguous", [args[0]], out=[out])
-        for x in args[1:]:
-            apply("add", [out, x], out=[out])
-    elif kind == "assemble":
-        out.zero_()
-        for x, region in zip(args, attrs["regions"]):
-            part = _region(out, region)
-            apply("add", [part, x], out=[part])
-    elif kind == "zeros":
-        out.zero_()
-    elif kind == "copy":
-        out.copy_(args[0])
+    if kind in LOCAL_KINDS:
+        write_piece(kind, args, out, attrs)
     elif kind == "send":
         env.current().transport.send(np.ascontiguousarray(args[0].numpy()), attrs["dst_rank"], attrs["tag"])
         return None
@@ -85,26 +68,5 @@ def _collective(args: list, out, attrs: dict):
     desc = describe_call(f"nn.Graph boxing {op}", tuple(attrs["logical_shape"]), dtype,
                          f"collective {attrs['collective_id']} in group {list(group)}")
     shape = (0,) if out is None else tuple(out.shape)
-    nothing = np.zeros(0, dtype=np.dtype(dtype))
-    if op == "all_reduce":
-        call = lambda a: transport.all_reduce(a, group, seq, desc)  # noqa: E731
-    elif op == "reduce_scatter":
-        call = lambda a: transport.reduce_scatter(a, group, seq, desc, attrs["bounds"], axis=attrs["axis"])  # noqa
-    elif op == "all_gather":
-        call = lambda a: transport.all_gather(a, group, seq, desc, axis=attrs["axis"])  # noqa: E731
-    elif op == "all_to_all":
-        cut = (slice(None),) * attrs["split_axis"]
-
-        def call(a):
-            parts = [np.ascontiguousarray(a[cut + (slice(lo, hi),)]) for lo, hi in attrs["bounds"]]
-            return np.concatenate(transport.all_to_all(parts, group, seq, desc), axis=attrs["concat_axis"])
-    elif op == "reduce":
-        def call(a):
-            total = transport.reduce(a, attrs["root"], group, seq, desc)
-            return nothing if total is None else total
-    elif op == "broadcast":
-        def call(*a):
-            return transport.broadcast(a[0] if a else None, attrs["root"], group, seq, desc)
-    else:
-        raise ValueError(f"unknown collective {op!r}")
+    call = collective_call(op, attrs, transport, group, seq, desc, dtype)
     return collective(call, list(args), shape, dtype, desc, group, seq)

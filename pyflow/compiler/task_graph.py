@@ -28,7 +28,7 @@ next load overlaps this compute), and the pipeline buffers (``passes/pipeline_bu
 **Edges.**  A local edge, and a global edge whose producer already has the layout
 (placement and SBP) the consumer's signature asks for, is one-to-one: parallel_id p
 reads parallel_id p's regst.  Any other global edge is offered to the boxing chain
-(``pyflow/compiler/boxing/``, OneFlow's SubTskGphBuilder chain), built once per
+(``pyflow/distributed/boxing_chain/``, OneFlow's SubTskGphBuilder chain), built once per
 (blob, layout) and shared by the readers; each node of the sub-graph it returns
 becomes a ``boxing`` task on its rank (``op_type`` = the node kind; ``copy`` nodes on
 the h2d / d2h streams, ``collective`` nodes on the ccl stream), a ``comm_net`` node
@@ -51,10 +51,10 @@ import numpy as np
 
 from pyflow import env
 from pyflow.compiler.boxing import build_boxing
-from pyflow.compiler.boxing.graph import region_of, shape_of_region
 from pyflow.compiler.ids import PER_RANK_SHIFT, TaskId, encode_task_id, per_rank_id, thread_id
 from pyflow.compiler.op_graph import layout_of_blob, placement_of
 from pyflow.device import Device
+from pyflow.distributed.boxing_chain.graph import region_of, shape_of_region
 from pyflow.distributed.boxing_steps import Layout
 from pyflow.framework.op_registry import OP_REGISTRY
 

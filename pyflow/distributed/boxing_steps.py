@@ -1,15 +1,29 @@
-"""The pieces a boxing plan is made of (seed 004; OneFlow's eager boxing): layouts, the context, the steps.
+"""What a boxing plan is written against, and its node kinds run on one rank (seed 004; OneFlow's boxing).
 
-``pyflow/distributed/boxing.py`` holds the chain of builders that choose a plan;
-this module holds what a plan is written in.  A **Layout** is a placement and
-its SBP; a **BoxingContext** is what every step needs (the rank, the logical
-shape and dtype, a name for the collectives); a **Step** turns this rank's
-piece into its new piece.  The steps: ``ToDevice`` (h2d / d2h), the
-collectives ``AllReduce``, ``ReduceScatter``, ``AllGather`` and ``AllToAll``
-(on the ccl stream), ``LocalSlice`` and ``LocalPartial`` (no transfer), and
-``Exchange``, the generic route every pair of layouts can take.  The one step
-that recurses into the chain, ``OnEachGroup`` (N-D dim reduce), stays in
-``boxing.py`` beside ``choose`` and ``run_boxing_steps``.
+A **Layout** is a placement and its SBP; a **BoxingContext** is what a rank
+needs to run a plan (the rank, the logical shape and dtype, a name for the
+collectives).  The plan itself is a graph of boxing nodes made by the one
+boxing chain (``pyflow/distributed/boxing_chain/``); nn.Graph makes each node
+a task, eager boxing runs the nodes of its rank, each with ``run_node``:
+
+==========  =====================================================================
+slice       the part ``region`` (per dim ``(start, stop)``) of the input piece
+concat      the inputs concatenated along ``axis``
+add         the elementwise sum of the inputs, in input order
+assemble    zeros, then input k added into ``regions[k]`` (P parts sum where they meet)
+zeros       zeros (a P piece that holds nothing)
+copy        the input on the node's device (h2d / d2h)
+comm_net    the sender's piece on the receiver's host (``exchange_round``: the
+            comm_nets that do not wait for one another go as one exchange on the
+            ccl stream)
+collective  one transport collective (``op``: all_reduce, reduce_scatter, all_gather,
+            all_to_all, reduce, broadcast) on the ccl stream
+==========  =====================================================================
+
+``write_piece`` (the on-rank kinds, writing a given output) and
+``collective_call`` (what each collective op computes from the transport) are
+shared with nn.Graph's boxing tasks (``pyflow/compiler/boxing_tasks.py``), so a
+node kind is written once for both paths.
 
 >>> from pyflow import env
 >>> from pyflow.framework.placement import placement
@@ -17,10 +31,7 @@ that recurses into the chain, ``OnEachGroup`` (N-D dim reduce), stays in
 >>> with env.bound(env.RankContext(rank=0, world_size=2)):
 ...     s0 = Layout(placement("cpu", [0, 1]), (sbp.split(0),))
 ...     print(s0.short(), s0.piece_shape(1, (5, 2)))
-...     b = Layout(placement("cpu", [0, 1]), (sbp.broadcast,))
-...     print([(s, d, r[0]) for s, d, r in Exchange(s0, b).routes((5, 2))])
 (S(0)) on cpu [0, 1] (2, 2)
-[(0, 0, slice(0, 3, None)), (0, 1, slice(0, 3, None)), (1, 0, slice(3, 5, None)), (1, 1, slice(3, 5, None))]
 """
 
 from __future__ import annotations
@@ -30,12 +41,16 @@ import dataclasses
 import numpy as np
 
 from pyflow import env
+from pyflow.device import Device
 from pyflow.distributed.ccl import collective, describe_call
+from pyflow.framework.creation import empty
+from pyflow.framework.interpreter import apply
 from pyflow.framework.placement import placement as Placement
-from pyflow.framework.sbp import SbpParallel, balanced_split, piece_slices
+from pyflow.framework.sbp import piece_slices
 
-__all__ = ["Layout", "BoxingContext", "Step", "ToDevice", "AllReduce", "ReduceScatter", "AllGather", "AllToAll",
-           "LocalSlice", "LocalPartial", "Exchange"]
+__all__ = ["Layout", "BoxingContext", "run_node", "exchange_round", "write_piece", "collective_call", "LOCAL_KINDS"]
+
+LOCAL_KINDS = ("slice", "concat", "add", "assemble", "zeros", "copy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +82,7 @@ class Layout:
 
 @dataclasses.dataclass
 class BoxingContext:
-    """What every step needs: who runs it, the logical tensor, and what to call the collectives."""
+    """What a rank needs to run a plan's nodes: who it is, the logical tensor, and what to call the collectives."""
 
     rank: int
     shape: tuple
@@ -82,208 +97,118 @@ class BoxingContext:
         return describe_call(self.what, self.shape, self.dtype, f"{step} in group {list(group)}")
 
 
-# --- steps ---------------------------------------------------------------------------------
+# --- the node kinds on a rank ------------------------------------------------------------------
 
 
-def _bounds(total: int, parts: int) -> list:
-    return balanced_split(total, parts)
+def _region(x, region):
+    for d, (start, stop) in enumerate(region):
+        x = x.narrow(d, start, stop - start)
+    return x
 
 
-def _relative(region: tuple, within: tuple) -> tuple:
-    """``region`` (logical slices) as slices of the piece that covers ``within``."""
-    return tuple(slice(r.start - w.start, r.stop - w.start) for r, w in zip(region, within))
+def write_piece(kind: str, args: list, out, attrs: dict):
+    """Write ``out`` (the node's piece, allocated by the caller) from ``args``: a kind of ``LOCAL_KINDS``."""
+    if kind == "slice":
+        apply("contiguous", [_region(args[0], attrs["region"])], out=[out])
+    elif kind == "concat":
+        apply("cat", list(args), out=[out], axis=attrs["axis"])
+    elif kind == "add":
+        apply("contiguous", [args[0]], out=[out])
+        for x in args[1:]:
+            apply("add", [out, x], out=[out])
+    elif kind == "assemble":
+        out.zero_()
+        for x, region in zip(args, attrs["regions"]):
+            part = _region(out, region)
+            apply("add", [part, x], out=[part])
+    elif kind == "zeros":
+        out.zero_()
+    elif kind == "copy":
+        out.copy_(args[0])
+    else:
+        raise ValueError(f"unknown boxing node kind {kind!r}")
+    return out
 
 
-def _overlap(a: tuple, b: tuple):
-    out = tuple(slice(max(x.start, y.start), min(x.stop, y.stop)) for x, y in zip(a, b))
-    return out if all(s.stop > s.start for s in out) or not out else None
+def collective_call(op: str, attrs: dict, transport, group: tuple, seq: int, desc, dtype):
+    """``call(*input arrays) -> output array`` of a ``collective`` node's ``op`` (an empty array where the
+    member gets nothing: a reduce's non-root)."""
+    if op == "all_reduce":
+        return lambda a: transport.all_reduce(a, group, seq, desc)
+    if op == "reduce_scatter":
+        return lambda a: transport.reduce_scatter(a, group, seq, desc, attrs["bounds"], axis=attrs["axis"])
+    if op == "all_gather":
+        return lambda a: transport.all_gather(a, group, seq, desc, axis=attrs["axis"])
+    if op == "all_to_all":
+        cut = (slice(None),) * attrs["split_axis"]
+
+        def swap(a):
+            parts = [np.ascontiguousarray(a[cut + (slice(lo, hi),)]) for lo, hi in attrs["bounds"]]
+            return np.concatenate(transport.all_to_all(parts, group, seq, desc), axis=attrs["concat_axis"])
+        return swap
+    if op == "reduce":
+        def reduce(a):
+            total = transport.reduce(a, attrs["root"], group, seq, desc)
+            return np.zeros(0, dtype=np.dtype(dtype)) if total is None else total
+        return reduce
+    if op == "broadcast":
+        return lambda *a: transport.broadcast(a[0] if a else None, attrs["root"], group, seq, desc)
+    raise ValueError(f"unknown collective {op!r}")
 
 
-def _on_device(piece, layout: Layout, rank: int):
-    device = layout.placement.device(rank)
+def _on(piece, device: str):
+    device = Device(device)
     return piece if piece.device is device else piece.to(device)
 
 
-@dataclasses.dataclass
-class Step:
-    """One step of a plan: ``run(piece, ctx)`` -> this rank's new piece (None off the layout)."""
+def run_node(node, args: list, ctx: BoxingContext):
+    """Run a plan node of this rank (any kind but ``comm_net``): its piece, or None (a reduce's non-root).
 
-    def run(self, piece, ctx: BoxingContext):  # pragma: no cover - every step overrides it
-        raise NotImplementedError
-
-
-@dataclasses.dataclass
-class ToDevice(Step):
-    """Copy each piece to the destination placement's device (h2d or d2h)."""
-
-    dst: Layout
-
-    def run(self, piece, ctx):
-        return None if piece is None else _on_device(piece, self.dst, ctx.rank)
-
-
-@dataclasses.dataclass
-class _Collective(Step):
-    """A step that is one transport collective over ``group`` (then back to the layout's device)."""
-
-    layout: Layout
-
-    @property
-    def group(self) -> tuple:
-        return self.layout.ranks
-
-    def run(self, piece, ctx):
-        if ctx.rank not in self.group:
-            return None
-        transport, group = ctx.transport, self.group
+    Every rank calls this in plan order, so the sequence numbers of the collectives agree across ranks.
+    """
+    transport, kind, attrs = ctx.transport, node.kind, node.attrs
+    if kind in LOCAL_KINDS:
+        out = empty(*node.shape, dtype=ctx.dtype, device=Device(node.device))
+        return write_piece(kind, args, out, attrs)
+    if kind == "collective":
+        group = tuple(attrs["group"])
         seq = transport.next_seq(group)
-        desc = ctx.desc(type(self).__name__, group)
-        shape = self.out_shape(ctx)
-        call = self.call(transport, group, seq, desc, ctx)
-        return _on_device(collective(call, [piece], shape, ctx.dtype, desc, group, seq), self.layout, ctx.rank)
+        desc = ctx.desc(attrs["op"], group)
+        call = collective_call(attrs["op"], attrs, transport, group, seq, desc, ctx.dtype)
+        shape = (0,) if node.shape is None else node.shape
+        result = collective(call, args, shape, ctx.dtype, desc, group, seq)
+        return None if node.shape is None else _on(result, node.device)
+    raise ValueError(f"unknown boxing node kind {kind!r}")
 
 
-@dataclasses.dataclass
-class AllReduce(_Collective):
-    def out_shape(self, ctx):
-        return ctx.shape
+def exchange_round(moves: list, sends: dict, ctx: BoxingContext) -> dict:
+    """Run ``comm_net`` nodes as one exchange of the ranks they join: this rank's received pieces.
 
-    def call(self, transport, group, seq, desc, ctx):
-        return lambda a: transport.all_reduce(a, group, seq, desc)
+    ``moves`` is ``[(index, node), ...]`` (the same on every rank), ``sends`` this rank's piece for
+    each node it sends.  One collective instruction on the ccl stream carries every piece (OneFlow
+    runs each comm_net as its own actor; one round per batch of independent moves costs one
+    rendezvous instead of one per move); what arrives comes back as one flat host tensor, cut into
+    the received pieces.
+    """
+    rank, transport = ctx.rank, ctx.transport
+    group = tuple(sorted({n.attrs["src_rank"] for _, n in moves} | {n.rank for _, n in moves}))
+    if rank not in group:
+        return {}
+    seq = transport.next_seq(group)
+    desc = ctx.desc(f"comm_net n{moves[0][0]}..n{moves[-1][0]}", group)
+    mine = [index for index, _ in moves if index in sends]
+    wanted = [(index, node) for index, node in moves if node.rank == rank]
+    sizes = [int(np.prod(node.shape, dtype=np.int64)) for _, node in wanted]
 
+    def call(*arrays):
+        payload = {index: np.array(a, copy=True) for index, a in zip(mine, arrays)}   # 0-d stays 0-d
+        everyone = transport.exchange(group, seq, desc, payload)
+        got = [everyone[group.index(node.attrs["src_rank"])][index].reshape(-1) for index, node in wanted]
+        return np.concatenate(got) if got else np.zeros(0, dtype=np.dtype(ctx.dtype))
 
-@dataclasses.dataclass
-class ReduceScatter(_Collective):
-    axis: int = 0
-
-    def out_shape(self, ctx):
-        return self.layout.piece_shape(ctx.rank, ctx.shape)
-
-    def call(self, transport, group, seq, desc, ctx):
-        bounds = _bounds(ctx.shape[self.axis], len(group))
-        return lambda a: transport.reduce_scatter(a, group, seq, desc, bounds, axis=self.axis)
-
-
-@dataclasses.dataclass
-class AllGather(_Collective):
-    axis: int = 0
-
-    def out_shape(self, ctx):
-        return ctx.shape
-
-    def call(self, transport, group, seq, desc, ctx):
-        return lambda a: transport.all_gather(a, group, seq, desc, axis=self.axis)
-
-
-@dataclasses.dataclass
-class AllToAll(_Collective):
-    """S(src_axis) -> S(dst_axis): cut the piece along dst_axis, swap, glue along src_axis."""
-
-    src_axis: int = 0
-    dst_axis: int = 1
-
-    def out_shape(self, ctx):
-        return self.layout.piece_shape(ctx.rank, ctx.shape)
-
-    def call(self, transport, group, seq, desc, ctx):
-        bounds = _bounds(ctx.shape[self.dst_axis], len(group))
-        cut = (slice(None),) * self.dst_axis
-
-        def swap(a):
-            pieces = [np.ascontiguousarray(a[cut + (slice(lo, hi),)]) for lo, hi in bounds]
-            return np.concatenate(transport.all_to_all(pieces, group, seq, desc), axis=self.src_axis)
-        return swap
-
-
-@dataclasses.dataclass
-class LocalSlice(Step):
-    """B -> S: every rank keeps its own part of the whole tensor it holds."""
-
-    dst: Layout
-
-    def run(self, piece, ctx):
-        if piece is None:
-            return None
-        return piece[self.dst.region(ctx.rank, ctx.shape)].contiguous()
-
-
-@dataclasses.dataclass
-class LocalPartial(Step):
-    """B -> P (parallel_id 0 keeps the value) or S -> P (each keeps its slice in place); zeros elsewhere."""
-
-    src: Layout
-
-    def run(self, piece, ctx):
-        from pyflow.framework.creation import zeros
-
-        if piece is None:
-            return None
-        if self.src.sbp[0].is_broadcast:
-            return piece if self.src.placement.parallel_id(ctx.rank) == 0 else zeros(ctx.shape, dtype=ctx.dtype,
-                                                                                   device=piece.device)
-        whole = zeros(ctx.shape, dtype=ctx.dtype, device=piece.device)
-        whole[self.src.region(ctx.rank, ctx.shape)] = piece
-        return whole
-
-
-@dataclasses.dataclass
-class Exchange(Step):
-    """The generic route: each sender sends every receiver the part of its piece the receiver covers."""
-
-    src: Layout
-    dst: Layout
-
-    def routes(self, shape) -> list:
-        """``(sender, receiver, logical region)`` triples, the same on every rank."""
-        src, dst = self.src, self.dst
-        senders = [r for r in src.ranks if all(  # one sender per B group: coordinate 0 on every B axis
-            c == 0 for c, s in zip(src.placement.coordinates(src.placement.parallel_id(r)), src.sbp)
-            if s.is_broadcast)]
-        as_b = Layout(dst.placement, tuple(SbpParallel("broadcast") if s.is_partial else s for s in dst.sbp))
-        partial_axes = [a for a, s in enumerate(dst.sbp) if s.is_partial]
-        if dst.one_d and partial_axes:  # OneFlow's choice of which rank keeps what
-            if all(s.is_broadcast for s in src.sbp) or len(src.ranks) == 1:
-                return [(senders[0], dst.ranks[0], src.region(senders[0], shape))]
-            m = len(dst.ranks)
-            return [(s, s if dst.placement.has(s) else dst.ranks[src.placement.parallel_id(s) % m],
-                     src.region(s, shape)) for s in senders]
-        receivers = [r for r in dst.ranks if all(  # a P axis: only coordinate 0 holds the value
-            dst.placement.coordinates(dst.placement.parallel_id(r))[a] == 0 for a in partial_axes)]
-        routes = []
-        for s in senders:
-            for d in receivers:
-                common = _overlap(src.region(s, shape), as_b.region(d, shape))
-                if common is not None:
-                    routes.append((s, d, common))
-        return routes
-
-    def run(self, piece, ctx):
-        src, dst, rank = self.src, self.dst, ctx.rank
-        union = tuple(sorted(set(src.ranks) | set(dst.ranks)))
-        if rank not in union:
-            return None
-        transport, shape, dtype = ctx.transport, ctx.shape, ctx.dtype
-        seq, desc = transport.next_seq(union), ctx.desc("Exchange", union)
-        routes = self.routes(shape)
-        mine = src.region(rank, shape) if src.placement.has(rank) else None
-        as_b = Layout(dst.placement, tuple(SbpParallel("broadcast") if s.is_partial else s for s in dst.sbp))
-        target = as_b.region(rank, shape) if dst.placement.has(rank) else None
-        out_shape = tuple(s.stop - s.start for s in target) if target is not None else (0,)
-        sends = [(d, region) for s, d, region in routes if s == rank]
-
-        def call(*arrays):
-            payload = {}
-            for d, region in sends:
-                part = np.array(arrays[0][_relative(region, mine)], copy=True)   # 0-d stays 0-d (not ascontiguousarray)
-                payload.setdefault(d, []).append((region, part))
-            everyone = transport.exchange(union, seq, desc, payload)
-            out = np.zeros(out_shape, dtype)
-            if target is not None:
-                for received in everyone:
-                    for region, block in received.get(rank, ()):
-                        out[_relative(region, target)] += block
-            return out
-
-        inputs = [piece] if (piece is not None and mine is not None and sends) else []
-        result = collective(call, inputs, out_shape, dtype, desc, union, seq)
-        return _on_device(result, dst, rank) if target is not None else None
+    flat = collective(call, [sends[index] for index in mine], (sum(sizes),), ctx.dtype, desc, group, seq)
+    received, offset = {}, 0
+    for (index, node), size in zip(wanted, sizes):
+        received[index] = flat.narrow(0, offset, size).reshape(node.shape)
+        offset += size
+    return received

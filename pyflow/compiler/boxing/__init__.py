@@ -1,70 +1,15 @@
-"""Compile-time boxing (seed 004): OneFlow's SubTskGphBuilder chain, planning only (``oneflow/core/graph/boxing/``).
+"""Boxing in nn.Graph's Plan (seed 004; OneFlow's ``oneflow/core/graph/boxing/``): the chain's graph, made tasks.
 
-When a logical edge of the job changes placement or SBP, the TaskGraph gives
-it a small graph of boxing tasks between the producer's pieces and the
-consumer's.  ``build_boxing(src, dst, shape, dtype)`` offers the edge to a
-chain of builders; the first that accepts it emits the nodes.  The result has
-the same pieces as pyflow's eager boxing (``pyflow/distributed/boxing.py``),
-P layouts included (SEMANTICS §4a): eager runs the semantics, this emits them.
-
-=============  =====================================================  ==================
-builder        accepts (first taker wins, in this order)              module
-=============  =====================================================  ==================
-one_to_one     one piece each side, or the same SBP, hierarchy and    ``one_to_one``
-               number of pieces (P: pieces stay where eager keeps
-               them)
-b21            one consumer piece; producer one piece or all B        ``one_to_one``
-collective_    same 1-D placement: P->B all_reduce, P->S reduce_      ``collective``
-boxing(op)     scatter, S->B all_gather, S(i)->S(j) all_to_all;
-               P -> one of its devices reduce; one device -> B
-               around it broadcast
-slice_boxing   1-D, no empty split piece: S2B, S2S, P2S, P2B, B2S,    ``slice_boxing``
-(mode)         S2P (slice / concat / add / zeros / moves)
-dim_reduce     2-D all-B (or producer all-P) flattened to 1-D         ``hierarchical``
-intra_group    2-D, axis 0 kept: 1-D chain per row                    ``hierarchical``
-inter_group    2-D, axis 1 kept: 1-D chain per column                 ``hierarchical``
-naive_b2b      whole value -> all B: nearest piece per consumer       ``naive``
-naive_b2p      whole value -> 1-D P: first consumer keeps it, zeros   ``naive``
-naive          everything else: eager's generic routes                ``naive``
-=============  =====================================================  ==================
-
-Node kinds (``BoxingNode.kind``; ``rank``/``device`` is where it runs, which is
-where its inputs live, except ``copy`` and ``comm_net``):
-
-* ``slice``: one input; ``attrs["region"]`` = ``((start, stop), ...)`` per dim,
-  relative to the input piece; output that part.
-* ``concat``: inputs concatenated along ``attrs["axis"]``, in input order.
-* ``add``: elementwise sum of the inputs (all of the node's shape).
-* ``assemble``: zeros of ``shape``, then each input ``k`` *added* into
-  ``attrs["regions"][k]`` (regions relative to the output; overlapping inputs
-  sum, as P parts must).
-* ``zeros``: no input; zeros of ``shape`` (a P piece that holds nothing).
-* ``copy``: same rank, the other device type; ``attrs["direction"]`` "h2d"
-  (input on cpu, node on cuda) or "d2h".
-* ``comm_net``: input on rank ``attrs["src_rank"]``'s host, output on
-  ``rank``'s host (node.rank is the receiver).  Cuda pieces cross ranks as
-  d2h, comm_net, h2d (OneFlow's GetProxyNode).
-* ``collective``: one node per rank of ``attrs["group"]``, all with the same
-  ``attrs["collective_id"]`` (one call); input = that rank's piece; output =
-  that rank's result.  ``attrs["op"]``, as ``pyflow.distributed.transport``'s
-  methods compute them:
-
-  - ``all_reduce``: the elementwise sum over the group;
-  - ``reduce_scatter``: the sum, sliced along ``axis`` at ``bounds[i]`` on ``group[i]``;
-  - ``all_gather``: the inputs concatenated along ``axis`` in group order;
-  - ``all_to_all``: member k cuts its input along ``split_axis`` at ``bounds``
-    and sends part i to ``group[i]``; output: the parts received from
-    ``group[0], group[1], ...`` concatenated along ``concat_axis``;
-  - ``reduce``: the sum on ``attrs["root"]``; the other members output nothing
-    (``shape`` None);
-  - ``broadcast``: the root's input on every member (the others have no input).
-
-``BoxingGraph``: ``builder`` (the accepting builder's name), ``nodes`` (an
-execution order: inputs first), ``outputs[dst_parallel_id]``: a Ref,
-``("in", src_parallel_id)`` or ``("node", index)``.  No node is dead: each
-feeds an output or is a member of a collective that does.  ``evaluate(g,
-src_pieces)`` is a numpy interpreter of the kinds above that also checks
-where every node runs.
+The plan of a boxing edge is the one boxing chain's
+(``pyflow/distributed/boxing_chain/``: the builders, the node kinds, the P
+layouts), the same plan eager boxing runs rank by rank.  The compiler's part
+is the translation: ``build_boxing(src, dst, shape, dtype)`` asks the chain
+for an edge's graph with the blob's dtype on its nodes (the regsts' dtype);
+the TaskGraph makes each node a ``boxing`` task on its rank, a ``comm_net`` a
+``send`` and a ``recv`` task (``pyflow/compiler/task_graph.py``); what each
+task does when it acts is ``pyflow/compiler/boxing_tasks.py``.
+``evaluate(g, src_pieces)`` is a numpy interpreter of the node kinds that also
+checks where every node runs: the reference the tests hold both paths to.
 
 >>> import numpy as np
 >>> from pyflow import env
@@ -74,16 +19,8 @@ where every node runs.
 >>> with env.bound(env.RankContext(rank=0, world_size=4)):
 ...     g = build_boxing(Layout(placement("cuda", [0, 1]), (sbp.split(0),)),
 ...                      Layout(placement("cpu", [2]), (sbp.broadcast,)), (3, 2), np.float32)
->>> g.builder
-'slice_boxing(S2B)'
->>> print(g)
-boxing (S(0)) on cuda [0, 1] -> (B) on cpu [2], float32[3, 2]: slice_boxing(S2B)
-  n0 = copy(in0; direction=d2h) -> (2, 2) @ rank 0 cpu:0
-  n1 = comm_net(n0; src_rank=0) -> (2, 2) @ rank 2 cpu:0
-  n2 = copy(in1; direction=d2h) -> (1, 2) @ rank 1 cpu:0
-  n3 = comm_net(n2; src_rank=1) -> (1, 2) @ rank 2 cpu:0
-  n4 = concat(n1, n3; axis=0) -> (3, 2) @ rank 2 cpu:0
-  out0 = n4
+>>> g.builder, [n.kind for n in g.nodes]
+('slice_boxing(S2B)', ['copy', 'comm_net', 'copy', 'comm_net', 'concat'])
 >>> evaluate(g, [np.ones((2, 2), np.float32), np.zeros((1, 2), np.float32)])[0]
 array([[1., 1.],
        [1., 1.],
@@ -92,10 +29,7 @@ array([[1., 1.],
 
 from __future__ import annotations
 
-from pyflow.compiler.boxing.graph import BoxingGraph, BoxingNode
-from pyflow.compiler.boxing.hierarchical import CHAIN, build_boxing
 from pyflow.compiler.boxing.reference import evaluate
+from pyflow.distributed.boxing_chain import build_boxing
 
-__all__ = ["build_boxing", "BoxingGraph", "BoxingNode", "evaluate", "CHAIN", "NODE_KINDS"]
-
-NODE_KINDS = ("slice", "concat", "add", "assemble", "zeros", "copy", "comm_net", "collective")
+__all__ = ["build_boxing", "evaluate"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyflow.compiler.boxing.graph import BoxingGraph, device_of, region_of, shape_of_region
+from pyflow.distributed.boxing_chain.graph import BoxingGraph, device_of, region_of, shape_of_region
 from pyflow.errors import CompileError
 
 __all__ = ["evaluate"]

@@ -21,14 +21,14 @@ S2P   pyflow's addition for OneFlow's eager layout (SEMANTICS §4a): producer
 
 As in OneFlow, a layout that would give some piece an empty slice (a split
 axis shorter than the parallel num) is left to the naive builder; so is S2P
-from a single piece (eager boxing keeps it on the consumer's first rank:
+from a single piece (OneFlow's eager layout keeps it on the consumer's first rank:
 ``naive_b2p``).
 """
 
 from __future__ import annotations
 
-from pyflow.compiler.boxing.graph import (SubTskGphBuilder, device_of, intersect, parallel_num, region_of,
-                                          relative, shape_of_region)
+from pyflow.distributed.boxing_chain.graph import (SubTskGphBuilder, device_of, intersect, parallel_num,
+                                                   region_of, relative, shape_of_region)
 
 __all__ = ["SliceBoxing"]
 

@@ -7,16 +7,16 @@ handed to the same 1-D chain:
   every axis is B over its flattened ranks (likewise all-P for the producer);
   if both sides become 1-D the 1-D chain boxes them (``(P, P) -> (B, B)``:
   one all-reduce over four ranks).  A P consumer is never flattened: its
-  layout must stay eager boxing's.
+  layout must stay OneFlow's eager one (SEMANTICS §4a).
 * **intra_group** (``IntraGroupSubTskGphBuilder``): same hierarchy, axis 0's
   SBP kept, axis 1's changed: each row of the hierarchy boxes the part of the
   tensor axis 0 gave it, as a 1-D problem.
 * **inter_group** (``InterGroupSubTskGphBuilder``): axis 1 kept, axis 0
   changed: each column boxes its part, provided axis 0 never splits the
   dimension axis 1 splits (else the parts do not line up: OneFlow's "not all
-  the same split" test, eager boxing's "nd dim reduce" condition).
+  the same split" test).
 
-Where a P consumer's layout would differ from eager boxing's (groups on other
+Where a P consumer's layout would differ from OneFlow's eager one (groups on other
 ranks), the edge goes on to the naive builder.  ``CHAIN`` is the order every
 edge is offered in, first taker wins; ``build_boxing`` runs it and drops nodes
 no output needs.
@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyflow.compiler.boxing.collective import CollectiveBoxing
-from pyflow.compiler.boxing.graph import (BoxingGraph, ChainSubTskGphBuilder, SubTskGphBuilder, SubTskGphBuilderCtx,
-                                          parallel_num)
-from pyflow.compiler.boxing.naive import Naive, NaiveB2B, NaiveB2P
-from pyflow.compiler.boxing.one_to_one import B21, OneToOne
-from pyflow.compiler.boxing.slice_boxing import SliceBoxing
+from pyflow.distributed.boxing_chain.collective import CollectiveBoxing
+from pyflow.distributed.boxing_chain.graph import (BoxingGraph, ChainSubTskGphBuilder, SubTskGphBuilder,
+                                                   SubTskGphBuilderCtx, parallel_num)
+from pyflow.distributed.boxing_chain.naive import Naive, NaiveB2B, NaiveB2P
+from pyflow.distributed.boxing_chain.one_to_one import B21, OneToOne
+from pyflow.distributed.boxing_chain.slice_boxing import SliceBoxing
 from pyflow.distributed.boxing_steps import Layout
+from pyflow.errors import ArgumentTypeError, AxisError
 from pyflow.framework.placement import placement as Placement
 from pyflow.framework.sbp import piece_slices
 
@@ -132,13 +133,15 @@ def _make_chain() -> ChainSubTskGphBuilder:
 CHAIN = _make_chain()
 
 
-def build_boxing(src, dst, shape: tuple, dtype) -> BoxingGraph:
+def build_boxing(src, dst, shape: tuple, dtype=None) -> BoxingGraph:
     """The boxing sub-graph of one logical edge: ``src`` layout -> ``dst`` layout of a ``shape``/``dtype`` tensor.
 
     Call it where the placements were made (a rank context whose world holds their ranks): the 2-D
     builders make sub-placements, and devices are the placements' (``placement.device(rank)``).
+    The nodes do not depend on the dtype: the compiler passes it (its regsts need it), eager
+    boxing leaves it None and builds one plan per edge for every dtype.
     """
-    shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
+    shape, dtype = tuple(int(n) for n in shape), None if dtype is None else np.dtype(dtype)
     _check(src, dst, shape)
     ctx = SubTskGphBuilderCtx(src, shape, dtype)
     name, outs = CHAIN.build(ctx, [("in", i) for i in range(parallel_num(src))], src, dst, shape)
@@ -147,8 +150,6 @@ def build_boxing(src, dst, shape: tuple, dtype) -> BoxingGraph:
 
 
 def _check(src, dst, shape) -> None:
-    from pyflow.errors import ArgumentTypeError, AxisError
-
     if not isinstance(src, Layout) or not isinstance(dst, Layout):
         raise ArgumentTypeError(f"build_boxing: src and dst must be pyflow.distributed.boxing.Layout, got "
                                 f"{type(src).__name__} and {type(dst).__name__}")

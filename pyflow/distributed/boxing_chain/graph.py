@@ -2,8 +2,12 @@
 
 A logical edge whose layout changes becomes a small graph of **boxing nodes**
 (OneFlow: boxing task nodes) between the producer's pieces and the consumer's.
-This module holds the data (``BoxingNode``, ``BoxingGraph``) and what every
-builder shares (``SubTskGphBuilderCtx``):
+The graph is the boxing plan both execution paths read (issue 30: boxing
+written once): nn.Graph's TaskGraph makes a task of each node
+(``pyflow/compiler/task_graph.py``), eager boxing runs the nodes of its own
+rank (``pyflow/distributed/boxing.py``).  This module holds the data
+(``BoxingNode``, ``BoxingGraph``) and what every builder shares
+(``SubTskGphBuilderCtx``):
 
 * ``proxy(ref, rank, device)`` - OneFlow's ``GetProxyNode``: the same piece
   where it is needed.  Same rank, other device type: one ``copy`` (h2d/d2h).
@@ -79,7 +83,7 @@ class BoxingNode:
     inputs: list
     attrs: dict
     shape: tuple | None          # None: the node produces nothing (a non-root member of a reduce)
-    dtype: np.dtype
+    dtype: np.dtype | None      # None in an eager plan (built once per edge, for any dtype)
 
     def __str__(self) -> str:
         attrs = ", ".join(f"{k}={v}" for k, v in self.attrs.items())
@@ -117,16 +121,17 @@ class _Pieces:
 class BoxingGraph(_Pieces):
     """The sub-graph one logical edge gets: ``nodes`` in execution order, ``outputs[dst_parallel_id]``: a Ref."""
 
-    src: object                  # pyflow.distributed.boxing.Layout
+    src: object                  # pyflow.distributed.boxing_steps.Layout
     dst: object
     shape: tuple
-    dtype: np.dtype
+    dtype: np.dtype | None
     builder: str
     nodes: list
     outputs: list
 
     def __str__(self) -> str:
-        lines = [f"boxing {self.src.short()} -> {self.dst.short()}, {np.dtype(self.dtype)}{list(self.shape)}: "
+        dtype = "" if self.dtype is None else np.dtype(self.dtype)
+        lines = [f"boxing {self.src.short()} -> {self.dst.short()}, {dtype}{list(self.shape)}: "
                  f"{self.builder}"]
         lines += [f"  n{i} = {node}" for i, node in enumerate(self.nodes)]
         lines += [f"  out{j} = {_ref_str(ref)}" for j, ref in enumerate(self.outputs)]
@@ -140,7 +145,7 @@ class SubTskGphBuilderCtx(_Pieces):
     """The nodes built so far, and the helpers that add them where they must run."""
 
     def __init__(self, src, shape: tuple, dtype) -> None:
-        self.src, self.shape, self.dtype = src, tuple(shape), np.dtype(dtype)
+        self.src, self.shape, self.dtype = src, tuple(shape), dtype
         self.nodes: list = []
         self._memo: dict = {}
         self._collectives = 0

@@ -6,7 +6,7 @@ nodes across device types, comm_net across ranks).
 
 * **one-to-one**: both sides hold one piece, or the same number of pieces with
   the same (nd-)SBP and hierarchy: piece ``i`` -> piece ``i``.  With a P
-  consumer the pieces must also land where pyflow's eager boxing puts them
+  consumer the pieces must also land where OneFlow's eager boxing puts them
   (SEMANTICS §4a: a P piece stays on its rank if that rank is a consumer, else
   goes to parallel_id ``i % m``); otherwise the edge is left to the naive
   builder, which routes them that way.
@@ -17,13 +17,13 @@ nodes across device types, comm_net across ranks).
 
 from __future__ import annotations
 
-from pyflow.compiler.boxing.graph import SubTskGphBuilder, device_of, parallel_num
+from pyflow.distributed.boxing_chain.graph import SubTskGphBuilder, device_of, parallel_num
 
 __all__ = ["OneToOne", "B21", "keeps_pieces_in_order"]
 
 
 def keeps_pieces_in_order(src, dst) -> bool:
-    """Whether eager boxing's P routing sends producer piece ``i`` to consumer piece ``i`` (always without P)."""
+    """Whether the P routing (``naive.routes``) sends producer piece ``i`` to consumer piece ``i`` (no P: yes)."""
     if not any(s.is_partial for s in dst.sbp):
         return True
     if len(dst.placement.hierarchy) != 1 or len(src.placement.hierarchy) != 1:

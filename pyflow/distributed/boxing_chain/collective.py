@@ -3,7 +3,7 @@
 When producer and consumer sit on the same devices (same placement, 1-D,
 cuda or cpu, more than one piece) the classic conversions are one collective
 each, a ``collective`` node per rank of the group (the cases where pyflow's
-eager boxing calls its collectives):
+OneFlow's eager boxing calls its collectives):
 
 ==============  =========================  ==========================================
 producer        consumer                   collective
@@ -18,12 +18,13 @@ P on n          1 device among the n       reduce to that device (root)
 
 OneFlow asks for sizes divisible by the parallel num (NCCL's equal chunks);
 pyflow's transports cut with the balanced splitter, so uneven and zero-size
-pieces are accepted here, as in eager boxing.
+pieces are accepted here.
 """
 
 from __future__ import annotations
 
-from pyflow.compiler.boxing.graph import SubTskGphBuilder, device_of, parallel_num, region_of, shape_of_region
+from pyflow.distributed.boxing_chain.graph import (SubTskGphBuilder, device_of, parallel_num, region_of,
+                                                   shape_of_region)
 from pyflow.framework.sbp import balanced_split
 
 __all__ = ["CollectiveBoxing"]
