@@ -46,9 +46,9 @@ __version__ = "0.1.0"
 from pyflow import cocktailer  # noqa: E402 - seed 001, the uTask compiler
 from pyflow import device  # the package, callable: flow.device("cuda:0") -> Device, as in OneFlow  # noqa: E402
 from pyflow import distributed, env  # noqa: E402 - flow.distributed.run, flow.env.get_rank()
-from pyflow import autograd  # noqa: E402 - after distributed: it wraps the global-aware view methods
+from pyflow import autograd  # noqa: E402
 from pyflow.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
-from pyflow import nn, optim  # noqa: E402 - after autograd: layers and optimizers record and update
+from pyflow import nn, optim  # noqa: E402
 from pyflow import graph  # noqa: E402 - nn.Graph, OneFlow's spelling: the graph layer sits above nn, so it is
 nn.Graph, nn.graph = graph.Graph, graph  # handed to nn here (``flow.nn.Graph``, ``from pyflow.nn import Graph``)
 from pyflow import cuda  # noqa: E402 - flow.cuda.is_available(), synchronize(), manual_seed()

@@ -303,8 +303,6 @@ KNOWN = {
     'private: pyflow.autograd.views -> pyflow.ops._grad.sum_to':
         ('backward helpers shared by ops and autograd: issue 30 makes views ops with their backward in '
          'pyflow/ops, then autograd/views.py goes; else rename _grad to a public module'),
-    'private: pyflow.distributed.global_methods -> pyflow.framework.interpreter._lazy_tracer':
-        'global view wrappers peek at the lazy tracer: issue 30 makes views ops, and these wrappers go',
 }
 
 

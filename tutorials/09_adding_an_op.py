@@ -323,11 +323,10 @@ np.testing.assert_allclose(results[0][-1], expected, rtol=1e-6)
 #   lowering would emit a uOperator over
 #   `make_elementwise_utask(softplus_device)` (`kernels/utask/`): the uTasks
 #   made from the very device function the eager kernel maps.
-# - **The Tensor method** `x.softplus()`: Tensor's methods are attached by
-#   `setattr` from a list of names at the end of
-#   `pyflow/framework/functional.py` (in-place twins such as `x.relu_()` from
-#   `INPLACE_UNARY` in `pyflow/framework/composites.py`), so a method needs
-#   an edit there, and a `flow.softplus` an export in `pyflow/__init__.py`.
+# - **The Tensor method** `x.softplus()`: every Tensor method is one entry of
+#   the table `METHODS` in `pyflow/framework/tensor_methods.py` (name -> the
+#   framework function it calls), so a method needs one entry there, and a
+#   `flow.softplus` an export in `pyflow/__init__.py`.
 # - **The library's dtype table and compile check**: the library's unary ops
 #   are rows of `kernels/ufuncs.py` (the dtypes each accepts, a device function
 #   per kind of dtype, the numpy twin), and the PTX compile check

@@ -1,5 +1,10 @@
-"""The autograd side of ``Tensor`` (installed on the class): ``requires_grad``, ``grad``, ``grad_fn``,
-``is_leaf``, ``requires_grad_()``, ``retain_grad()``, ``backward()``; and ``flow.autograd.grad``.
+"""What ``Tensor``'s methods ask autograd (``install_autograd`` in ``framework/tensor_methods.py``, where
+``requires_grad``, ``grad``, ``grad_fn``, ``is_leaf``, ``requires_grad_()``, ``retain_grad()`` and
+``backward()`` are defined); and ``flow.autograd.backward`` / ``flow.autograd.grad``.
+
+* ``set_requires_grad``, ``set_grad``, ``retain_grad``, ``backward``: changing a tensor's autograd state;
+* ``record_call``, ``check_write``, ``record_write`` (``views.py``): recording the methods that are not
+  one op (``x[index]`` and ``x[index] = v`` with a tensor in the index, ``to_global``, ``to_local``).
 
 >>> import pyflow as flow
 >>> x = flow.tensor([1.0, 2.0, 3.0], requires_grad=True)
@@ -16,23 +21,16 @@ import weakref
 from pyflow.autograd.engine import run_backward
 from pyflow.autograd.graph import meta
 from pyflow.autograd.record import set_requires_grad
+from pyflow.autograd.views import check_write, record_call, record_write
 from pyflow.errors import AutogradError, ShapeError
 from pyflow.framework.tensor import Tensor
 
-__all__ = ["install", "backward", "grad"]
+__all__ = ["set_requires_grad", "set_grad", "retain_grad", "backward", "grad", "record_call", "check_write",
+           "record_write"]
 
 
-def _get_requires_grad(self) -> bool:
-    info = self._autograd
-    return info is not None and info.requires_grad
-
-
-def _get_grad(self):
-    info = self._autograd
-    return None if info is None else info.grad
-
-
-def _set_grad(self, value) -> None:
+def set_grad(self, value) -> None:
+    """``x.grad = value``: a tensor of ``x``'s shape, or None."""
     if value is not None:
         if not isinstance(value, Tensor):
             raise AutogradError(f"grad must be a tensor or None, got {type(value).__name__}")
@@ -41,34 +39,14 @@ def _set_grad(self, value) -> None:
     meta(self).grad = value
 
 
-def _grad_fn(self):
-    info = self._autograd
-    return None if info is None else info.grad_fn
-
-
-def _is_leaf(self) -> bool:
-    return _grad_fn(self) is None
-
-
-def _requires_grad_(self, requires_grad: bool = True) -> Tensor:
-    """Make this leaf record (or stop recording) the ops that use it; returns it."""
-    return set_requires_grad(self, requires_grad)
-
-
-def _retain_grad(self) -> None:
-    """Keep this non-leaf tensor's gradient in ``.grad`` after backward (leaves always keep theirs)."""
+def retain_grad(self) -> None:
+    """``x.retain_grad()``: keep this non-leaf tensor's gradient in ``.grad`` after backward."""
     info = meta(self)
     if not info.requires_grad:
         raise AutogradError("retain_grad() on a tensor that does not require grad")
     if info.grad_fn is not None:
         info.retains_grad = True
         info.grad_fn.retained[info.output_nr] = weakref.ref(self)
-
-
-def _backward(self, gradient=None, retain_graph=None, create_graph: bool = False) -> None:
-    """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (``gradient``: d(loss)/d(self), needed
-    unless ``self`` has one element)."""
-    backward([self], [gradient], retain_graph, create_graph)
 
 
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph: bool = False) -> None:
@@ -93,13 +71,3 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph: bo
             raise AutogradError(f"input {i} of autograd.grad was not used to compute the outputs (pass "
                                 "allow_unused=True to get None for it)")
     return tuple(found)
-
-
-def install() -> None:
-    Tensor.requires_grad = property(_get_requires_grad, lambda self, flag: set_requires_grad(self, flag))
-    Tensor.grad = property(_get_grad, _set_grad)
-    Tensor.grad_fn = property(_grad_fn)
-    Tensor.is_leaf = property(_is_leaf)
-    Tensor.requires_grad_ = _requires_grad_
-    Tensor.retain_grad = _retain_grad
-    Tensor.backward = _backward

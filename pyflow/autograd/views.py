@@ -3,8 +3,10 @@
 The view ops (``reshape``, ``permute``, ``expand``, ``narrow``, ``squeeze``, ``unsqueeze``, and
 ``slice_view``: ``x[index]`` with ints, slices, None, ...) and ``slice_update`` (``x[index] = v``
 for such an index) are ops with their backward rules in ``pyflow/ops/views.py``.  These Tensor
-methods do not go through the interpreter as one op, so autograd wraps them (``install``) and
-records a Node for each, with these rules (``g`` is the result's gradient):
+methods are not one op, so the interpreter does not record them: the methods themselves
+(``pyflow/framework/tensor_methods.py``) call ``record_call`` / ``record_write`` here, through
+the hook ``pyflow.autograd`` installs, and each records one Node with these rules (``g`` is
+the result's gradient):
 
 ============================  ==================================================================
 ``x[index]``, advanced        zeros of the input's shape with ``g`` added at the elements the index
@@ -21,18 +23,14 @@ records a Node for each, with these rules (``g`` is the result's gradient):
 
 from __future__ import annotations
 
-import functools
 import math
 
 from pyflow.autograd.engine import dual_sbp
-from pyflow.autograd.graph import requires_grad
-from pyflow.autograd.mode import is_grad_enabled
+from pyflow.autograd.graph import AutogradMeta, Node
 from pyflow.autograd.record import Recorder, record_unary_view
-from pyflow.framework.indexing import is_basic
-from pyflow.framework.tensor import Tensor
 from pyflow.ops._grad import sum_to
 
-__all__ = ["install"]
+__all__ = ["record_call", "check_write", "record_write"]
 
 
 def _scatter_into_zeros(shape, dtype, g, index):
@@ -79,60 +77,24 @@ def _to_local_rule(ctx, g):
     return [g.to_global(placement, dual_sbp(sbp))]
 
 
-def _getitem(method):
-    @functools.wraps(method)
-    def wrapper(self, index):
-        result = method(self, index)
-        if not is_basic(index) and is_grad_enabled() and requires_grad(self):   # basic: the slice_view op
-            record_unary_view("index", _index_rule, self, result, {"index": index})
-        return result
-    return wrapper
+_RULES = {"index": _index_rule, "setitem": _setitem_rule, "to_global": _to_global_rule,
+          "to_local": _to_local_rule}
 
 
-def _setitem(method):
-    @functools.wraps(method)
-    def wrapper(self, index, value):
-        if is_basic(index):   # the slice_update op: recorded by the interpreter
-            return method(self, index, value)
-        recording = is_grad_enabled() and (requires_grad(self) or requires_grad(value))
-        if recording:
-            Recorder().check_inplace("setitem", [self])
-        method(self, index, value)
-        if recording:
-            from pyflow.autograd.graph import AutogradMeta, Node
-
-            node = Node("setitem", _setitem_rule, [self, value], [self], {"index": index})
-            self._autograd = AutogradMeta(requires_grad=True, grad_fn=node, output_nr=0)
-    return wrapper
+def record_call(name: str, x, result, attrs: dict) -> None:
+    """After ``x[index]`` (``"index"``), ``x.to_global(...)`` or ``x.to_local()``: ``result``'s Node, with
+    the call's rule above (``attrs``: what the rule needs, e.g. the index)."""
+    record_unary_view(name, _RULES[name], x, result, attrs)
 
 
-def _to_global(method):
-    @functools.wraps(method)
-    def wrapper(self, placement=None, sbp=None):
-        result = method(self, placement, sbp)
-        if result is not self and is_grad_enabled() and requires_grad(self):
-            record_unary_view("to_global", _to_global_rule, self, result,
-                              {"placement": result.placement, "sbp": result.sbp})
-        return result
-    return wrapper
+def check_write(name: str, x) -> None:
+    """Before ``x[index] = v`` writes ``x``: the checks of an in-place op (not into a leaf that requires
+    grad, nor a view of one)."""
+    Recorder().check_inplace(name, [x])
 
 
-def _to_local(method):
-    @functools.wraps(method)
-    def wrapper(self):
-        result = method(self)
-        if result is not self and is_grad_enabled() and requires_grad(self):
-            record_unary_view("to_local", _to_local_rule, self, result)
-        return result
-    return wrapper
-
-
-def install() -> None:
-    """Wrap the indexing methods and to_global/to_local (after pyflow.distributed has made them global-aware)."""
-    if getattr(Tensor, "_autograd_views_installed", False):
-        return
-    Tensor.__getitem__ = _getitem(Tensor.__getitem__)
-    Tensor.__setitem__ = _setitem(Tensor.__setitem__)
-    Tensor.to_global = _to_global(Tensor.to_global)
-    Tensor.to_local = _to_local(Tensor.to_local)
-    Tensor._autograd_views_installed = True
+def record_write(name: str, inputs: list, x, attrs: dict) -> None:
+    """After ``x[index] = v`` (``"setitem"``, ``inputs`` ``[x, v]``) wrote ``x``: ``x``'s history now
+    ends with this Node (the tensor object stays, as for an in-place op)."""
+    node = Node(name, _RULES[name], inputs, [x], attrs)
+    x._autograd = AutogradMeta(requires_grad=True, grad_fn=node, output_nr=0)

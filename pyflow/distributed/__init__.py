@@ -15,10 +15,11 @@
 * ``boxing``         - the chain of boxing builders and their plans
 * ``signatures``     - the cost model: the cheapest of an op's SBP signatures (declared by each op, ``pyflow/ops/``)
 * ``global_ops``     - the global interpreter (an op on global tensors)
-* ``global_methods`` - views, indexing and ``.to()`` of global tensors
+* ``global_methods`` - the Tensor methods that are not ops, on global tensors: ``to_global``, indexing, ``.to()``
 
 A rank behaves as a process (``pyflow/env.py``); ranks meet only through a transport.
-Importing this package installs the global interpreter into the framework, and, in a
+Importing this package installs the global interpreter and ``global_methods`` into the framework
+(``interpreter.py``, ``tensor_methods.py``), and, in a
 process that ``mpiexec`` started, makes the process its MPI rank (``mpi.init_if_launched``).
 """
 
@@ -30,10 +31,11 @@ from pyflow.distributed.transport import CollectiveDesc, SoloTransport, Transpor
 from pyflow.distributed import boxing, global_methods, mpi  # noqa: E402, I001
 from pyflow.distributed.global_ops import GlobalInterpreter  # noqa: E402
 from pyflow.framework.interpreter import install_global_interpreter  # noqa: E402
+from pyflow.framework.tensor_methods import install_global_methods  # noqa: E402
 from pyflow import env as _env  # noqa: E402
 
 install_global_interpreter(GlobalInterpreter())
-global_methods.install()
+install_global_methods(global_methods)
 mpi.init_if_launched()   # under mpiexec: this process becomes its MPI rank
 if _env.process_context().transport is None and _env.process_context().world_size == 1:
     _env.process_context().transport = SoloTransport()   # a plain script: a world of one, as in OneFlow

@@ -1,4 +1,5 @@
-"""How the tensor methods that are not ops treat a global tensor (installed on ``Tensor`` at import).
+"""How the tensor methods that are not ops treat a global tensor: the functions Tensor's methods call
+(``pyflow/framework/tensor_methods.py``; ``pyflow.distributed`` installs this module there at import).
 
 Ops (``x + y``, ``x.sum()``, ``flow.matmul``...) reach the global interpreter by
 themselves.  The rest of the Tensor API works on global tensors too:
@@ -25,41 +26,20 @@ themselves.  The rest of the Tensor API works on global tensors too:
 
 from __future__ import annotations
 
-import functools
-
 from pyflow import env
 from pyflow.device import Device
 from pyflow.distributed.boxing_steps import Layout
 from pyflow.distributed.global_tensor import box, layout_of, make_global, to_global, to_local
+from pyflow.framework import indexing, movement
 from pyflow.framework.args import describe
-from pyflow.framework.indexing import is_basic
 from pyflow.framework.placement import placement as Placement
 from pyflow.framework.sbp import SbpParallel
 from pyflow.framework.tensor import Tensor
 from pyflow.vm import no_instructions
 
-__all__ = ["install", "global_to"]
+__all__ = ["to_global", "to_local", "global_to", "getitem", "setitem", "repeat"]
 
 _B = SbpParallel("broadcast")
-_ON_BROADCAST = ("__getitem__", "repeat")
-
-
-def _traced(x: Tensor):
-    """Inside ``nn.Graph.build``, an eager global tensor's method works on its lazy twin (the graph
-    reads the tensor at run time); None otherwise."""
-    from pyflow.framework import interpreter
-
-    hook = interpreter._lazy_tracer
-    if x._global is None or hook is None or not hook.active():
-        return None
-    return hook.lazy(x)
-
-
-def _to_global(x: Tensor, placement=None, sbp=None) -> Tensor:
-    lazy = _traced(x)
-    if lazy is not None:
-        return lazy.to_global(placement, sbp)
-    return to_global(x, placement, sbp)
 
 
 def _broadcast(x: Tensor) -> Tensor:
@@ -95,33 +75,25 @@ def _consistent_index(index, placement):
     return to_local(index) if placement.has(env.get_rank()) else _ghost(index)
 
 
-def _on_broadcast(method, name: str):
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        if self._global is None:
-            return method(self, *args, **kwargs)
-        lazy = _traced(self)
-        if lazy is not None:
-            return method(lazy, *args, **kwargs)
-        placement = self._global.placement
-        if name == "__getitem__":
-            if is_basic(args[0]):   # the slice_view op: the global interpreter (or the graph) runs it
-                return method(self, *args)
-            args = (_consistent_index(args[0], placement),)
-        if placement.has(env.get_rank()):
-            return _wrap_results(method(to_local(_broadcast(self)), *args, **kwargs), placement)
-        with no_instructions(f"{name} of a global tensor on rank {env.get_rank()}, outside its placement"):
-            return _wrap_results(method(_ghost(self), *args, **kwargs), placement)
-    return wrapper
+def _on_broadcast(method, name: str, x: Tensor, *args):
+    """``method(x, *args)`` computed on the broadcast tensor (every rank of the placement holds it all); the
+    result is broadcast too.  A rank outside the placement computes its shape on a data-less stand-in."""
+    placement = x._global.placement
+    if placement.has(env.get_rank()):
+        return _wrap_results(method(to_local(_broadcast(x)), *args), placement)
+    with no_instructions(f"{name} of a global tensor on rank {env.get_rank()}, outside its placement"):
+        return _wrap_results(method(_ghost(x), *args), placement)
 
 
-def _to(method):
-    @functools.wraps(method)
-    def wrapper(self, *where, **kwargs):
-        if self._global is None:
-            return method(self, *where, **kwargs)
-        return global_to(self, *where, **kwargs)
-    return wrapper
+def getitem(x: Tensor, index) -> Tensor:
+    """``x[index]`` of a global tensor with a tensor, list or mask in the index (a basic one is the
+    ``slice_view`` op): the index made the same on every rank, then computed on the broadcast tensor."""
+    return _on_broadcast(indexing.getitem, "__getitem__", x, _consistent_index(index, x._global.placement))
+
+
+def repeat(x: Tensor, *repeats) -> Tensor:
+    """``x.repeat(...)`` of a global tensor: computed on the broadcast tensor."""
+    return _on_broadcast(movement.repeat, "repeat", x, *repeats)
 
 
 def global_to(x: Tensor, *where, **kwargs) -> Tensor:
@@ -151,43 +123,25 @@ def _cast(x: Tensor, dtype) -> Tensor:
     return x if dtype == x.dtype else apply("cast", [x], dtype=dtype)[0]
 
 
-def _setitem(method):
-    @functools.wraps(method)
-    def wrapper(self, index, value):
-        if self._global is None or is_basic(index):   # basic: the slice_update op, run by the global interpreter
-            return method(self, index, value)
-        placement = self._global.placement
-        index = _consistent_index(index, placement)
-        if isinstance(value, Tensor):   # the same value on every rank, as the index (a local one: rank 0's)
-            value = _consistent_index(value, placement)
-        whole = _broadcast(self)
-        if whole is self:  # already broadcast: write its pieces directly
-            if placement.has(env.get_rank()):
-                method(to_local(self), index, value)
-            return None
+def setitem(x: Tensor, index, value) -> None:
+    """``x[index] = value`` of a global tensor with a tensor, list or mask in the index (a basic one is the
+    ``slice_update`` op): computed on the broadcast tensor, then boxed back into ``x``'s own layout and
+    pieces."""
+    placement = x._global.placement
+    index = _consistent_index(index, placement)
+    if isinstance(value, Tensor):   # the same value on every rank, as the index (a local one: rank 0's)
+        value = _consistent_index(value, placement)
+    whole = _broadcast(x)
+    if whole is x:  # already broadcast: write its pieces directly
         if placement.has(env.get_rank()):
-            updated = to_local(whole).clone()
-            method(updated, index, value)
-        else:
-            updated = None
-        result = make_global(updated, placement, whole._global.sbp, self.shape, self.dtype)
-        written = box(result, layout_of(self), f"x[...] = v into {describe(self)}")
-        if placement.has(env.get_rank()):
-            to_local(self).copy_(to_local(written))
-        return None
-    return wrapper
-
-
-def install() -> None:
-    """Make Tensor's methods global-aware (idempotent)."""
-    if getattr(Tensor, "_global_methods_installed", False):
+            indexing.setitem(to_local(x), index, value)
         return
-    Tensor.to_global = _to_global
-    Tensor.to_local = to_local
-    for name in _ON_BROADCAST:
-        if hasattr(Tensor, name):
-            setattr(Tensor, name, _on_broadcast(getattr(Tensor, name), name))
-    Tensor.to = _to(Tensor.to)
-    Tensor.__setitem__ = _setitem(Tensor.__setitem__)
-    Tensor._global_methods_installed = True
-
+    if placement.has(env.get_rank()):
+        updated = to_local(whole).clone()
+        indexing.setitem(updated, index, value)
+    else:
+        updated = None
+    result = make_global(updated, placement, whole._global.sbp, x.shape, x.dtype)
+    written = box(result, layout_of(x), f"x[...] = v into {describe(x)}")
+    if placement.has(env.get_rank()):
+        to_local(x).copy_(to_local(written))

@@ -15,9 +15,10 @@ One concept per module:
 * ``movement``     - cat, stack, gather, index_select, repeat
 * ``inplace``      - add_, mul_, copy_, fill_, clamp_, ``+=`` ...
 * ``grad_mode``    - the grad-mode flag (``flow.no_grad()`` sets it) and ``requires_grad(t)``: ops ask them too
+* ``tensor_methods`` - ``METHODS``: every Tensor method the class body does not define, name -> the function
+  above that implements it, set on ``Tensor`` in one loop (the layers above plug in through two hooks there)
 
-Each module that defines tensor methods attaches them to ``Tensor`` when it is
-imported; importing this package imports them all.
+Importing this package imports ``tensor_methods``, so ``Tensor`` has every method whatever else is imported.
 """
 
 from pyflow.framework.interpreter import apply, get_default_device
@@ -25,7 +26,8 @@ from pyflow.framework.op_registry import OP_REGISTRY, OpDef, TensorMeta, get_op,
 from pyflow.framework.tensor import Tensor, as_tensor_like, tensor
 
 from pyflow.framework import functional, views, inplace, indexing, reductions, movement, creation  # noqa: E402,I001
+from pyflow.framework import tensor_methods  # noqa: E402 - sets every method on Tensor (its table, METHODS)
 
 __all__ = ["Tensor", "tensor", "as_tensor_like", "apply", "get_default_device", "OpDef", "TensorMeta",
            "OP_REGISTRY", "register_op", "get_op", "functional", "views", "inplace", "indexing", "reductions",
-           "movement", "creation"]
+           "movement", "creation", "tensor_methods"]

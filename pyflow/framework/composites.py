@@ -209,7 +209,7 @@ def masked_fill(input: Tensor, mask: Tensor, value) -> Tensor:   # noqa: A002
     return where(mask, _fill_value(value, x, "masked_fill"), x)
 
 
-def _masked_fill_(self: Tensor, mask: Tensor, value) -> Tensor:
+def masked_fill_(self: Tensor, mask: Tensor, value) -> Tensor:
     """In place ``masked_fill`` (the mask must broadcast to ``self``'s shape); returns self."""
     mask = _bool_mask(mask, self, "masked_fill_")
     if not args.broadcasts_to(mask.shape, self.shape):
@@ -276,24 +276,24 @@ def _new_where(self: Tensor, dtype, device) -> dict:
     return {"dtype": self.dtype if dtype is None else dtype, "device": self.device if device is None else device}
 
 
-def _new_zeros(self, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def new_zeros(self, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Zeros of ``size`` with ``self``'s dtype and device (unless given)."""
     return creation.zeros(*size, **_new_where(self, dtype, device), requires_grad=requires_grad)
 
 
-def _new_ones(self, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def new_ones(self, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     return creation.ones(*size, **_new_where(self, dtype, device), requires_grad=requires_grad)
 
 
-def _new_empty(self, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def new_empty(self, *size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     return creation.empty(*size, **_new_where(self, dtype, device), requires_grad=requires_grad)
 
 
-def _new_full(self, size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def new_full(self, size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     return creation.full(size, fill_value, **_new_where(self, dtype, device), requires_grad=requires_grad)
 
 
-def _new_tensor(self, data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def new_tensor(self, data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A copy of ``data`` with ``self``'s dtype and device (unless given), as torch's new_tensor."""
     return tensor(data, **_new_where(self, dtype, device), requires_grad=requires_grad)
 
@@ -302,7 +302,7 @@ INPLACE_UNARY = ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "neg", 
                  "round", "sign", "logical_not", "bitwise_not")
 
 
-def _inplace_unary(name: str):
+def inplace_unary_method(name: str):
     def method(self: Tensor) -> Tensor:
         from pyflow.framework.inplace import _writable
 
@@ -314,12 +314,12 @@ def _inplace_unary(name: str):
     return method
 
 
-def _get_data(self: Tensor) -> Tensor:
+def get_data(self: Tensor) -> Tensor:
     """A tensor over the same storage, outside autograd (``x.data``: a ``detach()``)."""
     return self.detach()
 
 
-def _set_data(self: Tensor, value: Tensor) -> None:
+def set_data(self: Tensor, value: Tensor) -> None:
     """``x.data = y``: ``x`` (the same object, keeping its autograd state: ``requires_grad``, ``grad``) now uses
     ``y``'s storage, device, dtype and layout.  ``Module.to()`` moves its parameters so, as PyTorch does: code
     that holds a parameter (an optimizer) sees the moved one."""
@@ -334,7 +334,7 @@ def _float_self(self: Tensor, op: str) -> Tensor:
     return self
 
 
-def _uniform_(self: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
+def uniform_(self: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
     """In place: uniform samples in ``[a, b)`` (drawn by ``flow.rand``, then ``copy_``); returns self."""
     _float_self(self, "uniform_")
     if not (is_scalar(a) and is_scalar(b)) or a > b:
@@ -342,7 +342,7 @@ def _uniform_(self: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
     return self.copy_(creation.rand(self.shape, dtype=self.dtype, device=self.device) * (b - a) + a)
 
 
-def _normal_(self: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
+def normal_(self: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
     """In place: normal samples ``mean + std * randn`` (``flow.randn``, then ``copy_``); returns self."""
     _float_self(self, "normal_")
     if not (is_scalar(mean) and is_scalar(std)) or std < 0:
@@ -350,7 +350,7 @@ def _normal_(self: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
     return self.copy_(creation.randn(self.shape, dtype=self.dtype, device=self.device) * std + mean)
 
 
-def _fill_diagonal_(self: Tensor, fill_value, wrap: bool = False) -> Tensor:
+def fill_diagonal_(self: Tensor, fill_value, wrap: bool = False) -> Tensor:
     """Write ``fill_value`` on the main diagonal (``x[i, i, ...]``) through a strided view; ``wrap``:
     a tall matrix's diagonal starts again every ``cols + 1`` rows, as torch's.  Returns self.  Not recorded
     by autograd: on a tensor that requires grad, only under ``flow.no_grad()``."""
@@ -368,19 +368,3 @@ def _fill_diagonal_(self: Tensor, fill_value, wrap: bool = False) -> Tensor:
         if count:
             block._view((count,), (sum(block.stride()),), block._blob.offset).fill_(fill_value)
     return self
-
-
-for _name in ("flip", "roll", "logsumexp", "amax", "amin", "masked_fill", "t"):
-    setattr(Tensor, _name, globals()[_name])
-Tensor.mm = lambda self, mat2: mm(self, mat2)
-Tensor.bmm = lambda self, mat2: bmm(self, mat2)
-Tensor.outer = lambda self, vec2: outer(self, vec2)
-Tensor.equal = lambda self, other: equal(self, other)
-Tensor.is_floating_point = lambda self: is_floating_point(self)
-for _name in INPLACE_UNARY:
-    setattr(Tensor, f"{_name}_", _inplace_unary(_name))
-Tensor.masked_fill_, Tensor.uniform_, Tensor.normal_ = _masked_fill_, _uniform_, _normal_
-Tensor.fill_diagonal_ = _fill_diagonal_
-Tensor.new_zeros, Tensor.new_ones, Tensor.new_empty = _new_zeros, _new_ones, _new_empty
-Tensor.new_full, Tensor.new_tensor = _new_full, _new_tensor
-Tensor.data = property(_get_data, _set_data)

@@ -113,8 +113,3 @@ def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False,   #
     if return_counts:
         result.append(tensor(found[2].astype(DEFAULT_INT), device=x.device))
     return result[0] if len(result) == 1 else tuple(result)
-
-
-for _name in ("sort", "argsort", "unique"):
-    setattr(Tensor, _name, globals()[_name])
-Tensor.nonzero = lambda self, *, as_tuple=False: nonzero(self, as_tuple=as_tuple)

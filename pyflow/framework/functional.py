@@ -168,10 +168,11 @@ def is_tensor(obj) -> bool:
     return isinstance(obj, Tensor)
 
 
-# --- the same as tensor methods and operators ----------------------------------------------------------
+# --- operators (``x + y``, ``2 * x``, ``x == y``): tensor_methods.py sets them on Tensor ---------------------
 
 
-def _method(kernel, reverse=False):
+def binary_method(kernel, reverse=False):
+    """The operator method of op ``kernel`` (``reverse``: the reflected one, ``2 - x`` is ``x.__rsub__(2)``)."""
     def op(self, other):
         if not (isinstance(other, Tensor) or is_scalar(other) or isinstance(other, (list, tuple, np.ndarray))):
             if kernel in ("eq", "ne"):
@@ -181,29 +182,3 @@ def _method(kernel, reverse=False):
         operands = _operands(self, other, kernel)
         return apply(kernel, operands[::-1] if reverse else operands)[0]
     return op
-
-
-for _dunder, _kernel in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"), ("pow", "pow"),
-                         ("floordiv", "floor_divide"), ("mod", "remainder"), ("and", "bitwise_and"),
-                         ("or", "bitwise_or"), ("xor", "bitwise_xor")):
-    setattr(Tensor, f"__{_dunder}__", _method(_kernel))
-    setattr(Tensor, f"__r{_dunder}__", _method(_kernel, reverse=True))
-for _dunder in ("eq", "ne", "lt", "le", "gt", "ge"):
-    setattr(Tensor, f"__{_dunder}__", _method(_dunder))
-Tensor.__matmul__ = lambda self, other: matmul(self, other)
-Tensor.__rmatmul__ = lambda self, other: matmul(as_tensor_like(other, self), self)
-Tensor.__neg__ = neg
-Tensor.__abs__ = abs
-Tensor.__invert__ = bitwise_not
-for _name in ("relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "neg", "sin", "cos", "floor", "ceil",
-              "round", "sign", "isnan", "isinf", "logical_not", "bitwise_not", "add", "sub", "mul", "div", "pow",
-              "maximum", "minimum", "floor_divide", "remainder", "bitwise_and", "bitwise_or", "bitwise_xor",
-              "logical_and", "logical_or", "logical_xor", "eq", "ne", "lt", "le", "gt", "ge", "matmul", "clamp",
-              "clip", "softmax", "log_softmax"):
-    setattr(Tensor, _name, globals()[_name])
-Tensor.float = lambda self: self.to(dtype=np.float32)
-Tensor.double = lambda self: self.to(dtype=np.float64)
-Tensor.half = lambda self: self.to(dtype=np.float16)
-Tensor.long = lambda self: self.to(dtype=np.int64)
-Tensor.int = lambda self: self.to(dtype=np.int32)
-Tensor.bool = lambda self: self.to(dtype=np.bool_)

@@ -440,7 +440,3 @@ def _index_copy(self: Tensor, items, advanced: _Advanced, value) -> None:
         target = copy.view(merged)
         apply("index_copy", [target, positions, source], out=[target], axis=p)
         view.copy_(copy)
-
-
-Tensor.__getitem__ = getitem
-Tensor.__setitem__ = setitem

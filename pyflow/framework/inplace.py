@@ -29,7 +29,8 @@ from pyflow.framework.tensor import Tensor
 __all__ = ["copy_", "fill_", "zero_", "clamp_"]
 
 
-def _inplace(kernel, name):
+def inplace_method(kernel, name):
+    """The in-place method ``name`` (``mul_``) of op ``kernel``: the op with ``out=[self]``."""
     def method(self: Tensor, other) -> Tensor:
         apply(kernel, _operands(self, other, name), out=[self])
         return self
@@ -38,13 +39,13 @@ def _inplace(kernel, name):
     return method
 
 
-def _add_(self: Tensor, other, *, alpha=1) -> Tensor:
+def add_(self: Tensor, other, *, alpha=1) -> Tensor:
     """In place: ``self += alpha * other`` (returns self)."""
     apply("add", _operands(self, other if alpha == 1 else mul(other, alpha), "add_"), out=[self])
     return self
 
 
-def _sub_(self: Tensor, other, *, alpha=1) -> Tensor:
+def sub_(self: Tensor, other, *, alpha=1) -> Tensor:
     """In place: ``self -= alpha * other`` (returns self)."""
     apply("sub", _operands(self, other if alpha == 1 else mul(other, alpha), "sub_"), out=[self])
     return self
@@ -117,18 +118,3 @@ def clamp_(self: Tensor, min=None, max=None) -> Tensor:   # noqa: A002 - torch's
     kinds, bounds = _bounds(self, min, max)
     apply("clamp", [self, *bounds], out=[self], bounds=kinds)
     return self
-
-
-_BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow", "floor_divide": "floor_divide",
-           "remainder": "remainder", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
-           "bitwise_xor": "bitwise_xor"}
-for _name, _kernel in _BINARY.items():
-    setattr(Tensor, f"{_name}_", _inplace(_kernel, f"{_name}_"))
-Tensor.add_, Tensor.sub_ = _add_, _sub_
-for _dunder, _name in (("iadd", "add"), ("isub", "sub"), ("imul", "mul"), ("itruediv", "div"), ("ipow", "pow"),
-                       ("ifloordiv", "floor_divide"), ("imod", "remainder"), ("iand", "bitwise_and"),
-                       ("ior", "bitwise_or"), ("ixor", "bitwise_xor")):
-    setattr(Tensor, f"__{_dunder}__", getattr(Tensor, f"{_name}_"))
-for _name in ("copy_", "fill_", "zero_", "clamp_"):
-    setattr(Tensor, _name, globals()[_name])
-Tensor.clip_ = clamp_

@@ -90,38 +90,31 @@ def _write_at(op: str, self: Tensor, dim: int, index: Tensor, source: Tensor) ->
     return self
 
 
-def _index_copy_(self: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
+def index_copy_(self: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
     """In place: ``self[..., index[j], ...] = source[..., j, ...]`` along ``dim`` (a 1-D index)."""
     return _write_at("index_copy", self, dim, index, source)
 
 
-def _index_add_(self: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) -> Tensor:
+def index_add_(self: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) -> Tensor:
     """In place: ``self[..., index[j], ...] += alpha * source[..., j, ...]``; repeated indices add up."""
     return _write_at("index_add", self, dim, index, source if alpha == 1 else source * alpha)
 
 
-def _scatter_add_(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+def scatter_add_(self: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     """In place: ``self[i][index[i][j]] += src[i][j]`` for ``dim`` 1 (any rank): torch's scatter_add_."""
     return _write_at("scatter_add", self, dim, index, src)
 
 
 def index_copy(input: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:   # noqa: A002
     """``input.clone().index_copy_(dim, index, source)``."""
-    return _index_copy_(args.tensor(input, "index_copy").clone(), dim, index, source)
+    return index_copy_(args.tensor(input, "index_copy").clone(), dim, index, source)
 
 
 def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) -> Tensor:   # noqa: A002
     """``input.clone().index_add_(dim, index, source, alpha=alpha)``."""
-    return _index_add_(args.tensor(input, "index_add").clone(), dim, index, source, alpha=alpha)
+    return index_add_(args.tensor(input, "index_add").clone(), dim, index, source, alpha=alpha)
 
 
 def scatter_add(input: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:   # noqa: A002
     """``input.clone().scatter_add_(dim, index, src)``."""
-    return _scatter_add_(args.tensor(input, "scatter_add").clone(), dim, index, src)
-
-
-Tensor.repeat = repeat
-Tensor.index_copy_, Tensor.index_add_, Tensor.scatter_add_ = _index_copy_, _index_add_, _scatter_add_
-Tensor.index_copy, Tensor.index_add, Tensor.scatter_add = index_copy, index_add, scatter_add
-Tensor.gather = lambda self, dim, index: gather(self, dim, index)
-Tensor.index_select = lambda self, dim, index: index_select(self, dim, index)
+    return scatter_add_(args.tensor(input, "scatter_add").clone(), dim, index, src)

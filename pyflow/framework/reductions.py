@@ -225,8 +225,3 @@ def allclose(input: Tensor, other: Tensor, rtol: float = 1e-05, atol: float = 1e
     if equal_nan:
         close = close | logical_and(a != a, b != b)
     return bool(all(close).item())
-
-
-for _name in ("sum", "prod", "mean", "max", "min", "argmax", "argmin", "var", "std", "norm", "cumsum", "topk", "all",
-              "any", "allclose"):
-    setattr(Tensor, _name, globals()[_name])

@@ -16,14 +16,15 @@ once.  Only reading values (``numpy()``, ``item()``, ``repr``, ``np.asarray``) w
   ``pyflow/vm/failure.py``.
 * **Global tensors** (seeds 000 §3, 004): a tensor with ``_global`` set is a
   logical tensor on a placement, of which ``_blob`` is this rank's piece.  Its
-  ``shape`` is the logical shape; its ops, reads and methods go to the global
+  ``shape`` is the logical shape; its ops and reads go to the global
   interpreter that ``pyflow.distributed`` installs
   (``interpreter.global_interpreter``), as OneFlow picks its
-  EagerGlobalInterpreter for global inputs.
+  EagerGlobalInterpreter for global inputs (and the methods that are not ops to
+  its ``global_methods``: ``tensor_methods.py``).
 
-This module holds the class, its attributes, reading values and moving between
-devices and dtypes; the op methods (``x.sum()``, ``x.add_(y)``, ``x.view(...)``)
-are attached by the modules that define them (see ``pyflow/framework/__init__.py``).
+This module holds the class, its attributes, reading values and copying; every other
+method (``x.sum()``, ``x.add_(y)``, ``x.view(...)``, ``x.to(...)``, ``x.backward()``) is in
+one table, ``METHODS`` in ``pyflow/framework/tensor_methods.py``, which sets them on the class.
 """
 
 from __future__ import annotations
@@ -302,40 +303,6 @@ class Tensor:
     __hash__ = object.__hash__  # == is elementwise, identity stays the hash
 
     # --- moving and copying -----------------------------------------------------------------
-
-    def to(self, *where, device=None, dtype=None, copy: bool = False, non_blocking: bool = False) -> "Tensor":
-        """A copy on ``device`` and/or with ``dtype`` (``self`` if nothing changes and not ``copy``).
-
-        ``x.to("cuda")``, ``x.to(flow.float64)``, ``x.to("cpu", flow.int32)``, ``x.to(other)``
-        (other's device and dtype).  The device must exist and the dtype be supported:
-        both are checked before anything is issued.  ``x.to(flow.Tensor)`` is ``x``: OneFlow's
-        graphs hand out proxies of their parameters, and ``.to(flow.Tensor)`` is how a OneFlow
-        program gets the eager tensor behind one; a pyflow graph's parameters are the tensors.
-        """
-        for value in where:
-            if isinstance(value, Tensor):
-                device, dtype = value.device, value.dtype
-            elif value is Tensor:
-                continue
-            elif isinstance(value, (np.dtype, type)):
-                dtype = value
-            else:
-                device = value
-        where = f"to (of {describe(self)})"
-        target = args.device(device, where) if device is not None else self.device
-        dtype = as_dtype(dtype, where) if dtype is not None else self.dtype
-        result = self
-        if dtype != self.dtype:
-            (result,) = apply("cast", [result], dtype=dtype)
-        if target is not self.device:
-            if result.device.device_type is not DeviceType.cpu and target.device_type is not DeviceType.cpu:
-                result = result.to("cpu")  # between two accelerators: through the host
-            if not result.is_contiguous():
-                result = result.contiguous()
-            (result,) = apply("copy", [result], device=target)
-        if copy and result is self:
-            result = self.clone()
-        return result
 
     def cpu(self) -> "Tensor":
         return self.to("cpu")

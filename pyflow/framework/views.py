@@ -235,21 +235,13 @@ def chunk(self: Tensor, chunks: int, dim: int = 0) -> tuple:
     return self.split(max(1, -(-self.shape[d] // chunks)), d)
 
 
-def _t(self: Tensor) -> Tensor:
+def reversed_dims(self: Tensor) -> Tensor:
+    """``x.T``: the dims in reverse order (a ``permute``)."""
     return apply("permute", [self], dims=tuple(reversed(range(self.ndim))))[0]
 
 
-for _name, _method in (("view", view), ("reshape", reshape), ("flatten", flatten), ("permute", permute),
-                       ("transpose", transpose), ("unsqueeze", unsqueeze), ("squeeze", squeeze),
-                       ("expand", expand), ("expand_as", expand_as), ("narrow", narrow), ("split", split),
-                       ("chunk", chunk)):
-    setattr(Tensor, _name, _method)
-Tensor.T = property(_t)
-
-
 def _function(method):
-    """``flow.reshape(x, ...)`` for the method ``x.reshape(...)`` (whatever ``Tensor.reshape`` is now:
-    global tensors and autograd wrap the methods)."""
+    """``flow.reshape(x, ...)`` for the method ``x.reshape(...)`` (called as a method: a subclass's own wins)."""
     name = method.__name__
 
     def function(input: Tensor, *args, **kwargs):   # noqa: A002 - torch's name
@@ -264,5 +256,3 @@ def _function(method):
 # The function forms torch also has (``flow.reshape(x, 6)``), exported by pyflow/__init__.py.
 FUNCTIONS = {m.__name__: _function(m) for m in (reshape, flatten, permute, transpose, unsqueeze, squeeze, narrow,
                                                 split, chunk, Tensor.clone)}
-Tensor.view_as = lambda self, other: self.view(other.shape)
-Tensor.reshape_as = lambda self, other: self.reshape(other.shape)
