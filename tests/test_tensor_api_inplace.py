@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pyflow as flow
@@ -182,3 +182,15 @@ def test_version_counts_writes_through_every_view(device):
     with pytest.raises(PyflowError):
         x.expand(3, 2, 2).fill_(0)
     assert x._version == 3
+
+
+@given(alpha=st.sampled_from([1, 2, -3, 0.5]), number=st.sampled_from([1, 2.5, -4]), op=st.sampled_from(["add", "sub"]))
+@settings(max_examples=20, deadline=None)
+def test_add_and_sub_scale_a_number_by_alpha_as_pytorch(alpha, number, op):
+    """``x.add_(2, alpha=3)`` adds 6 (PyTorch scales the number; it used to fail: 'mul' of two numbers)."""
+    base = np.array([1.0, -2.0, 3.5], np.float32)
+    expected = base + number * alpha if op == "add" else base - number * alpha
+    x = flow.tensor(base)
+    getattr(x, f"{op}_")(number, alpha=alpha)
+    np.testing.assert_allclose(x.numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(getattr(flow, op)(flow.tensor(base), number, alpha=alpha).numpy(), expected, rtol=1e-6)

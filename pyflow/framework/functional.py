@@ -109,14 +109,22 @@ def _logical(name):
 logical_and, logical_or, logical_xor = (_logical(n) for n in ("logical_and", "logical_or", "logical_xor"))
 
 
+def times_alpha(other, alpha):
+    """``alpha * other`` for ``add``/``sub`` and their in-place twins: a number stays a number
+    (``flow.add(x, 2, alpha=3)`` adds 6, as PyTorch), a tensor is multiplied (one more op)."""
+    if alpha == 1:
+        return other
+    return other * alpha if is_scalar(other) else mul(other, alpha)
+
+
 def add(input, other, *, alpha=1) -> Tensor:   # noqa: A002
     """input + alpha * other."""
-    return apply("add", _operands(input, other if alpha == 1 else mul(other, alpha), "add"))[0]
+    return apply("add", _operands(input, times_alpha(other, alpha), "add"))[0]
 
 
 def sub(input, other, *, alpha=1) -> Tensor:   # noqa: A002
     """input - alpha * other."""
-    return apply("sub", _operands(input, other if alpha == 1 else mul(other, alpha), "sub"))[0]
+    return apply("sub", _operands(input, times_alpha(other, alpha), "sub"))[0]
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:

@@ -367,7 +367,11 @@ def _slice_update(self: Tensor, index: tuple, value) -> None:
     """The ``slice_update`` op (OneFlow's): an int of the index is a length-1 slice of the region it
     writes, and the value, expanded to the view's shape, gets those dims (and loses the None ones)."""
     strides = contiguous_strides(self.shape) if self.is_global else tuple(self._blob.strides)   # (a piece may be
-    shape, strides, _ = get_op("slice_view").view(tuple(self.shape), strides, 0, {"index": index})   # absent)
+    shape, strides, offset = get_op("slice_view").view(tuple(self.shape), strides, 0, {"index": index})   # absent)
+    blob = value._blob if isinstance(value, Tensor) and not (self.is_global or value.is_global) else None
+    if blob is not None and blob.storage is self._blob.storage and value.dtype == self.dtype and \
+            (tuple(blob.shape), tuple(blob.strides), blob.offset) == (shape, strides, self._blob.offset + offset):
+        return   # the very region (``x[1:] += y`` wrote it in place, then assigns it): nothing to copy, as copy_
     if math.prod(shape) > 1 and any(s == 0 and n > 1 for n, s in zip(shape, strides)):
         raise ShapeError(f"setitem: several elements of {describe(self)}[...] share one memory location "
                          "(an expanded view); write to a .clone() instead")

@@ -22,7 +22,7 @@ from pyflow.errors import ArgumentTypeError, ShapeError
 from pyflow.framework import args
 from pyflow.framework.args import describe
 from pyflow.framework.dtypes import to_scalar
-from pyflow.framework.functional import _bounds, _operands, mul
+from pyflow.framework.functional import _bounds, _operands, times_alpha
 from pyflow.framework.interpreter import apply, broadcast_view, has_internal_overlap, same_view
 from pyflow.framework.tensor import Tensor
 
@@ -41,13 +41,13 @@ def inplace_method(kernel, name):
 
 def add_(self: Tensor, other, *, alpha=1) -> Tensor:
     """In place: ``self += alpha * other`` (returns self)."""
-    apply("add", _operands(self, other if alpha == 1 else mul(other, alpha), "add_"), out=[self])
+    apply("add", _operands(self, times_alpha(other, alpha), "add_"), out=[self])
     return self
 
 
 def sub_(self: Tensor, other, *, alpha=1) -> Tensor:
     """In place: ``self -= alpha * other`` (returns self)."""
-    apply("sub", _operands(self, other if alpha == 1 else mul(other, alpha), "sub_"), out=[self])
+    apply("sub", _operands(self, times_alpha(other, alpha), "sub_"), out=[self])
     return self
 
 
