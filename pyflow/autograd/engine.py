@@ -33,12 +33,20 @@ __all__ = ["run_backward", "dual_sbp"]
 
 def _check_gradient(root, grad, index: int):
     from pyflow.framework.creation import ones_like
+    from pyflow.framework.interpreter import global_interpreter
+    from pyflow.framework.sbp import SbpParallel
 
     if grad is None:
         if root.numel() != 1:
             raise AutogradError(f"backward: output {index} ({root.dtype}{list(root.shape)}) is not a scalar; "
                                 "grad can be implicitly created only for scalar outputs: pass gradient= "
                                 "(a tensor of the output's shape)")
+        if root._global is not None:
+            # B ones, filled on every rank with nothing sent: a P loss's gradient is B (dual_sbp), and
+            # B's pieces split along the batch again where the backward needs it with no collective
+            # (ones_like would keep P: a broadcast to make it and a reduce-scatter to split it)
+            broadcast = (SbpParallel("broadcast"),) * len(root.sbp)
+            return global_interpreter().full(tuple(root.shape), 1, root.dtype, root.placement, broadcast)
         return ones_like(root)
     if tuple(grad.shape) != tuple(root.shape):
         raise ShapeError(f"backward: the gradient {grad.dtype}{list(grad.shape)} for output {index} does not have "

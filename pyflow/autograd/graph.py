@@ -220,12 +220,15 @@ class AccumulateGrad:
 
 
 def zeros_at(shape, dtype, place):
-    """Zeros of ``shape`` at ``place``: a device, or a global tensor's (placement, sbp) (made broadcast)."""
+    """Zeros of ``shape`` at ``place``: a device, or a global tensor's (placement, sbp) (split where it is
+    split, else broadcast: the split's consumers get their rows with no slicing, B and P take B's zeros)."""
     from pyflow.framework.creation import zeros
+    from pyflow.framework.interpreter import global_interpreter
 
-    if isinstance(place, tuple):
+    if isinstance(place, tuple):   # filled on every rank, nothing sent (flow.zeros broadcasts parallel_id 0's)
         placement, sbp = place
-        return zeros(shape, dtype=dtype, placement=placement, sbp=tuple(type(s)("broadcast") for s in sbp))
+        return global_interpreter().full(shape, 0, dtype, placement,
+                                         tuple(s if s.is_split else type(s)("broadcast") for s in sbp))
     return zeros(shape, dtype=dtype, device=place)
 
 

@@ -54,23 +54,41 @@ def _device_and_stream(inputs, attrs):
     return Device("cpu"), ccl_stream()
 
 
+class CollectiveCall:
+    """One collective call, the op's ``call`` attribute: its transport call, its descriptor, and how to
+    abandon it (``Transport.abandon``).
+
+    Every call has its own (its sequence number, its closure), so it must never be a key of the
+    interpreter's inference cache: a hit would hand the cached first call's transport call to the
+    kernel, and every call would add a key no later call meets (the cache filling up, then cleared for
+    every op).  Unhashable, it keeps the collective out of the cache (``interpreter._signature``).
+    """
+
+    __slots__ = ("transport_call", "desc", "abandon")
+    __hash__ = None
+
+    def __init__(self, transport_call, desc: CollectiveDesc, abandon):
+        self.transport_call, self.desc, self.abandon = transport_call, desc, abandon
+
+
 def _launch(kernel, outputs, inputs, attrs, stream):
-    result = attrs["call"](*inputs)
+    this_call = attrs["call"]
+    result = this_call.transport_call(*inputs)
     out = outputs[0]
     if tuple(result.shape) != tuple(out.shape):
-        raise RuntimeError(f"collective {attrs['desc'].describe()}: the transport returned shape "
+        raise RuntimeError(f"collective {this_call.desc.describe()}: the transport returned shape "
                            f"{tuple(result.shape)}, expected {tuple(out.shape)}")
     out[...] = result
 
 
 def _abandon(attrs, failure) -> None:
     """An input failed: still show up at the collective, so the peers fail too instead of waiting."""
-    attrs["abandon"](f"its input failed: {failure.describe()}")
+    attrs["call"].abandon(f"its input failed: {failure.describe()}")
 
 
 if "collective" not in OP_REGISTRY:
     register_op(OpDef("collective", _infer, kernel="", launch=_launch, infer_device_and_stream=_device_and_stream,
-                      kernel_attrs=("call", "desc"), on_failed_inputs=_abandon, sbp_signatures=BROADCAST_ONLY,
+                      kernel_attrs=("call",), on_failed_inputs=_abandon, sbp_signatures=BROADCAST_ONLY,
                       backward=NO_BACKWARD,
                       doc="a transport call (all-gather, all-reduce...) on the cpu ccl stream"))
 
@@ -88,8 +106,8 @@ def collective(call, inputs, shape, dtype, desc: CollectiveDesc, group: tuple, s
     """
     transport = env.current().transport
     inputs = [x if x.device.type == "cpu" else x.to("cpu") for x in inputs]
-    return apply("collective", inputs, shape=tuple(shape), dtype=np.dtype(dtype), call=call, desc=desc,
-                 abandon=lambda reason: transport.abandon(group, seq, desc, reason))[0]
+    this_call = CollectiveCall(call, desc, lambda reason: transport.abandon(group, seq, desc, reason))
+    return apply("collective", inputs, shape=tuple(shape), dtype=np.dtype(dtype), call=this_call)[0]
 
 
 class PayloadExchange(InstructionPolicy):

@@ -9,7 +9,8 @@ On every rank, in the same order:
    interpreter shares), so every rank knows the result's shape;
 3. **SBP signature**: the cheapest of the op's candidates for the inputs' current
    SBPs (``signatures.py``; ``last_signature`` keeps the choice for tests and
-   tutorials);
+   tutorials).  Steps 2 and 3 run once per kind of call (op, logical shapes, dtypes, SBPs, attributes,
+   placement) and are then looked up, as OneFlow's GlobalTensorInferCache;
 4. **boxing**: every input is boxed to the signature's SBP (``boxing.py``);
 5. **the op, piece by piece**: the local interpreter runs it on this rank's
    pieces; a rank outside the placement runs nothing;
@@ -26,15 +27,63 @@ import numpy as np
 
 from pyflow import env
 from pyflow.distributed.boxing_steps import Layout
-from pyflow.distributed.global_tensor import box, global_numpy, global_tensor, layout_of, make_global, to_local
+from pyflow.distributed.global_tensor import (box, global_numpy, global_tensor, layout_of, make_global, to_global,
+                                              to_local)
 from pyflow.distributed.signatures import choose_signature
 from pyflow.errors import DeviceError, ShapeError
 from pyflow.framework import interpreter
 from pyflow.framework.args import describe
+from pyflow.framework.dtypes import to_scalar
 from pyflow.framework.op_registry import get_op
+from pyflow.framework.sbp import SbpParallel
 from pyflow.framework.tensor import Tensor
 
 __all__ = ["GlobalInterpreter"]
+
+
+_inferred: dict = {}      # call key -> (dtypes, metas, Signature), shared by the ranks of a process
+_CACHE_LIMIT = 4096       # keys kept (cleared when full: a cache, not a leak)
+
+
+def _typed(value):
+    """An attribute as part of a key, with its type (``1`` and ``1.0`` infer different dtypes)."""
+    return tuple(_typed(v) for v in value) if type(value) is tuple else (type(value), value)
+
+
+def _call_key(name: str, inputs: list, attrs: dict, placement):
+    """What steps 2-3 depend on: the op, each input's logical shape, dtype and SBP (a Python number's
+    type), the attributes and the placement; None if an attribute is not hashable (then not cached)."""
+    key = (name, placement,
+           tuple((x._global.shape, x.dtype, x._global.sbp) if isinstance(x, Tensor) else type(x) for x in inputs),
+           tuple((k, _typed(v)) for k, v in attrs.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _infer(op, inputs: list, attrs: dict, placement) -> tuple:
+    """Steps 2-3 (logical inference, SBP signature), once per call key (OneFlow's GlobalTensorInferCache).
+
+    A training step calls the same ops on the same logical shapes and SBPs every step, and every rank
+    makes the same choice, so the cost model runs once per kind of call, not per rank per step.
+    """
+    key = _call_key(op.name, inputs, attrs, placement)
+    found = _inferred.get(key) if key is not None else None
+    if found is not None:
+        return found
+    dtypes, metas = interpreter.infer_logical(op, inputs, attrs)
+    shapes = [tuple(x.shape) if isinstance(x, Tensor) else None for x in inputs]
+    current = [x._global.sbp if isinstance(x, Tensor) else None for x in inputs]
+    signature = choose_signature(op.name, shapes, [np.dtype(d) for d in dtypes], [m.shape for m in metas], attrs,
+                                 current, placement.hierarchy)
+    found = (dtypes, metas, signature)
+    if key is not None:
+        if len(_inferred) >= _CACHE_LIMIT:
+            _inferred.clear()
+        _inferred[key] = found
+    return found
 
 
 class GlobalInterpreter:
@@ -57,13 +106,30 @@ class GlobalInterpreter:
 
     def scalar(self, value, dtype, placement) -> Tensor:
         """A Python number as a 0-d global B tensor (every rank knows it: no communication)."""
-        from pyflow.framework.sbp import SbpParallel
-
         piece = Tensor._empty(placement.device(env.get_rank()), (), np.dtype(dtype)) \
             if placement.has(env.get_rank()) else None
         if piece is not None:
             piece.fill_(value)
         return make_global(piece, placement, (SbpParallel("broadcast"),) * len(placement.hierarchy), (), dtype)
+
+    def full(self, shape: tuple, value, dtype, placement, sbp) -> Tensor:
+        """A global tensor of ``shape`` filled with ``value``, each rank filling its own piece: nothing sent.
+
+        Every rank knows a constant, so no rank needs parallel_id 0's data (``tensor`` above broadcasts
+        it, since there the ranks' data may differ): as OneFlow's global constant op, each rank fills
+        its piece, of its piece's shape for B and S(k).  A P of a nonzero value is filled B, then boxed
+        on the rank (every piece but coordinate 0's zeroed).  Autograd's seed gradients and missing
+        gradients' zeros are made this way every step.
+        """
+        rank, dtype, shape, sbp = env.get_rank(), np.dtype(dtype), tuple(shape), tuple(sbp)
+        made = sbp if value == 0 or not any(s.is_partial for s in sbp) else \
+            (SbpParallel("broadcast"),) * len(placement.hierarchy)
+        piece = None
+        if placement.has(rank):
+            piece = interpreter.apply("fill", [], shape=Layout(placement, made).piece_shape(rank, shape), dtype=dtype,
+                                      value=to_scalar(value, dtype, "full"), device=placement.device(rank))[0]
+        filled = make_global(piece, placement, made, shape, dtype)
+        return filled if made == sbp else to_global(filled, placement, sbp)
 
     def apply(self, name: str, inputs, out, attrs) -> list:
         op = get_op(name)
@@ -73,17 +139,12 @@ class GlobalInterpreter:
         if local:
             raise DeviceError(f"op {name!r}: global and local tensors mixed ({'; '.join(describe(t) for t in inputs if isinstance(t, Tensor))}); "
                               "make the local ones global with .to_global(placement, sbp)")
-        placements = {t._global.placement for t in tensors}
-        if len(placements) > 1:
+        placement = tensors[0]._global.placement
+        if any(t._global.placement is not placement and t._global.placement != placement for t in tensors):
             listed = "; ".join(describe(t) for t in tensors)
             raise DeviceError(f"op {name!r}: inputs on different placements ({listed}); box them onto one with "
                               ".to_global(placement=...) first")
-        placement = placements.pop()
-        dtypes, metas = interpreter.infer_logical(op, inputs, attrs)
-        shapes = [tuple(x.shape) if isinstance(x, Tensor) else None for x in inputs]
-        current = [x._global.sbp if isinstance(x, Tensor) else None for x in inputs]
-        signature = choose_signature(name, shapes, [np.dtype(d) for d in dtypes], [m.shape for m in metas], attrs,
-                                     current, placement.hierarchy)
+        dtypes, metas, signature = _infer(op, inputs, attrs, placement)
         self._last[env.current()] = (name, signature)
         boxed = []
         for x, nd in zip(inputs, signature.inputs):
