@@ -33,8 +33,9 @@ CC = (9, 0)
 INSTALL_HINT = 'pip install -e ".[ptx]"'
 FAMILIES = ["pyflow.kernels.examples", "pyflow.kernels.elementwise", "pyflow.kernels.reduce",
             "pyflow.kernels.arg_reduce", "pyflow.kernels.softmax", "pyflow.kernels.matmul",
-            "pyflow.kernels.movement", "pyflow.kernels.indexing", "pyflow.kernels.scan", "pyflow.kernels.sort",
-            "pyflow.kernels.conv", "pyflow.kernels.conv_backward", "pyflow.kernels.optim_update",
+            "pyflow.kernels.movement", "pyflow.kernels.indexing", "pyflow.kernels.index_add", "pyflow.kernels.scan",
+            "pyflow.kernels.sort", "pyflow.kernels.conv", "pyflow.kernels.conv_backward",
+            "pyflow.kernels.pool_backward", "pyflow.kernels.optim_update",
             "pyflow.kernels.utask.elementwise",
             "pyflow.kernels.utask.matmul",
             "pyflow.kernels.utask.reduce", "pyflow.kernels.utask.program",

@@ -22,13 +22,13 @@ movement        ``slice(out, x, *, starts, stops, steps)``, ``concat(out, inputs
                 ``transpose(out, x, *, dim0, dim1)``, ``gather(out, table, indices, *, check=True)``,
                 ``index_select(out, x, index, *, axis, check=True)``
 indexing        ``dim_gather(out, x, index, *, axis, check=True)``,
-                ``index_copy`` / ``index_add`` / ``scatter_add(out, index, source, *, axis, check=True)``
-                (in place)
+                ``index_copy(out, index, source, *, axis, check=True)`` (in place)
+index_add       ``index_add`` / ``scatter_add(out, index, source, *, axis, check=True)`` (in place)
 conv / pool     ``conv2d(out, x, weight, bias, *, stride=1, padding=0)``,
                 ``max_pool2d`` / ``avg_pool2d(out, x, *, kernel_size, stride=None, padding=0)``
 conv_backward   ``conv2d_backward_input(grad_x, grad_y, weight, *, stride, padding)``,
-                ``conv2d_backward_weight(grad_w, x, grad_y, *, stride, padding)``,
-                ``max_pool2d_backward(grad_x, x, grad_y, *, kernel_size, stride, padding)``,
+                ``conv2d_backward_weight(grad_w, x, grad_y, *, stride, padding)``
+pool_backward   ``max_pool2d_backward(grad_x, x, grad_y, *, kernel_size, stride, padding)``,
                 ``avg_pool2d_backward(grad_x, grad_y, *, kernel_size, stride, padding)``
 optim_update    in place, no output: ``sgd_update(model, model_diff, learning_rate, *, weight_decay, maximize)``,
                 ``momentum_update(model, model_diff, momentum_buf, learning_rate, train_step, *, momentum, ...)``,
@@ -81,8 +81,8 @@ def kernel_names(target: str | None = None) -> list[str]:
     return sorted({n for n, t in _table if target is None or t == target})
 
 
-FAMILIES = ("elementwise", "reduce", "softmax", "matmul", "movement", "conv", "conv_backward", "scan", "sort",
-            "indexing", "optim_update")
+FAMILIES = ("elementwise", "reduce", "softmax", "matmul", "movement", "conv", "conv_backward", "pool_backward",
+            "scan", "sort", "indexing", "index_add", "optim_update")
 
 
 _loaded = False

@@ -1,4 +1,4 @@
-"""conv2d / max_pool2d / avg_pool2d backward kernels (``kernels/conv_backward.py``) on both targets.
+"""conv2d / max_pool2d / avg_pool2d backward kernels (``kernels/conv_backward.py``, ``pool_backward.py``), both targets.
 
 * The CPU twins equal PyTorch's autograd (``F.conv2d(...).backward(grad_y)`` and the
   pooling ops, ``count_include_pad=True``), computed in float64 from the same values:
@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pyflow.kernels.conv_backward  # noqa: F401  (registers the backward kernels)
+import pyflow.kernels.pool_backward  # noqa: F401
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.conv import conv2d_output_shape, pool2d_output_shape

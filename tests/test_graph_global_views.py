@@ -200,9 +200,9 @@ def test_views_of_a_partial_sum_stay_partial_and_box_nothing():
 
 
 @pytest.mark.parametrize("is_global", [False, True])
-def test_the_broadcast_view_of_copy_made_by_no_view_op_gets_its_gradient_scattered_back(is_global):
-    """``y.copy_(v)`` of a smaller ``v`` inside build views ``v`` broadcast (a ``view`` JobOp of no view op):
-    its gradient is the sum over the broadcast rows (``view_backward``'s scatter-add), locally and on B."""
+def test_the_broadcast_of_copy_is_the_expand_op_and_gets_its_gradient(is_global):
+    """``y.copy_(v)`` of a smaller ``v`` inside build broadcasts ``v`` with the expand op: its gradient is
+    the sum over the broadcast rows (expand's backward, ``sum_to``), locally and on B."""
     xv = np.arange(6, dtype=np.float32).reshape(2, 3)
 
     def body():

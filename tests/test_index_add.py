@@ -1,4 +1,4 @@
-"""index_add (torch's ``index_add_``) and scatter_add (``scatter_add_``) on both targets (``kernels/indexing.py``).
+"""index_add (torch's ``index_add_``) and scatter_add (``scatter_add_``) on both targets (``kernels/index_add.py``).
 
 * Both equal ``np.add.at`` in the accumulate dtype bit for bit (float16: on a float32
   copy of out, rounded back once; every other dtype: in itself), on every numeric
@@ -28,7 +28,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pyflow.kernels.indexing  # noqa: F401  (registers index_add, scatter_add)
+import pyflow.kernels.index_add  # noqa: F401  (registers index_add, scatter_add)
 from pyflow.errors import AxisError, DTypeError, IndexOutOfRangeError, ShapeError
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.dtypes import NUMERIC_DTYPES

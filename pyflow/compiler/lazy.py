@@ -13,7 +13,9 @@ while a trace is open on this thread.
 * An **eager tensor** used by ``build`` (a parameter, a buffer, a captured tensor)
   becomes a ``variable`` op, once per tensor: the graph reads its memory at run time.
 * **Views** (the view ops ``reshape``, ``permute``...; ``x[i]``) are ``view`` JobOps: a
-  layout over the input's blob, run as an alias of its memory.
+  layout over the input's blob, run as an alias of its memory (``lazy_views.py``).
+* **Global tensors**: each op's SBP signature is chosen as it is recorded, ``to_global`` is an
+  op (``lazy_global.py``).
 * **Writes**: ``x.add_(1)`` on a lazy tensor records the op and renames ``x`` to the
   result (a view's base would not see it, so writing into a view, or into a tensor
   that has views, is an error).  Writing an eager tensor (``running_mean.mul_(m)``,
@@ -32,8 +34,9 @@ import threading
 import numpy as np
 
 from pyflow.compiler.job import BlobDesc, Job, JobOp, lbn_of
+from pyflow.compiler.lazy_global import record_global_op, record_to_global
 from pyflow.compiler.lazy_views import record_view, record_view_op
-from pyflow.errors import ArgumentTypeError, CompileError, DeviceError, GraphError
+from pyflow.errors import ArgumentTypeError, CompileError, GraphError
 from pyflow.framework import args, interpreter
 from pyflow.framework.dtypes import is_scalar
 from pyflow.framework.op_registry import get_op
@@ -126,7 +129,7 @@ class LazyTensor(Tensor):
 
     def to_global(self, placement=None, sbp=None) -> "LazyTensor":
         """Inside build: a ``to_global`` op (the TaskGraph gives its edge the boxing sub-graph)."""
-        return self._trace.to_global(self, placement, sbp)
+        return record_to_global(self._trace, self, placement, sbp)
 
     def to(self, *where, **kwargs) -> "LazyTensor":
         """A global lazy tensor ``.to("cuda")`` / ``.to(dtype)``: as an eager global one
@@ -328,7 +331,7 @@ class LazyTracer:
                 raise ArgumentTypeError(f"op {name!r}: expects tensors (or numbers), got {type(x).__name__}")
         tensors = [x for x in inputs if isinstance(x, Tensor)]
         if any(self.job.blobs[t._lbn].placement is not None for t in tensors):
-            return self._global_apply(name, op, inputs, tensors, out, attrs)
+            return record_global_op(self, name, op, inputs, out, attrs)
         if "device" in attrs:
             attrs["device"] = args.device(attrs["device"], name)
 
@@ -347,65 +350,6 @@ class LazyTracer:
             return self._record(name, [x._lbn if isinstance(x, Tensor) else x for x in inputs], descs, attrs,
                                 writes=writes)
         return self._write(name, op, inputs, list(out), descs, attrs, writes)
-
-    def _global_apply(self, name, op, inputs, tensors, out, attrs) -> list:
-        """A global op: the eager global interpreter's checks and inference, its SBP signature chosen
-        now from the inputs' SBPs (the OpGraph repeats the same inference over the whole Job)."""
-        from pyflow.compiler.op_graph import infer_signature
-
-        descs_in = [self.job.blobs[x._lbn] if isinstance(x, Tensor) else None for x in inputs]
-        local = [t for t, d in zip(inputs, descs_in) if d is not None and d.placement is None]
-        if local:
-            raise DeviceError(f"op {name!r} at {user_line()}: global and local tensors mixed ({local[0]!r} is "
-                              "local); make it global with .to_global(placement, sbp) first")
-        placements = {d.placement for d in descs_in if d is not None}
-        if len(placements) > 1:
-            raise DeviceError(f"op {name!r} at {user_line()}: inputs on different placements "
-                              f"({', '.join(str(p) for p in placements)}); box them onto one with "
-                              ".to_global(placement=...) first")
-        (placement,) = placements
-        _, metas = interpreter.infer_logical(op, inputs, attrs,
-                                             where=lambda: f"op {name!r} in nn.Graph build at {user_line()}")
-        writes = {i: inputs[i]._lbn for i in op.mutable_inputs if i < len(inputs) and isinstance(inputs[i], Tensor)}
-        try:
-            signature = infer_signature(name, descs_in, [m.shape for m in metas], attrs, placement, writes)
-        except CompileError as error:
-            raise CompileError(f"{error} [at {user_line()}]") from None
-        descs = [BlobDesc(tuple(m.shape), m.dtype, placement=placement, sbp=tuple(nd))
-                 for m, nd in zip(metas, signature.outputs)]
-        if out is not None:
-            return self._write(name, op, inputs, list(out), descs, attrs, writes)
-        return self._record(name, [x._lbn if isinstance(x, Tensor) else x for x in inputs], descs, attrs,
-                            writes=writes)
-
-    def to_global(self, x: "LazyTensor", placement=None, sbp=None) -> "LazyTensor":
-        """``x.to_global(placement, sbp)`` inside build: a ``to_global`` op with the requested layout."""
-        from pyflow.framework.placement import placement as Placement
-        from pyflow.framework.sbp import checked_layout
-
-        x = self.lazy(x)
-        desc = self.job.blobs[x._lbn]
-        if desc.placement is not None:
-            placement = desc.placement if placement is None else placement
-            sbp = desc.sbp if sbp is None else sbp
-        elif placement is None or sbp is None:
-            raise ArgumentTypeError("to_global of a local tensor needs both placement= and sbp=")
-        if not isinstance(placement, Placement):
-            raise ArgumentTypeError(f"to_global: placement must be a flow.placement, got {placement!r}")
-        shape = tuple(desc.shape)
-        if desc.placement is None:   # each rank's blob is its piece: the logical shape grows along splits
-            sbp = sbp if isinstance(sbp, (tuple, list)) else (sbp,)
-            shape = list(shape)
-            for axis, s in enumerate(sbp):
-                if s.is_split:
-                    shape[s.dim] *= placement.hierarchy[axis]
-            shape = tuple(shape)
-        nd = checked_layout(shape, placement, sbp, "to_global")
-        if desc.placement is not None and desc.placement == placement and tuple(desc.sbp) == tuple(nd):
-            return x
-        out = BlobDesc(shape, desc.dtype, placement=placement, sbp=tuple(nd), time_shape=desc.time_shape)
-        (result,) = self._record("to_global", [x._lbn], [out], {"placement": placement, "sbp": tuple(nd)})
-        return result
 
     def _write(self, name, op, inputs, out, descs, attrs, writes) -> list:
         """``out=``: into a variable (an op that writes it), or a lazy tensor (renamed to the result)."""
@@ -435,9 +379,9 @@ class LazyTracer:
             if j in into:
                 continue
             value = result
-            if tuple(o.shape) != tuple(result.shape) or o.dtype != result.dtype:
-                from pyflow.framework.interpreter import broadcast_view
-                (value,) = self.apply("cast", [broadcast_view(result, o.shape)], None, {"dtype": o.dtype})
+            if tuple(o.shape) != tuple(result.shape) or o.dtype != result.dtype:   # broadcast by the expand op
+                expanded = result if tuple(o.shape) == tuple(result.shape) else result.expand(*o.shape)
+                (value,) = self.apply("cast", [expanded], None, {"dtype": o.dtype})
             o._lbn = value._lbn
         return out
 

@@ -27,8 +27,7 @@ The SBP rules of the ops the compiler itself makes:
 (``_op``: permute, reshape, dim the view keeps whole moves with it, P stays P), chosen by the
 narrow, ``x[i]``...)        cost model as for any op; each rank views its piece with the op's
                             attrs, as the global interpreter does
-``view`` made by no op      (``detach``; ``broadcast_view``: of ``copy_``'s source, of an
-                            ``out=`` result): a permutation of dims moves the splits with it;
+``view`` made by no op      (``detach``): a permutation of dims moves the splits with it;
                             any other view needs the whole blob: (B) -> (B)
 fused optimizer updates     every tensor of the model's shape takes the model's SBP (the
                             update writes it in place, so it cannot move), 0-d ones B

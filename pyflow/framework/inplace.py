@@ -23,7 +23,7 @@ from pyflow.framework import args
 from pyflow.framework.args import describe
 from pyflow.framework.dtypes import to_scalar
 from pyflow.framework.functional import _bounds, _operands, times_alpha
-from pyflow.framework.interpreter import apply, broadcast_view, has_internal_overlap, same_view
+from pyflow.framework.interpreter import apply, has_internal_overlap, same_view
 from pyflow.framework.tensor import Tensor
 
 __all__ = ["copy_", "fill_", "zero_", "clamp_"]
@@ -71,7 +71,9 @@ def copy_(self: Tensor, src: Tensor) -> Tensor:
         return self   # copying a view onto itself changes nothing
     if src.device is not self.device:
         src = src.to(self.device)
-    apply("cast", [broadcast_view(src, self.shape)], dtype=self.dtype, out=[self])
+    if tuple(src.shape) != tuple(self.shape):   # the expand op: autograd and nn.Graph see the broadcast
+        src = src.expand(*self.shape)
+    apply("cast", [src], dtype=self.dtype, out=[self])
     return self
 
 

@@ -46,7 +46,7 @@ from pyflow.framework.args import describe
 from pyflow.framework.dtypes import DEFAULT_FLOAT, can_cast, category, is_scalar, result_type, to_scalar
 from pyflow.framework.op_registry import TensorMeta, get_op
 from pyflow.framework.view_ops import apply_view
-from pyflow.kernels.layout import contiguous_strides, padded_strides
+from pyflow.kernels.layout import contiguous_strides
 from pyflow.kernels.registry import get_kernel
 
 __all__ = ["apply", "get_default_device", "kernel_target", "describe", "global_interpreter",
@@ -233,14 +233,6 @@ def may_overlap(a, b) -> bool:
         return False
     (a0, a1), (b0, b1) = _span(a), _span(b)
     return a0 <= b1 and b0 <= a1
-
-
-def broadcast_view(t, shape):
-    """``t`` seen with ``shape`` (stride 0 on broadcast dims): a view, no copy."""
-    shape = tuple(shape)
-    if tuple(t.shape) == shape:
-        return t
-    return t._view(shape, padded_strides(t.shape, t._blob.strides, shape), t._blob.offset)
 
 
 def _kernel(op, stream):
@@ -439,8 +431,9 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
     if out is None:
         return outputs
     for o, result in zip(out, outputs):
-        if result is not o:   # another shape or dtype: the result is broadcast and cast into o
-            apply("cast", [broadcast_view(result, o.shape)], dtype=o.dtype, out=[o])
+        if result is not o:   # another shape or dtype: the result is broadcast (the expand op) and cast into o
+            expanded = result if tuple(result.shape) == tuple(o.shape) else result.expand(*o.shape)
+            apply("cast", [expanded], dtype=o.dtype, out=[o])
     return out
 
 

@@ -4,7 +4,7 @@ Shapes, strides and padding are checked at the call with the kernels' own rules;
 the operands must be float32 or float64 and share one dtype (as in PyTorch, which
 does not promote a convolution's operands).
 
-Their gradients are ops too (``kernels/conv_backward.py``): ``conv2d_backward_input``
+Their gradients are ops too (``kernels/conv_backward.py``, ``kernels/pool_backward.py``): ``conv2d_backward_input``
 (a transposed convolution of ``g`` with the weight), ``conv2d_backward_weight``
 (``g`` correlated with the input), ``max_pool2d_backward`` (``g`` to the element
 each window chose) and ``avg_pool2d_backward`` (``g`` spread over each window).

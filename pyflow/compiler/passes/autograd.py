@@ -32,7 +32,7 @@ from pyflow.framework import creation
 from pyflow.framework.op_registry import get_op
 from pyflow.framework.sbp import SbpParallel
 
-__all__ = ["run", "JobCtx", "view_backward"]
+__all__ = ["run", "JobCtx"]
 
 
 class JobCtx:
@@ -87,32 +87,6 @@ def constant(value, dtype, like):
             return tensor(value, dtype=dtype, device=like.device)
         whole = (SbpParallel("broadcast"),) * len(like.placement.hierarchy)
         return tensor(value, dtype=dtype, placement=like.placement, sbp=whole)
-
-
-def view_backward(job, op: JobOp, grad):
-    """The gradient of a ``view`` JobOp that no view op made; a view op's (``x.T``, ``x[i]``...) has the op's
-    own backward rule (``pyflow/ops/views.py``).  Inside build only ``interpreter.broadcast_view`` still makes
-    such a differentiable view (``Tensor._view``: shape, strides, offset into a contiguous input): the
-    broadcast of the source of ``y.copy_(x)``, or of an ``out=`` result of another shape (``LazyTracer._write``);
-    ``detach()`` is one too, but stops the gradient.  A broadcast reads one place many times: ``grad`` is
-    scatter-added back to the positions the view read."""
-    from pyflow.framework.tensor import tensor
-
-    (src,) = op.inputs
-    desc = job.blobs[src]
-    shape, strides, offset = op.attrs["shape"], op.attrs["strides"], op.attrs["offset"]
-    positions = np.full(shape, offset, dtype=np.int64)
-    for d, (n, s) in enumerate(zip(shape, strides)):
-        index_shape = [1] * len(shape)
-        index_shape[d] = n
-        positions = positions + (np.arange(n, dtype=np.int64) * s).reshape(index_shape)
-    if desc.placement is None:
-        index = tensor(positions.reshape(-1), device=desc.device)
-        flat = creation.zeros(int(np.prod(desc.shape, dtype=np.int64)), dtype=grad.dtype, device=desc.device)
-    else:   # a global view reads the whole (B) blob: the scatter runs on B constants too
-        index = constant(positions.reshape(-1), np.int64, desc)
-        flat = zeros(dataclasses.replace(desc, shape=(int(np.prod(desc.shape, dtype=np.int64)),)), grad.dtype)
-    return flat.index_add(0, index, grad.reshape(-1)).reshape(tuple(desc.shape))
 
 
 def to_global_backward(job, op: JobOp, grad):
@@ -177,9 +151,9 @@ def run(job, tracer) -> None:
             acc = _acc(job, op, out_grads[0])
             add(op.inputs[0], acc)
             continue
-        if op.type == "view" and "_op" not in op.attrs:   # a view that is no op (a _view): scattered back
-            add(op.inputs[0], view_backward(job, op, out_grads[0]))
-            continue
+        if op.type == "view" and "_op" not in op.attrs:   # only detach() makes one, and it stops the gradient
+            raise CompileError(f"the gradient of {op.name} (a view made by no view op, at {op.line}): such a view "
+                               "has no backward rule; make it with a view op (expand, reshape, narrow, x[i]...)")
         if op.type == "to_global":
             add(op.inputs[0], to_global_backward(job, op, out_grads[0]))
             continue

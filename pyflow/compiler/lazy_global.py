@@ -1,0 +1,82 @@
+"""Global tensors inside ``nn.Graph.build``: each op's SBP signature chosen as it is recorded (LazyTracer's).
+
+A global op in build is checked as the eager global interpreter checks it (one placement, no
+local tensor mixed in), its shapes inferred by the op's own inference, and its SBP signature
+chosen now from the SBPs its inputs have (``op_graph.infer_signature``, the cost model eager
+global ops use), so a lazy tensor knows its ``sbp`` at once, as an eager one does; the OpGraph
+repeats the same inference over the whole Job.  ``x.to_global(placement, sbp)`` is a
+``to_global`` JobOp of the requested layout: the TaskGraph gives its edge the boxing sub-graph
+(OneFlow: the boxing is the edge's, not an op's).
+"""
+
+from __future__ import annotations
+
+from pyflow.compiler.job import BlobDesc
+from pyflow.errors import ArgumentTypeError, CompileError, DeviceError
+from pyflow.framework import interpreter
+from pyflow.framework.tensor import Tensor
+
+__all__ = ["record_global_op", "record_to_global"]
+
+
+def record_global_op(tracer, name, op, inputs, out, attrs) -> list:
+    """Global op ``name`` on the lazy ``inputs``: the eager global interpreter's checks and inference,
+    its SBP signature chosen now from the inputs' SBPs."""
+    from pyflow.compiler.lazy import user_line
+    from pyflow.compiler.op_graph import infer_signature
+
+    descs_in = [tracer.job.blobs[x._lbn] if isinstance(x, Tensor) else None for x in inputs]
+    local = [t for t, d in zip(inputs, descs_in) if d is not None and d.placement is None]
+    if local:
+        raise DeviceError(f"op {name!r} at {user_line()}: global and local tensors mixed ({local[0]!r} is "
+                          "local); make it global with .to_global(placement, sbp) first")
+    placements = {d.placement for d in descs_in if d is not None}
+    if len(placements) > 1:
+        raise DeviceError(f"op {name!r} at {user_line()}: inputs on different placements "
+                          f"({', '.join(str(p) for p in placements)}); box them onto one with "
+                          ".to_global(placement=...) first")
+    (placement,) = placements
+    _, metas = interpreter.infer_logical(op, inputs, attrs,
+                                         where=lambda: f"op {name!r} in nn.Graph build at {user_line()}")
+    writes = {i: inputs[i]._lbn for i in op.mutable_inputs if i < len(inputs) and isinstance(inputs[i], Tensor)}
+    try:
+        signature = infer_signature(name, descs_in, [m.shape for m in metas], attrs, placement, writes)
+    except CompileError as error:
+        raise CompileError(f"{error} [at {user_line()}]") from None
+    descs = [BlobDesc(tuple(m.shape), m.dtype, placement=placement, sbp=tuple(nd))
+             for m, nd in zip(metas, signature.outputs)]
+    if out is not None:
+        return tracer._write(name, op, inputs, list(out), descs, attrs, writes)
+    return tracer._record(name, [x._lbn if isinstance(x, Tensor) else x for x in inputs], descs, attrs,
+                          writes=writes)
+
+
+def record_to_global(tracer, x, placement=None, sbp=None):
+    """``x.to_global(placement, sbp)`` inside build: a ``to_global`` op with the requested layout (``x``
+    itself if it has that layout already)."""
+    from pyflow.framework.placement import placement as Placement
+    from pyflow.framework.sbp import checked_layout
+
+    x = tracer.lazy(x)
+    desc = tracer.job.blobs[x._lbn]
+    if desc.placement is not None:
+        placement = desc.placement if placement is None else placement
+        sbp = desc.sbp if sbp is None else sbp
+    elif placement is None or sbp is None:
+        raise ArgumentTypeError("to_global of a local tensor needs both placement= and sbp=")
+    if not isinstance(placement, Placement):
+        raise ArgumentTypeError(f"to_global: placement must be a flow.placement, got {placement!r}")
+    shape = tuple(desc.shape)
+    if desc.placement is None:   # each rank's blob is its piece: the logical shape grows along splits
+        sbp = sbp if isinstance(sbp, (tuple, list)) else (sbp,)
+        shape = list(shape)
+        for axis, s in enumerate(sbp):
+            if s.is_split:
+                shape[s.dim] *= placement.hierarchy[axis]
+        shape = tuple(shape)
+    nd = checked_layout(shape, placement, sbp, "to_global")
+    if desc.placement is not None and desc.placement == placement and tuple(desc.sbp) == tuple(nd):
+        return x
+    out = BlobDesc(shape, desc.dtype, placement=placement, sbp=tuple(nd), time_shape=desc.time_shape)
+    (result,) = tracer._record("to_global", [x._lbn], [out], {"placement": placement, "sbp": tuple(nd)})
+    return result
