@@ -9,10 +9,10 @@ back pressure: with regst num r a producer is never more than r pieces ahead.
 
 Issuing is not running: an act only queues its kernels, and an ep stream (a GPU's, or the
 simulator's emulated one) runs them later, often while a later act issues its own.  So each
-act's instructions carry an ``ActDeviceWork`` as their VM issuer (``issuing_acts``; the
-mechanism ``flow.trace()`` uses, ``pyflow/vm/stream.py``'s ``TracedWork``), and the record's
-``device`` lists when each ep task they launched *ran* (``DeviceRun``): a matmul's kernel time
-is the matmul act's, not that of the act that waits for it.
+act's instructions carry an ``ActDeviceWork`` as their VM issuer (``issuing_acts``; ``issuing_act`` for an
+input-wise actor's acts; the mechanism ``flow.trace()`` uses, ``pyflow/vm/stream.py``'s ``TracedWork``), and
+the record's ``device`` lists when each ep task they launched *ran* (``DeviceRun``): a matmul's
+kernel time is the matmul act's, not that of the act that waits for it.
 
 * ``to_chrome_trace(records)`` - the Chrome trace event format (open the JSON in
   ui.perfetto.dev), one track per actor thread (acts of one thread never overlap);
@@ -30,8 +30,8 @@ import types
 
 from pyflow.vm import set_issuer
 
-__all__ = ["ActRecord", "DeviceRun", "ActDeviceWork", "issuing_acts", "with_device_runs", "to_chrome_trace",
-           "save_chrome_trace", "plot", "plot_many", "report_to_tracers"]
+__all__ = ["ActRecord", "DeviceRun", "ActDeviceWork", "issuing_acts", "issuing_act", "with_device_runs",
+           "to_chrome_trace", "save_chrome_trace", "plot", "plot_many", "report_to_tracers"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,18 @@ def issuing_acts(act_fn, pending: dict):
         finally:
             set_issuer(previous)
     return act
+
+
+def issuing_act(pending: dict, task_id: int, fn, args: tuple):
+    """``fn(*args)``, one act of task ``task_id`` that is no ``act_fn``'s (an input-wise actor's), with a fresh
+    ``ActDeviceWork`` as the issuer of the instructions it builds, left in ``pending[task_id]`` as
+    ``issuing_acts`` leaves it."""
+    work = pending[task_id] = ActDeviceWork()
+    previous = set_issuer(work)
+    try:
+        return fn(*args)
+    finally:
+        set_issuer(previous)
 
 
 @dataclasses.dataclass(frozen=True)

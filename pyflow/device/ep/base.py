@@ -22,7 +22,8 @@ in order).  Work launched while a thread has a *work owner* set reports to that 
 runs, on the thread that runs it: ``owner.ran(stream, task, started, finished)``
 (``time.perf_counter()`` seconds).  The VM sets one per instruction while ``flow.trace()``
 records, so a kernel's time is the kernel's op's, not that of whatever waits for it.  The
-emulated and CPU streams report; a real GPU's kernels would need device events (not done).
+emulated and CPU streams report as they run the work; a real GPU's stream times it with CUDA
+timing events and reports once they are done (``cuda.py``).
 """
 
 from __future__ import annotations

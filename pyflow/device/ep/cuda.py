@@ -10,12 +10,24 @@ thread calls (the VM calls from its worker threads).
 with ``stream.native``, and those run asynchronously on the GPU. An exception from
 ``fn`` (the host side of a launch) is kept for the next ``sync()``, as on every
 provider; an asynchronous device error surfaces from ``sync()`` as well.
+
+Who ran when (``base.set_work_owner``): the host cannot see a kernel start, so work launched (or a
+copy queued) while the thread has a work owner is put between two timing events
+(``cuda.event(timing=True)``) recorded on the stream, and reported to the owner once the end event is
+done: at the stream's ``sync()``, or when a later timed launch finds it done (``event.query()``).  GPU
+times become ``time.perf_counter()`` seconds through the stream's *anchor*: an event recorded and
+synchronized once, at the first timed launch, with the perf_counter read right after its synchronize
+(``started = anchor_host + anchor.elapsed_time(start) / 1000``).  So the times are exact relative to
+each other and off by the anchor's latency (the time from the GPU reaching the anchor to the host
+returning from its synchronize: microseconds) in absolute terms.  Without a work owner (the common
+case) no event is made and nothing is recorded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -69,6 +81,9 @@ class CudaStream(base.EpStream):
         self.name = name
         self.destroyed = False
         self._errors = TaskErrors(f"{device.device}/{name}")
+        self._anchor: tuple | None = None   # (the anchor event, perf_counter right after it was reached)
+        self._timed: list = []              # (owner, task, start event, end event), in stream order
+        self._timed_lock = threading.Lock()
         with device.activated():
             self._native = cuda.stream()
 
@@ -86,28 +101,64 @@ class CudaStream(base.EpStream):
         if self.destroyed:
             raise StreamExecutionError(f"stream {self.device.device}/{self.name} was destroyed")
         try:
-            with self.device.activated():
-                fn(*args)
+            self._enqueue(fn, args, name)
         except Exception as error:
             self._errors.add(task_name(fn, name), error)
+
+    def _enqueue(self, fn: Callable[..., Any], args: tuple, name: str | None) -> None:
+        """``fn(*args)`` with the device active; timed on the stream when the thread has a work owner."""
+        owner = base.work_owner()
+        with self.device.activated():
+            if owner is None:
+                fn(*args)
+                return
+            if self._anchor is None:
+                anchor = cuda.event(timing=True)
+                anchor.record(self._native)
+                anchor.synchronize()
+                self._anchor = (anchor, time.perf_counter())
+            self._report()   # what finished meanwhile: the pending list stays short
+            start, end = cuda.event(timing=True), cuda.event(timing=True)
+            start.record(self._native)
+            try:
+                fn(*args)
+            finally:   # (a failed launch still reports: what it queued before failing ran)
+                end.record(self._native)
+                with self._timed_lock:
+                    self._timed.append((owner, task_name(fn, name), start, end))
+
+    def _report(self) -> None:
+        """Tell the owner of each timed task whose end event is done when it ran.  Events of one stream
+        complete in order: the first not done ends the look.  (Asked even right after a ``synchronize``:
+        another thread may have recorded an end event since.)"""
+        with self._timed_lock:
+            done = 0
+            for _, _, _, end in self._timed:
+                if not end.query():
+                    break
+                done += 1
+            finished, self._timed[:done] = self._timed[:done], []
+        if not finished:
+            return
+        anchor, anchor_host = self._anchor
+        for owner, task, start, end in finished:
+            owner.ran(self, task, anchor_host + anchor.elapsed_time(start) / 1000,
+                      anchor_host + anchor.elapsed_time(end) / 1000)
 
     def memcpy_h2d(self, dst_dev: Any, src_host: np.ndarray) -> None:
         """Async copy (truly asynchronous when ``src_host`` is pinned)."""
         check_copy(dst_dev, src_host)
-        with self.device.activated():
-            dst_dev.copy_to_device(src_host, stream=self._native)
+        self._enqueue(dst_dev.copy_to_device, (src_host, self._native), "memcpy_h2d")
 
     def memcpy_d2h(self, dst_host: np.ndarray, src_dev: Any) -> None:
         """Async copy (truly asynchronous when ``dst_host`` is pinned)."""
         check_copy(dst_host, src_dev)
-        with self.device.activated():
-            src_dev.copy_to_host(dst_host, stream=self._native)
+        self._enqueue(src_dev.copy_to_host, (dst_host, self._native), "memcpy_d2h")
 
     def memcpy_d2d(self, dst: Any, src: Any) -> None:
         """Async device-to-device copy."""
         check_copy(dst, src)
-        with self.device.activated():
-            dst.copy_to_device(src, stream=self._native)
+        self._enqueue(dst.copy_to_device, (src, self._native), "memcpy_d2d")
 
     def record_event(self, event: base.Event) -> None:
         """``cudaEventRecord(event, stream)``."""
@@ -129,7 +180,10 @@ class CudaStream(base.EpStream):
         try:
             with self.device.activated():
                 self._native.synchronize()
+                self._report()
         except cuda.cudadrv.driver.CudaAPIError as error:
+            with self._timed_lock:   # (a failed GPU times nothing more)
+                self._timed.clear()
             raise StreamExecutionError(f"stream {self.device.device}/{self.name} failed on the GPU: {error}") from error
         self._errors.raise_pending()
 

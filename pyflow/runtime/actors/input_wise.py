@@ -9,7 +9,8 @@ ReduceGather actors were such).  Per piece ``(call, j)`` of its output:
 * it is read-ready when its ctrl inputs are there and *some* data input of this piece has
   arrived and was not used yet; it acts on that one alone (the earliest to arrive):
   ``act_input`` (``pyflow/runtime/act.py``) writes it into the output regst, which it
-  took at the piece's first act and keeps until the last;
+  took at the piece's first act and keeps until the last (with the runtime's timeline on, the act's
+  record hears when the kernels it issued ran, as a normal act's: ``timeline.issuing_act``);
 * that input goes back to its producer at once (which may then make its next piece);
 * the act on the last input sends the output to its consumers and the ctrl inputs back.
 
@@ -24,6 +25,7 @@ import time
 from pyflow.runtime.act import act_input
 from pyflow.errors import OpError
 from pyflow.runtime.actors.base import Actor
+from pyflow.runtime.timeline import issuing_act
 
 __all__ = ["InputWiseActor"]
 
@@ -73,8 +75,12 @@ class InputWiseActor(Actor):
                 slot.current = slot.free.pop(0)
         start = time.perf_counter()
         try:
-            act_input(self.plan, self.task, source.key, source.regsts[0].tensor, self.data_out[0].current.tensor,
-                      first=not self.used)
+            args = (self.plan, self.task, source.key, source.regsts[0].tensor, self.data_out[0].current.tensor,
+                    not self.used)
+            if self.runtime._timeline.maxlen:   # the timeline hears when this act's kernels ran, as a normal act's
+                issuing_act(self.runtime._device_work, self.actor_id, act_input, args)
+            else:
+                act_input(*args)
         except Exception as error:
             raise OpError(f"actor {self.actor_id} ({self.kind} actor of op {self.op_name!r}, task kind "
                           f"{self.task.kind}) failed on input {source.key} of piece {(n, j)}: "
