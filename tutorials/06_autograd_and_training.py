@@ -437,7 +437,7 @@ print(restored[2].bias)
 
 # %% [markdown]
 # Where to read more: `pyflow/autograd/engine.py` is the whole backward in a
-# page; `pyflow/ops/_grad.py` says what a backward rule is, and every op file
+# page; `pyflow/ops/grad_rules.py` says what a backward rule is, and every op file
 # in `pyflow/ops/` ends with its rules; `pyflow/optim/sgd.py` is SGD, one fused
 # update op per parameter (`pyflow/ops/optim_update.py`).  In OneFlow the same split holds: the autograd engine issues the
 # backward ops to the same eager VM as the forward ones.

@@ -28,7 +28,7 @@ import math
 from pyflow.autograd.engine import dual_sbp
 from pyflow.autograd.graph import AutogradMeta, Node
 from pyflow.autograd.record import Recorder, record_unary_view
-from pyflow.ops._grad import sum_to
+from pyflow.ops.grad_rules import sum_to
 
 __all__ = ["record_call", "check_write", "record_write"]
 

@@ -30,7 +30,7 @@ from pyflow.framework.op_registry import BROADCAST_ONLY, NO_BACKWARD, OpDef, Ten
 from pyflow.framework.sbp import B, P, S, Signature
 from pyflow.kernels.elementwise import binary_result_dtype, unary_result_dtype
 from pyflow.kernels.layout import broadcast_shapes
-from pyflow.ops._grad import for_inputs
+from pyflow.ops.grad_rules import for_inputs
 
 __all__ = ["FLOAT_UNARY", "UNARY_OPS", "BINARY_OPS", "COMPARISONS", "LOGICAL_OPS", "elementwise_signatures"]
 
@@ -146,7 +146,7 @@ def _cast_signatures(shapes, out_shapes, attrs) -> list:
     return elementwise_signatures([(P,)] if floating else ())(shapes, out_shapes, attrs)
 
 
-# --- backward rules (``pyflow/ops/_grad.py`` says what a rule is) --------------------------------------
+# --- backward rules (``pyflow/ops/grad_rules.py`` says what a rule is) --------------------------------------
 # g: the gradient of the op's output.  PyTorch's formulas, its choices at ties included.
 
 

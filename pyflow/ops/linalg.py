@@ -15,7 +15,7 @@ from __future__ import annotations
 from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
 from pyflow.framework.sbp import B, P, S, Signature
 from pyflow.kernels.matmul import matmul_result_dtype, matmul_shape
-from pyflow.ops._grad import sum_to
+from pyflow.ops.grad_rules import sum_to
 
 __all__ = []
 

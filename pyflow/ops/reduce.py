@@ -34,7 +34,7 @@ from pyflow.framework.sbp import P, S, Signature
 from pyflow.kernels.layout import normalize_axes, normalize_axis
 from pyflow.kernels.reduce import plan_reduce
 from pyflow.kernels.scan import cumsum_result_dtype
-from pyflow.ops._grad import keepdims_shape
+from pyflow.ops.grad_rules import keepdims_shape
 
 __all__ = ["REDUCE_OPS"]
 

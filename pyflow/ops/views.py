@@ -51,7 +51,7 @@ from pyflow.framework.op_registry import OpDef, TensorMeta, register_op
 from pyflow.framework.sbp import P, S, Signature
 from pyflow.framework.views import WHOLE, view_strides
 from pyflow.kernels.layout import contiguous_strides, sliced_view
-from pyflow.ops._grad import sum_to
+from pyflow.ops.grad_rules import sum_to
 
 __all__ = ["VIEW_OPS"]
 
