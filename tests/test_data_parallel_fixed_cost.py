@@ -68,7 +68,8 @@ def test_a_global_tensor_from_data_issues_one_collective_and_no_blocking_exchang
         return collectives, x.to_local().numpy(), ones.to_global(sbp=flow.sbp.broadcast).to_local().numpy()
 
     (c0, x0, ones0), (c1, x1, ones1) = flow.distributed.run(per_rank, world_size=2)
-    assert exchanges == [] and c0 == c1 == 2
+    # the data's broadcast; the P ones are filled on each rank (``GlobalInterpreter.full``): it was 2
+    assert exchanges == [] and c0 == c1 == 1
     np.testing.assert_array_equal(x0, [[0.0, 1.0], [2.0, 3.0]])
     np.testing.assert_array_equal(x1, [[4.0, 5.0]])
     np.testing.assert_array_equal(ones0, np.ones(4))

@@ -117,13 +117,13 @@ class GlobalInterpreter:
 
         Every rank knows a constant, so no rank needs parallel_id 0's data (``tensor`` above broadcasts
         it, since there the ranks' data may differ): as OneFlow's global constant op, each rank fills
-        its piece, of its piece's shape for B and S(k).  A P of a nonzero value is filled B, then boxed
-        on the rank (every piece but coordinate 0's zeroed).  Autograd's seed gradients and missing
-        gradients' zeros are made this way every step.
+        its piece, of its piece's shape for B and S(k).  A P axis of a nonzero value is filled B (split
+        axes kept split: (B, B) -> (P, S) would send), then boxed on the rank (every piece but those at
+        coordinate 0 of the P axis zeroed).  Autograd's seed gradients and missing gradients' zeros
+        are made this way every step.
         """
         rank, dtype, shape, sbp = env.get_rank(), np.dtype(dtype), tuple(shape), tuple(sbp)
-        made = sbp if value == 0 or not any(s.is_partial for s in sbp) else \
-            (SbpParallel("broadcast"),) * len(placement.hierarchy)
+        made = sbp if value == 0 else tuple(SbpParallel("broadcast") if s.is_partial else s for s in sbp)
         piece = None
         if placement.has(rank):
             piece = interpreter.apply("fill", [], shape=Layout(placement, made).piece_shape(rank, shape), dtype=dtype,

@@ -11,10 +11,13 @@ and then issues:
   on the host with numpy, then copied to the device (as ``flow.tensor`` does).
 
 ``zeros``, ``ones``, ``full``, ``rand`` and ``randn`` take ``placement=`` and
-``sbp=`` instead of ``device=`` to make a **global** tensor: the values are the
-logical tensor's, made on every rank (random ones from each rank's generator,
-and parallel_id 0's win, as ``flow.tensor(data, placement=, sbp=)``).  The random
-generator belongs to the rank (``manual_seed`` seeds the calling rank's).
+``sbp=`` instead of ``device=`` to make a **global** tensor.  A constant is
+filled by each rank on its own piece, nothing sent (a partial sum of a nonzero
+value: the pieces at coordinate 0 of each P axis hold it, the others zeros, as
+OneFlow's B -> P); random values are drawn by every rank's generator, and
+parallel_id 0's win (a broadcast, as ``flow.tensor(data, placement=, sbp=)``).
+The random generator belongs to the rank (``manual_seed`` seeds the calling
+rank's).
 
 >>> import pyflow as flow
 >>> flow.arange(5).tolist(), flow.arange(0, 1, 0.25).dtype, flow.eye(2, 3).tolist()
@@ -35,31 +38,49 @@ from pyflow.errors import ArgumentTypeError, ShapeError
 from pyflow.framework import args, interpreter
 from pyflow.framework.dtypes import DEFAULT_FLOAT, DEFAULT_INT, as_dtype, is_scalar, scalar_dtype, to_scalar
 from pyflow.framework.interpreter import apply, global_interpreter
+from pyflow.framework.sbp import checked_layout
 from pyflow.framework.tensor import Tensor, tensor
 
 __all__ = ["zeros", "ones", "full", "empty", "eye", "arange", "linspace", "zeros_like", "ones_like", "full_like",
            "empty_like", "rand_like", "randn_like", "rand", "randn", "randint", "from_numpy", "manual_seed"]
 
 
-def _global(op: str, values: np.ndarray, device, placement, sbp) -> Tensor:
-    """The global tensor whose logical values are ``values`` (made on every rank)."""
+def _eagerly(make) -> Tensor:
+    """``make()``, run eagerly even inside nn.Graph.build (the tensor is then used there as a variable)."""
+    lazy = interpreter._lazy_tracer
+    if lazy is not None and lazy.active():
+        with lazy.paused():
+            return make()
+    return make()
+
+
+def _not_both(op: str, device) -> None:
     if device is not None:
         raise ArgumentTypeError(f"{op}: give device= for a local tensor or placement= and sbp= for a global one, "
                                 "not both")
-    lazy = interpreter._lazy_tracer
-    if lazy is not None and lazy.active():   # inside nn.Graph.build: made eagerly, then used as a variable
-        with lazy.paused():
-            return global_interpreter().tensor(values, values.dtype, placement, sbp)
-    return global_interpreter().tensor(values, values.dtype, placement, sbp)
+
+
+def _global(op: str, values: np.ndarray, device, placement, sbp) -> Tensor:
+    """The global tensor whose logical values are ``values`` (made on every rank, parallel_id 0's win)."""
+    _not_both(op, device)
+    return _eagerly(lambda: global_interpreter().tensor(values, values.dtype, placement, sbp))
 
 
 def _filled(op: str, size: tuple, fill_value, dtype, device=None, placement=None, sbp=None) -> Tensor:
-    """One ``fill`` op, every argument checked first (errors name ``op``, the function the user called)."""
+    """One ``fill`` op, every argument checked first (errors name ``op``, the function the user called).
+
+    A global one is filled by each rank on its own piece, nothing sent (``GlobalInterpreter.full``,
+    OneFlow's global constant op): every rank knows a constant, so none needs parallel_id 0's data.
+    """
     shape = args.sizes(size, op)
     dtype = as_dtype(dtype, op) if dtype is not None else scalar_dtype(_number(fill_value, op))
     value = to_scalar(fill_value, dtype, op)
     if placement is not None or sbp is not None:
-        return _global(op, np.full(shape, value, dtype), device, placement, sbp)
+        _not_both(op, device)
+        if placement is None or sbp is None:
+            raise ArgumentTypeError(f"{op}: a global tensor needs both placement= and sbp=")
+        nd_sbp = checked_layout(shape, placement, sbp, op)
+        return _eagerly(lambda: global_interpreter().full(shape, value, dtype, placement, nd_sbp))
     return apply("fill", [], shape=shape, dtype=dtype, value=value, device=args.device(device, op))[0]
 
 
