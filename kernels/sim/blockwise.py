@@ -17,7 +17,11 @@ stay ``if``/``while``/``for``, taken by the whole block::
 
 A kernel without barriers is one region: ``cu_launch`` runs it for every thread of
 every block, written inside the loop over a block's threads (``cu_threads_K``) when no
-thread can return early, else called once per thread.
+thread can return early, else called once per thread.  When that region is a 1-D
+grid-stride loop whose turns share nothing (an elementwise kernel), a 1-D launch runs
+the loop's turns of all threads together, element after element (``cu_stride_K``):
+one counted loop LLVM vectorizes, where a thread at a time entered and left its own
+loop for an element or two (``x.relu()`` on 1M floats: 3.9-4.5 ms -> 1.0-1.2 ms).
 
 Everything is numba-compiled, so a barrier costs a loop over the threads and not a
 trip through Python; ``scopes.Machine`` (the Python driver) stays for kernels with
@@ -36,9 +40,11 @@ from __future__ import annotations
 import ast
 import contextlib
 
-from .fission import BarrierNode, BranchNode, CallNode, Region
+from .cpu_runtime import ELEMENT
+from .fission import BarrierNode, BranchNode, CallNode, Region, _exposed, _names
+from .translate import CONTEXT
 
-__all__ = ["write_blockwise"]
+__all__ = ["write_blockwise", "element_thread"]
 
 
 def write_blockwise(w) -> None:
@@ -97,8 +103,11 @@ def _one_region(w, tail: list) -> None:
     k = w.sp.nodes[0].id
     params = [t for t in tail if t not in ("cu_alive", "cu_out")]
     body = _body_without_exits(w.branches[k])
+    loop = _grid_stride(w, body) if body is not None else None
     if body is not None:
         _thread_loop(w, k, body, params)
+    if loop is not None:
+        _collapsed(w, k, loop, params)
     out(w.driver)
     out(f"def cu_launch(cu_b0, cu_b1, {', '.join(params)}):")
     with out:
@@ -106,6 +115,12 @@ def _one_region(w, tail: list) -> None:
         out("cu_nt = cu_bdx * cu_bdy * cu_bdz")
         out("cu_sb = 0")
         out(f"cu_where[3] = {k}")
+        if loop is not None:   # a 1-D launch: one element after another (a 2-D block repeats grid(1)'s values)
+            with out.block("if cu_bdy == 1 and cu_bdz == 1 and cu_gdy == 1 and cu_gdz == 1:"):
+                out("cu_where[1] = cu_rt.ELEMENT   # cu_where[2]: an element; element_thread finds its thread")
+                with out.block(f"if cu_stride_{k}(cu_b0, cu_b1, {', '.join(params)}) == cu_rt.STOPPED:"):
+                    out("return cu_rt.CANCELLED")
+                out("return cu_rt.OK")
         with out.block("for cu_b in range(cu_b0, cu_b1):"):
             with out.block("if cu_rt.cancelled(cu_cancel):"):
                 out("return cu_rt.CANCELLED")
@@ -124,6 +139,88 @@ def _one_region(w, tail: list) -> None:
                         out("return cu_rt.CANCELLED")
         out("return cu_rt.OK")
     out()
+
+
+# cuda.grid(1) and cuda.gridsize(1) as translate.py writes them
+_GRID_START, _GRID_STEP = "cu_bx * cu_bdx + cu_tx", "cu_gdx * cu_bdx"
+_CANCEL_CHECK = "if cu_rt.cancelled(cu_cancel):\n    return cu_rt.STOPPED"
+_CHUNK = 65536   # elements between two looks at the cancel flag
+
+
+def _grid_stride(w, body: list):
+    """``(prefix, i, bound, turn)`` if region code ``body`` (no early exits) is ``prefix; i = cuda.grid(1);
+    while i < bound: turn; i += cuda.gridsize(1)`` and the turns share nothing: no shared or local memory,
+    atomics or fences, no block or thread number read but through ``i``, no variable a turn reads
+    before it sets it, ``i`` and ``bound`` unchanged by a turn, no break or continue.  Then a thread's
+    turns may run in any order among the other threads' turns: element after element.  Else None."""
+    if w.tr.storage or not w.tr.blocks_independent:
+        return None
+    stmts = ast.parse("\n".join(body)).body
+    if len(stmts) < 2:
+        return None
+    *prefix, start, loop = stmts
+    if not (isinstance(start, ast.Assign) and len(start.targets) == 1 and isinstance(start.targets[0], ast.Name)
+            and ast.unparse(start.value) == _GRID_START and isinstance(loop, ast.While) and not loop.orelse):
+        return None
+    i, test = start.targets[0].id, loop.test
+    if not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == i
+            and len(test.ops) == 1 and isinstance(test.ops[0], ast.Lt)):
+        return None
+    *turn, step = loop.body
+    if not (isinstance(step, ast.AugAssign) and isinstance(step.op, ast.Add) and isinstance(step.target, ast.Name)
+            and step.target.id == i and ast.unparse(step.value) == _GRID_STEP):
+        return None
+    if turn and ast.unparse(turn[0]) == _CANCEL_CHECK:   # StatusRewriter's: asked once per chunk instead
+        turn = turn[1:]
+    assigned = set().union(*(_names(s, ast.Store) for s in turn))
+    reads = set().union(*(_names(s) for s in prefix + turn))
+    if (not turn or i in assigned or _exposed(turn, set())[0] & assigned or _names(test.comparators[0]) & assigned
+            or (reads | _names(test)) & set(CONTEXT)
+            or any(isinstance(n, (ast.Break, ast.Continue)) for s in turn for n in ast.walk(s))):
+        return None
+    return prefix, i, test.comparators[0], turn
+
+
+def _collapsed(w, k: int, loop: tuple, params: list) -> None:
+    """``cu_stride_K``: the grid-stride loop of region K, its turns for blocks ``cu_b0`` to ``cu_b1 - 1``
+    together, element after element (``_grid_stride``).  A range of blocks gets its share of the
+    elements (every element is some thread's: which core runs it does not matter).  The element is
+    kept in ``cu_where[2]`` (LLVM moves the store out of the loop), and named by ``element_thread``."""
+    prefix, i, bound, turn = loop
+    out = w.out
+    out(w.inner)
+    out(f"def cu_stride_{k}(cu_b0, cu_b1, {', '.join(params)}):")
+    with out:
+        out(f'"""{w.branches[k][0].lstrip("# ")}: the grid-stride loop, element after element."""')
+        for line in ast.unparse(ast.Module(body=prefix, type_ignores=[])).splitlines():
+            out(line)
+        out(f"cu_stop = {ast.unparse(bound)}")
+        out(f"cu_chunks = (cu_stop + {_CHUNK - 1}) // {_CHUNK}")
+        with out.block("for cu_m in range(cu_chunks * cu_b0 // cu_gdx, cu_chunks * cu_b1 // cu_gdx):"):
+            with out.block("if cu_rt.cancelled(cu_cancel):"):
+                out("return cu_rt.STOPPED")
+            out("cu_where[0] += 1   # progress, for the hang watchdog")
+            out("cu_k = cu_m & 0x3FFFFFFFFFFF   # not negative, as LLVM can tell: the index checks fold")
+            with out.block(f"for cu_j in range(min({_CHUNK}, cu_stop - cu_k * {_CHUNK})):"):
+                out(f"{i} = cu_k * {_CHUNK} + cu_j")
+                out(f"cu_where[2] = {i}")
+                for line in ast.unparse(ast.Module(body=turn, type_ignores=[])).splitlines():
+                    out(line)
+        out("return cu_rt.FELL_THROUGH")
+    out()
+
+
+def element_thread(where, grid, block) -> tuple:
+    """(block, thread) numbers ``where`` names: ``where[1:3]``, or, after a collapsed grid-stride loop
+    (``where[1] == ELEMENT``), the thread whose turn element ``where[2]`` is (element mod the grid's size).
+
+    >>> element_thread([5, -2, 1000, 0], (4, 1, 1), (32, 1, 1))
+    (3, 8)
+    """
+    if where[1] != ELEMENT:
+        return where[1], where[2]
+    thread = where[2] % (grid[0] * block[0])
+    return thread // block[0], thread % block[0]
 
 
 def _body_without_exits(lines: list):

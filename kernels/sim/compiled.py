@@ -43,6 +43,7 @@ from numba.core import types as nbtypes
 from pyflow.errors import DeadlockError, DivergentBarrierError, GridSyncExitError, KernelError, KernelHangError
 
 from . import cpu_runtime, grid_machine, scopes, workers
+from .blockwise import element_thread
 from .fission import Region, split, variables
 from .translate import BARRIERS, CONTEXT, Unsupported, numba_type_source, translate
 from .writer import write_module
@@ -352,12 +353,11 @@ class CompiledKernel:
         """An exception in compiled code, with the block, thread and region it happened in."""
         node = prepared.nodes[where[3]] if 0 <= where[3] < len(prepared.nodes) else None
         at = f" in {'region' if isinstance(node, Region) else 'the test at'} {node.where}" if node else ""
-        block_idx, thread_idx = _coords(where[1], grid), _coords(where[2], block)
-        failure = KernelError(
+        block_idx, thread_idx = (_coords(n, dims) for n, dims in zip(element_thread(where, grid, block), (grid, block)))
+        return KernelError(
             f"kernel {self.name!r} failed in threadIdx={thread_idx} blockIdx={block_idx}{at} "
             f"(compiled tier): {type(error).__name__}: {error}",
             kernel=self.name, thread_idx=thread_idx, block_idx=block_idx)
-        return failure
 
     def _failure(self, code, prepared, grid, block, report):
         node = prepared.nodes[report[3]] if 0 <= report[3] < len(prepared.nodes) else None

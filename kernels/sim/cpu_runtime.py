@@ -38,11 +38,11 @@ from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
 __all__ = ["JIT", "JIT_OPTIONS", "INNER", "DRIVER", "INNER_UNCHECKED", "DRIVER_UNCHECKED", "BARE", "BARE_UNCHECKED", "cancelled", "OK", "DIVERGENT", "GRID_EXIT", "GRID_PARTIAL", "GROUP_MISMATCH", "CANCELLED",
-           "GROUP_KEY", "FELL_THROUGH", "EXITED", "BROKE", "CONTINUED", "STOPPED", "UNINITIALIZED_BYTE",
+           "GROUP_KEY", "ELEMENT", "FELL_THROUGH", "EXITED", "BROKE", "CONTINUED", "STOPPED", "UNINITIALIZED_BYTE",
            "atomic_add", "atomic_sub", "atomic_and_", "atomic_or_", "atomic_xor", "atomic_inc", "atomic_dec",
            "atomic_exch", "atomic_max", "atomic_min", "atomic_nanmax", "atomic_nanmin", "atomic_cas",
            "atomic_compare_and_swap", "garbage", "array_at", "keep_array", "keep_array_everywhere", "stack_array",
-           "copy_array"]
+           "copy_array", "copy_back", "fixed_shape"]
 
 # boundscheck: an index out of range raises IndexError, as the threaded tier's numpy does;
 # error_model="numpy": integer division by zero gives 0 and float division inf/nan, as on a GPU;
@@ -72,6 +72,7 @@ OK, DIVERGENT, GRID_EXIT, GRID_PARTIAL, GROUP_MISMATCH, CANCELLED = 0, 1, 2, 3, 
 FELL_THROUGH, EXITED, BROKE, CONTINUED, STOPPED = 0, 1, 2, 3, 9
 UNINITIALIZED_BYTE = 0xCD  # shared and local memory start as this byte, as in the threaded tier
 GROUP_KEY = 1 << 31        # a group barrier's node gives slot * GROUP_KEY + members
+ELEMENT = -2               # where[1] when where[2] is the element a collapsed grid-stride loop was at (blockwise.py)
 
 
 @intrinsic
@@ -152,16 +153,51 @@ def stack_array(shape: tuple, dtype):
     return on_stack
 
 
+def _copier(sized_by: int):
+    """An intrinsic ``f(destination, source)``: ``destination[...] = source`` for two C-contiguous arrays
+    of one shape and dtype, one memcpy of the byte count of argument ``sized_by`` (0 or 1)."""
+    @intrinsic
+    def copy(typingctx, destination, source):
+        def codegen(context, builder, signature, args):
+            to = context.make_array(signature.args[0])(context, builder, args[0])
+            from_ = context.make_array(signature.args[1])(context, builder, args[1])
+            sized = (to, from_)[sized_by]
+            cgutils.raw_memcpy(builder, to.data, from_.data, builder.mul(sized.nitems, sized.itemsize), 1)
+            return context.get_dummy_value()
+        return types.none(destination, source), codegen
+    return copy
+
+
+# A stack copy of a local array (``stack_array``) is filled by ``copy_array(stack, row)`` and written back
+# by ``copy_back(row, stack)``: both count the bytes of the stack copy, a constant LLVM sees, so each
+# copy is a few moves (a byte count read from the launch's table was a call of memcpy per thread).
+copy_array = _copier(0)
+copy_back = _copier(1)
+
+
 @intrinsic
-def copy_array(typingctx, destination, source):
-    """``destination[...] = source`` for two C-contiguous arrays of one shape and dtype: one memcpy."""
+def fixed_shape(typingctx, array, shape):
+    """``array`` (C-contiguous) with ``shape``, a tuple of constants equal to its own: the same elements,
+    a shape LLVM knows.  A block's ``cuda.shared.array`` is a row of the launch's table, whose shape
+    is read at run time; seen through this, an index check against a constant folds away where the
+    index is a loop counter below it (a tiled matmul's ``sb[kk, ...]``), and the others get cheaper."""
+    ndim = len(shape)
+    result = types.Array(array.dtype, ndim, "C")
+
     def codegen(context, builder, signature, args):
-        to = context.make_array(signature.args[0])(context, builder, args[0])
-        from_ = context.make_array(signature.args[1])(context, builder, args[1])
-        nbytes = builder.mul(to.nitems, to.itemsize)
-        cgutils.raw_memcpy(builder, to.data, from_.data, nbytes, 1)
-        return context.get_dummy_value()
-    return types.none(destination, source), codegen
+        source = context.make_array(signature.args[0])(context, builder, args[0])
+        intp = context.get_value_type(types.intp)
+        itemsize = context.get_abi_sizeof(context.get_data_type(array.dtype))
+        sizes = cgutils.unpack_tuple(builder, args[1], ndim)
+        strides, step = [], intp(itemsize)
+        for size in reversed(sizes):
+            strides.insert(0, step)
+            step = builder.mul(step, size)
+        view = context.make_array(result)(context, builder)
+        populate_array(view, data=source.data, shape=sizes, strides=strides, itemsize=intp(itemsize),
+                       meminfo=None)
+        return view._getvalue()
+    return result(array, shape), codegen
 
 
 @JIT

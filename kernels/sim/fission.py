@@ -353,13 +353,19 @@ def _pure(expr, fixed: set, tuples: set, remat: set) -> bool:
             return isinstance(base, ast.Attribute) and base.attr == "shape" and ok(base) and ok(node.slice)
         if isinstance(node, ast.Call) and not node.keywords:
             func = node.func
-            if isinstance(func, ast.Name) and func.id in _PURE_CALLS or _dotted(func):
+            if isinstance(func, ast.Name) and func.id in _PURE_CALLS or _dotted(func) or _fixed_shape(func):
                 return all(ok(a) for a in node.args)
             if isinstance(func, ast.Attribute) and func.attr == "view":
                 return ok(func.value) and all(_dotted(a) for a in node.args)
         return False
 
     return ok(expr)
+
+
+def _fixed_shape(func) -> bool:
+    """``cu_rt.fixed_shape``: a shared array seen with constant shape (``translate``), a view like ``a[i]``."""
+    return (isinstance(func, ast.Attribute) and func.attr == "fixed_shape" and isinstance(func.value, ast.Name)
+            and func.value.id == "cu_rt")
 
 
 def _dotted(node) -> bool:

@@ -7,8 +7,8 @@ kernel and every device function it reaches, on their ASTs:
 * ``cuda.threadIdx.x`` ... ``cuda.gridDim.z`` become the names ``cu_tx`` ...
   ``cu_gdz`` (the generated loops set them), ``cuda.grid(n)`` / ``cuda.gridsize(n)``
   the arithmetic on them;
-* ``cuda.shared.array(shape, dtype)`` becomes ``cu_shK[cu_sb]``: the block's slice
-  of an array allocated once per launch (one per declaration site, as on a GPU);
+* ``cuda.shared.array(shape, dtype)`` becomes ``cu_rt.fixed_shape(cu_shK[cu_sb], shape)``: the block's
+  slice of an array allocated once per launch (one per site, as on a GPU), its shape as constants;
   ``cuda.local.array`` becomes ``cu_loK[cu_g]``, the thread's slice;
 * ``cuda.atomic.add(a, i, v)`` becomes ``cu_rt.atomic_add(a, i, v)`` (``cpu_runtime.py``,
   imported as ``cu_rt``: ``cu_`` names are the tier's own, which no kernel variable can hide);
@@ -501,7 +501,7 @@ class _Rewriter(ast.NodeTransformer):
             return _expr(f"cu_dsh[cu_sb][:cu_dsh.shape[1] // {size} * {size}].view(np.{dtype.name})")
         index = "cu_sb" if kind == "shared" else "cu_g"
         self.context.add(index)
-        return _expr(f"{found.name}[{index}]")
+        return _expr(f"cu_rt.fixed_shape({found.name}[cu_sb], {shape!r})" if kind == "shared" else f"{found.name}[cu_g]")
 
     # ---- statements ---------------------------------------------------------------
 

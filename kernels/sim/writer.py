@@ -117,7 +117,7 @@ class _ModuleWriter:
         for v, storage in stacked.items():   # copied in, used, copied back
             prologue[prologue.index(f"{v} = {storage}[cu_g]")] = (
                 f"{v} = {storage}_on_stack(); cu_rt.copy_array({v}, {storage}[cu_g])")
-            stores.append(f"cu_rt.copy_array({storage}[cu_g], {v})")
+            stores.append(f"cu_rt.copy_back({storage}[cu_g], {v})")
         body = StatusRewriter(stores).visit(ast.Module(body=[copy_statement(s) for s in node.stmts], type_ignores=[]))
         self.branches[node.id] = ([f"# region {node.id}: {node.where}"] + prologue
                                   + ast.unparse(body).splitlines() + stores + ["return cu_rt.FELL_THROUGH"])
