@@ -2,7 +2,7 @@
 
 The host side (axes, dtypes, the row description, two passes) is shared with the
 other reductions in ``kernels/reduce.py``; this module holds the kernels.  A row
-is folded exactly as ``make_block_fold`` folds numbers, but on pairs: each thread
+is folded exactly as ``make_block_reduce`` folds numbers, but on pairs: each thread
 keeps the best (value, index) of its share of the row, then a shared-memory tree
 of two arrays (values, indices) halves the block's pairs log2(block) times.
 
@@ -73,7 +73,7 @@ def make_arg_reduce(op: str, dtype: np.dtype, block: int):
 
     @jit(device=True)
     def block_best(values, indices, t, v, i):
-        # Code plan: the tree of make_block_fold, on (value, index) pairs.
+        # Code plan: the tree of make_block_reduce, on (value, index) pairs.
         values[t] = v
         indices[t] = i
         cuda.syncthreads()

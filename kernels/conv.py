@@ -43,7 +43,7 @@ from pyflow.kernels.launch import elementwise_config, launcher, require_device_a
 from pyflow.kernels.layout import flat
 from pyflow.kernels.registry import register
 
-__all__ = ["conv2d_output_shape", "pool2d_output_shape", "conv2d_direct", "make_pool2d",
+__all__ = ["conv2d_output_shape", "pool2d_output_shape", "conv2d_window", "conv2d_direct", "make_pool2d",
            "FLOAT_DTYPES"]
 
 FLOAT_DTYPES = tuple(d for d in _FLOATS if d != np.float16)   # of kernels/dtypes.py: float32, float64
@@ -60,6 +60,34 @@ def unravel_nchw(i, shape):
     h = rest % shape[2]
     rest = rest // shape[2]
     return rest // shape[1], rest % shape[1], h, w
+
+
+@jit(device=True)
+def conv2d_window(x, x_strides, x_shape, w, w_strides, w_shape, nb, co, top, left, zero):
+    """``zero + sum of x[nb, ci, top + i, left + j] * w[co, ci, i, j]`` over the window at (top, left).
+
+    The conv family's one device function: the library's kernel (below) and
+    Cocktailer's conv uTask (``kernels/utask/resnet.py``) compute each output element
+    with it.  It adds in the order ci, i, j, in the type of ``zero``, and skips the
+    window positions outside x (padding would add 0).  Both operands are flat storage
+    read through their own element strides; shapes are NCHW and (C_out, C_in, kH, kW).
+    """
+    # Code plan: 1. clip the kernel rows/columns to those that land inside x;
+    # 2. for each input channel, multiply-accumulate the window with the filter.
+    i_start = max(0, -top)
+    i_stop = min(w_shape[2], x_shape[2] - top)
+    j_start = max(0, -left)
+    j_stop = min(w_shape[3], x_shape[3] - left)
+    acc = zero
+    for ci in range(x_shape[1]):
+        x_base = nb * x_strides[0] + ci * x_strides[1]
+        w_base = co * w_strides[0] + ci * w_strides[1]
+        for ki in range(i_start, i_stop):
+            x_row = x_base + (top + ki) * x_strides[2]
+            w_row = w_base + ki * w_strides[2]
+            for kj in range(j_start, j_stop):
+                acc += x[x_row + (left + kj) * x_strides[3]] * w[w_row + kj * w_strides[3]]
+    return acc
 
 
 @jit
@@ -81,27 +109,13 @@ def conv2d_direct(out, out_strides, out_shape, x, x_strides, x_shape, w, w_strid
     # Code plan:
     # 1. grid-stride over the linear output index i; unravel it to (nb, co, ho, wo);
     # 2. the window's top-left corner in x is (ho*stride_h - pad_h, wo*stride_w - pad_w);
-    #    clip the kernel rows/columns to those that land inside x (skip padding);
-    # 3. for each input channel, multiply-accumulate the window with the filter;
-    # 4. add the bias, write out once.
+    #    ``conv2d_window`` multiply-accumulates it with the filter (padding skipped);
+    # 3. add the bias, write out once.
     i = cuda.grid(1)
     while i < n:
         nb, co, ho, wo = unravel_nchw(i, out_shape)
-        top = ho * stride[0] - padding[0]
-        left = wo * stride[1] - padding[1]
-        i_start = max(0, -top)
-        i_stop = min(w_shape[2], x_shape[2] - top)
-        j_start = max(0, -left)
-        j_stop = min(w_shape[3], x_shape[3] - left)
-        acc = zero
-        for ci in range(x_shape[1]):
-            x_base = nb * x_strides[0] + ci * x_strides[1]
-            w_base = co * w_strides[0] + ci * w_strides[1]
-            for ki in range(i_start, i_stop):
-                x_row = x_base + (top + ki) * x_strides[2]
-                w_row = w_base + ki * w_strides[2]
-                for kj in range(j_start, j_stop):
-                    acc += x[x_row + (left + kj) * x_strides[3]] * w[w_row + kj * w_strides[3]]
+        acc = conv2d_window(x, x_strides, x_shape, w, w_strides, w_shape, nb, co,
+                            ho * stride[0] - padding[0], wo * stride[1] - padding[1], zero)
         if has_bias:
             acc += b[co * b_stride]
         out[nb * out_strides[0] + co * out_strides[1] + ho * out_strides[2] + wo * out_strides[3]] = acc
@@ -342,6 +356,8 @@ def ptx_cases():
     cases = [("unravel_nchw", unravel_nchw.py_func, (i64, t4), True)]
     for dtype in ("float32", "float64"):
         a, scalar = array(dtype), getattr(types, dtype)
+        cases.append((f"conv2d_window[{dtype}]", conv2d_window.py_func,
+                      (a, t4, t4, a, t4, t4, i64, i64, i64, i64, scalar), True))
         cases.append((f"conv2d[{dtype}]", conv2d_direct.py_func,
                       (a, t4, t4, a, t4, t4, a, t4, t4, a, i64, types.boolean, t2, t2, scalar, i64), False))
         for label, kernel in (("max_pool2d", _max_pool2d_direct), ("avg_pool2d", _avg_pool2d_direct)):

@@ -51,7 +51,7 @@ from pyflow.kernels.layout import flat, normalize_axes, normalize_axis
 from pyflow.kernels.registry import register
 
 __all__ = ["REDUCTIONS", "ARG_REDUCTIONS", "REDUCE_DTYPES", "TWO_PASS_WIDTH", "MAX_PARTIALS",
-           "result_dtype", "accumulate_dtype", "plan_reduce", "coalesce", "make_block_fold", "make_reduce",
+           "result_dtype", "accumulate_dtype", "plan_reduce", "coalesce", "make_block_reduce", "make_reduce",
            "argmax_better"]
 
 # Registered op name (OneFlow's; elementwise already owns "max"/"min") -> numpy's function.
@@ -83,28 +83,43 @@ def _identity(kind: str, dtype: np.dtype):
 
 
 @functools.cache
-def make_block_fold(combine, block: int):
-    """Device function: every thread's value combined across the block (a shared-memory tree)."""
+def make_block_reduce(combine):
+    """Device function ``block_reduce(cache, value, active)``: ``combine`` of the ``value`` of threads
+    ``0 .. active - 1``, handed to every thread of the block (a shared-memory tree).
+
+    The one block reduction of the library's row kernels (here, ``softmax.py``) and of
+    Cocktailer's uTasks (``kernels/utask/``).  Every thread of the block calls it with the
+    same ``active`` (``1 <= active <= blockDim.x``); threads from ``active`` on only join the
+    barriers.  ``cache`` is the caller's shared array (at least ``active`` long), free again
+    on return: a device function declaring a shared array and reached from one kernel along
+    two paths would define it twice, which NVVM rejects (``kernels/utask/batched.py``).
+    The library's kernels pass their whole (power-of-two) block, so the tree pairs thread
+    ``t`` with ``t + block / 2``, then ``t + block / 4``, ... (CUB's order); a uTask passes
+    the threads that hold a value, and a width that is not a power of two halves rounding up.
+    """
 
     @jit(device=True)
-    def block_fold(cache, t, value):
-        # Code plan: 1. each thread stores its value; 2. the first half of the
-        # threads combines pairs (t, t + half), half halves until 1 (a barrier
-        # after each step); 3. everyone reads the result, then a barrier so the
-        # cache may be reused.  Every thread reaches every barrier.
-        cache[t] = value
+    def block_reduce(cache, value, active):
+        # Code plan: 1. each active thread stores its value; 2. the first half of the
+        # live width combines pairs (t, t + half), the width halves (rounding up) until
+        # 1, a barrier after each step; 3. everyone reads the result, then a barrier so
+        # the cache may be reused.  Every thread reaches every barrier.
+        t = cuda.threadIdx.x
+        if t < active:
+            cache[t] = value
         cuda.syncthreads()
-        half = block // 2
-        while half > 0:
-            if t < half:
+        width = active
+        while width > 1:   # block-uniform: every thread runs the same steps
+            half = (width + 1) // 2
+            if t < width - half:
                 cache[t] = combine(cache[t], cache[t + half])
             cuda.syncthreads()
-            half //= 2
+            width = half
         total = cache[0]
         cuda.syncthreads()
         return total
 
-    return block_fold
+    return block_reduce
 
 
 @functools.cache
@@ -112,7 +127,7 @@ def make_reduce(kind: str, acc_dtype: np.dtype, block: int):
     """``(reduce_rows, reduce_partials)`` for ``kind`` (sum, prod, max, min, mean) accumulating in
     ``acc_dtype``, for blocks of ``block`` threads."""
     combine, finish = COMBINE[kind], (scalar_ops.divide if kind == "mean" else scalar_ops.keep)
-    block_fold = make_block_fold(combine, block)
+    block_reduce = make_block_reduce(combine)
     init, acc_type = kernel_constant(acc_dtype, _identity(kind, acc_dtype)), numba.from_dtype(acc_dtype)
 
     @jit
@@ -132,7 +147,7 @@ def make_reduce(kind: str, acc_dtype: np.dtype, block: int):
             while j < width:
                 acc = combine(acc, x[base + position(j, col_shape, col_strides)])
                 j += block
-            total = block_fold(cache, t, acc)
+            total = block_reduce(cache, acc, block)
             if t == 0:
                 out[position(row, row_shape, out_strides)] = finish(total, count)
             row += cuda.gridDim.x
@@ -147,7 +162,7 @@ def make_reduce(kind: str, acc_dtype: np.dtype, block: int):
         while j < width:
             acc = combine(acc, x[position(j, col_shape, col_strides)])
             j += cuda.gridsize(1)
-        total = block_fold(cache, t, acc)
+        total = block_reduce(cache, acc, block)
         if t == 0:
             partial[cuda.blockIdx.x] = total
 
@@ -343,8 +358,8 @@ def ptx_cases():
             a, x, out, scalar = array(acc.name), array(dtype.name), array(res.name), numba.from_dtype(acc)
             count = scalar if kind == "mean" else i64
             if dtype == acc:
-                fold = make_block_fold(COMBINE[kind], block)
-                cases.append((f"{op}[{dtype}] block_fold", fold.py_func, (a, types.int32, scalar), True))
+                fold = make_block_reduce(COMBINE[kind])
+                cases.append((f"{op}[{dtype}] block_reduce", fold.py_func, (a, scalar, i64), True))
             cases.append((f"{op}[{dtype}] rows", rows.py_func, (out, t2, x, t2, t2, t2, t2, i64, i64, count), False))
             cases.append((f"{op}[{dtype}] partials", partials.py_func, (a, x, t1, t1, i64), False))
             if dtype.name in ("float16", "bool", "float64"):

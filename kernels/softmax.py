@@ -6,8 +6,9 @@
 Subtracting the row maximum ``m`` keeps ``exp`` from overflowing.  The rows are
 described as in ``kernels/reduce.py`` (kept axes number the rows, the softmax axis
 is the row), and a block folds each row with the same shared-memory tree
-(``reduce.make_block_fold``).  float32 and float64 only; the CPU twin is the
-numpy formula.
+(``reduce.make_block_reduce``).  ``make_row_softmax`` is the device function of one
+row, which Cocktailer's softmax uTasks (``kernels/utask/``) call too.  float32 and
+float64 only; the CPU twin is the numpy formula.
 """
 
 from __future__ import annotations
@@ -25,47 +26,95 @@ from pyflow.kernels.elementwise import position
 from pyflow.kernels.jit import jit
 from pyflow.kernels.launch import launcher, require_device_arrays, rows_config
 from pyflow.kernels.layout import flat, normalize_axis
-from pyflow.kernels.reduce import _check_out, coalesce, make_block_fold
+from pyflow.kernels.reduce import _check_out, coalesce, make_block_reduce
 from pyflow.kernels.registry import register
 
-__all__ = ["SOFTMAXES", "SOFTMAX_DTYPES", "make_softmax"]
+__all__ = ["SOFTMAXES", "SOFTMAX_DTYPES", "make_row_softmax", "make_softmax"]
 
 SOFTMAXES = ("softmax", "log_softmax")
 SOFTMAX_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))   # of kernels/dtypes.py: no float16 yet
 
 
 @functools.cache
+def _make_load(scale):
+    """Device function reading one element: ``v`` itself, or ``v * scale`` (a constant of the code)."""
+    if scale is None:
+        @jit(device=True)
+        def load(v):
+            return v
+    else:
+        SCALE = scale
+
+        @jit(device=True)
+        def load(v):
+            return v * SCALE
+    return load
+
+
+@functools.cache
+def make_row_softmax(log: bool, dtype: np.dtype, scale=None):
+    """Device function ``row_softmax(cache, out, out_base, out_step, x, base, step, width, lanes, active)``:
+    the softmax (``log=False``) or log_softmax of one row, by the whole block.
+
+    The one softmax of the library's kernel (below) and of Cocktailer's row uTasks
+    (``kernels/utask/reduce.py``; ``kernels/utask/scaled_softmax.py`` passes ``scale`` and gets
+    ``softmax(scale * x)``, its maximum taken over the scaled values).  The row is
+    ``x[base + j * step]`` for ``j < width``, written to ``out[out_base + j * out_step]``;
+    ``out`` may be ``x`` (each element is read and then written by one thread, after the
+    barriers of both folds).  Every thread of the block calls it; threads ``t < active``
+    (``1 <= active <= lanes``) take elements ``t, t + lanes, ...`` and threads from
+    ``active`` on only join the barriers.  ``cache`` is the caller's shared array of
+    ``dtype``, at least ``active`` long (``reduce.make_block_reduce`` says why the caller
+    declares it), free again on return.
+    """
+    block_max, block_sum = make_block_reduce(scalar_ops.maximum), make_block_reduce(scalar_ops.add)
+    load = _make_load(scale)
+    value_type, lowest, zero = numba.from_dtype(dtype), dtype.type(-np.inf), dtype.type(0)
+
+    @jit(device=True)
+    def row_softmax(cache, out, out_base, out_step, x, base, step, width, lanes, active):
+        # Code plan:
+        # 1. m = block max of the row (subtracting it keeps exp from overflowing);
+        # 2. s = block sum of exp(x - m);
+        # 3. each thread writes its elements (exp rounded to the dtype, then divided:
+        #    a float32 scaled row computes exp(scale * x - m) in float64).
+        t = cuda.threadIdx.x
+        m = lowest
+        if t < active:
+            for j in range(t, width, lanes):
+                m = scalar_ops.maximum(m, load(x[base + j * step]))
+        m = block_max(cache, m, active)
+        s = zero
+        if t < active:
+            for j in range(t, width, lanes):
+                s += math.exp(load(x[base + j * step]) - m)
+        s = block_sum(cache, s, active)
+        if t < active:
+            log_s = math.log(s)
+            for j in range(t, width, lanes):
+                v = load(x[base + j * step]) - m
+                out[out_base + j * out_step] = (v - log_s) if log else (value_type(math.exp(v)) / s)
+
+    return row_softmax
+
+
+@functools.cache
 def make_softmax(log: bool, dtype: np.dtype, block: int):
     """The softmax (``log=False``) or log_softmax kernel for ``dtype``, ``block`` threads per row."""
-    fold_max = make_block_fold(scalar_ops.maximum, block)
-    fold_sum = make_block_fold(scalar_ops.add, block)
-    value_type, lowest, zero = numba.from_dtype(dtype), dtype.type(-np.inf), dtype.type(0)
+    row_softmax = make_row_softmax(log, dtype)
+    value_type = numba.from_dtype(dtype)
 
     @jit
     def softmax_rows(out, out_strides, out_step, x, row_shape, row_strides, step, rows, width):
         """Row by row: ``exp(x - max) / sum(exp(x - max))`` or ``x - max - log(sum(...))``."""
-        # Code plan (one block per row, the threads striding over it):
-        # 1. m = block max of the row (subtracting it keeps exp from overflowing);
-        # 2. s = block sum of exp(x - m);
-        # 3. each thread writes its elements.
+        # Code plan: one block per row (blocks grid-stride over the rows), all its
+        # threads folding the row with ``row_softmax``.
         cache = cuda.shared.array(block, value_type)
-        t = cuda.threadIdx.x
         row = cuda.blockIdx.x
         while row < rows:
             base = position(row, row_shape, row_strides)
             out_base = position(row, row_shape, out_strides)
-            m = lowest
-            for j in range(t, width, block):
-                m = scalar_ops.maximum(m, x[base + j * step])
-            m = fold_max(cache, t, m)
-            s = zero
-            for j in range(t, width, block):
-                s += math.exp(x[base + j * step] - m)
-            s = fold_sum(cache, t, s)
-            log_s = math.log(s)
-            for j in range(t, width, block):
-                v = x[base + j * step] - m
-                out[out_base + j * out_step] = (v - log_s) if log else (math.exp(v) / s)
+            row_softmax(cache, out, out_base, out_step, x, base, step, width, block, block)
             row += cuda.gridDim.x
 
     return softmax_rows

@@ -77,7 +77,7 @@ def make_topk(dtype: np.dtype, block: int, cap: int):
 
     @jit(device=True)
     def block_first(values, indices, t, v, i, largest):
-        # Code plan: the tree of reduce.make_block_fold on (value, index) pairs, topk's order.
+        # Code plan: the tree of reduce.make_block_reduce on (value, index) pairs, topk's order.
         values[t] = v
         indices[t] = i
         cuda.syncthreads()

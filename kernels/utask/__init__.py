@@ -18,6 +18,8 @@ This package holds the device functions such a kernel calls, one family per modu
   ``tile x tile`` output tile per uTask, batched, ``x @ W.T + b`` like nn.Linear.
 * ``reduce``      - ``make_reduce_row_utask(combine, dtype)`` (sum, max: one row
   per uTask, shared-memory tree) and ``make_softmax_row_utask(dtype)`` (stable).
+  Their block's work is the library's device functions: ``kernels/reduce.py``'s
+  ``make_block_reduce`` and ``kernels/softmax.py``'s ``make_row_softmax``.
 * ``cell``        - the fused LSTM cell and a fill.
 * ``batched``     - ``make_broadcast_matmul_utask``: batched matmul tiles where one
   operand repeats (per-gate / per-head weights) and outputs may be strided (KV cache rows).
@@ -72,11 +74,10 @@ device functions, so numba compiles each specialization once.
 from pyflow.kernels.utask.elementwise import (CHUNK, ElementwiseUTasks, copy_utask, copy_utask_count,
                                               elementwise_utask_count, make_elementwise_utask)
 from pyflow.kernels.utask.matmul import TILE, make_matmul_utask, matmul_utask_count
-from pyflow.kernels.utask.reduce import (MAX_BLOCK, make_block_reduce, make_reduce_row_utask,
-                                         make_softmax_row_utask, reduce_row_utask_count,
-                                         softmax_row_utask_count)
+from pyflow.kernels.utask.reduce import (MAX_BLOCK, make_reduce_row_utask, make_softmax_row_utask,
+                                         reduce_row_utask_count, softmax_row_utask_count)
 
 __all__ = ["CHUNK", "TILE", "MAX_BLOCK", "ElementwiseUTasks", "make_elementwise_utask",
            "elementwise_utask_count", "copy_utask", "copy_utask_count", "make_matmul_utask",
-           "matmul_utask_count", "make_block_reduce", "make_reduce_row_utask", "make_softmax_row_utask",
+           "matmul_utask_count", "make_reduce_row_utask", "make_softmax_row_utask",
            "reduce_row_utask_count", "softmax_row_utask_count"]

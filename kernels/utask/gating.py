@@ -24,11 +24,11 @@ output with its input::
   above, elementwise over ``n`` elements, ``m = mask[i // sample]`` (``sample``:
   elements per sample).  ``out`` may be ``fx`` or ``residual``.
 
-The two decision uTasks sum over the batch with ``reduce.py``'s ``block_reduce``
+The two decision uTasks sum over the batch with ``kernels/reduce.py``'s ``block_reduce``
 (a tree over the block's threads, thread ``t`` taking samples ``t, t + lanes, ...``).
 Each declares its own shared array and hands it to ``block_reduce``, which owns
 none: a device function with a shared array reached along two paths of one
-kernel is defined twice and NVVM rejects the kernel (``reduce.py``, ``batched.py``).
+kernel is defined twice and NVVM rejects the kernel (``batched.py``).
 Only these uTasks, which a kernel calls directly, own shared memory.  Factories
 (``make_policy_row_utask(dtype)``, ``make_skip_action_utask(dtype)``) fix the
 dtype of the shared array and of the 0, 0.5 and 1 constants.
@@ -45,8 +45,9 @@ from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels import scalar_ops
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
+from pyflow.kernels.reduce import make_block_reduce
 from pyflow.kernels.scalar_ops import relu, sigmoid
-from pyflow.kernels.utask.reduce import MAX_BLOCK, make_block_reduce
+from pyflow.kernels.utask.reduce import MAX_BLOCK
 from pyflow.kernels.utask.sizes import ceil_div, require_sizes
 
 __all__ = ["make_policy_row_utask", "make_skip_action_utask", "residual_gate_utask", "make_policy_row_kernel",
@@ -103,7 +104,7 @@ def make_policy_row_utask(dtype="float32", max_block: int = MAX_BLOCK):
 
 @functools.cache
 def _policy_row(dtype, max_block):
-    block_sum = make_block_reduce(scalar_ops.add, dtype, max_block)
+    block_sum = make_block_reduce(scalar_ops.add)
     LANES = max_block
     DTYPE = from_dtype(dtype)
     ZERO, HALF, ONE = (dtype.type(v) for v in (0.0, 0.5, 1.0))
@@ -142,7 +143,7 @@ def make_skip_action_utask(dtype="float32", max_block: int = MAX_BLOCK):
 
 @functools.cache
 def _skip_action(dtype, max_block):
-    block_sum = make_block_reduce(scalar_ops.add, dtype, max_block)
+    block_sum = make_block_reduce(scalar_ops.add)
     LANES = max_block
     DTYPE = from_dtype(dtype)
     ZERO, HALF, ONE = (dtype.type(v) for v in (0.0, 0.5, 1.0))

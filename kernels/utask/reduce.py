@@ -9,20 +9,21 @@
   stable (the row max is subtracted first, so ``exp`` never overflows); Attention
   needs it.  ``out`` may be ``x`` (in place).
 
-Both use ``block_reduce``: a shared-memory tree reduction over the block's threads.
-The shared array needs a compile-time size and dtype, so factories build the
-uTasks: ``make_reduce_row_utask(combine, dtype, max_block)`` supports blocks of up to
-``max_block`` threads doing the work (``MAX_BLOCK`` = 1024, every legal block, by
-default); threads beyond it only join the barriers.  ``dtype`` is the accumulator's
-type (use int64 to sum int32 without overflow, as numpy does).
-
-Each row uTask declares its own shared array and hands it to ``block_reduce(tmp,
-value, active)``, which owns none.  numba-cuda links a device function's module
-into every caller's, so a device function with a shared array, reached from one
-kernel along two paths (a softmax and a sum in one program both calling the sum
-tree), is defined twice: NVVM rejects the kernel with ``ERROR_INVALID_IR``
-(``batched.py`` tells the whole story).  Functions are merged (linkonce), shared
-arrays are not; so only the uTasks, which a kernel calls directly, own shared memory.
+The block's work is the library's: the reduction folds with ``kernels/reduce.py``'s
+``block_reduce`` (a shared-memory tree over the block's threads), the softmax is
+``kernels/softmax.py``'s ``row_softmax`` (each kernel family owns one device function,
+which its library kernel and its uTask call).  Both take the shared array from their
+caller and own none: numba-cuda links a device function's module into every caller's,
+so a device function with a shared array, reached from one kernel along two paths (a
+softmax and a sum in one program both calling the tree), is defined twice and NVVM
+rejects the kernel with ``ERROR_INVALID_IR`` (``batched.py`` tells the whole story).
+Functions are merged (linkonce), shared arrays are not; so only the uTasks, which a
+kernel calls directly, own shared memory.  The shared array needs a compile-time size
+and dtype, so factories build the uTasks: ``make_reduce_row_utask(combine, dtype,
+max_block)`` supports blocks of up to ``max_block`` threads doing the work
+(``MAX_BLOCK`` = 1024, every legal block, by default); threads beyond it only join the
+barriers.  ``dtype`` is the accumulator's type (use int64 to sum int32 without
+overflow, as numpy does).
 
 Code plan of a row uTask:
 1. each active thread ``t`` folds the elements ``t, t + lanes, t + 2 * lanes, ...`` of
@@ -36,7 +37,6 @@ Code plan of a row uTask:
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 from numba import from_dtype
@@ -45,9 +45,11 @@ from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels import scalar_ops
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
+from pyflow.kernels.reduce import make_block_reduce
+from pyflow.kernels.softmax import make_row_softmax
 from pyflow.kernels.utask.sizes import require_sizes
 
-__all__ = ["MAX_BLOCK", "COMBINE", "make_block_reduce", "make_reduce_row_utask", "make_softmax_row_utask",
+__all__ = ["MAX_BLOCK", "COMBINE", "make_reduce_row_utask", "make_softmax_row_utask",
            "make_reduce_row_kernel", "make_softmax_row_kernel", "reduce_row_utask_count",
            "softmax_row_utask_count"]
 
@@ -87,41 +89,6 @@ def _normalize(op, dtype, max_block, allowed):
 # --- device code ----------------------------------------------------------------
 
 
-def make_block_reduce(combine, dtype="float32", max_block: int = MAX_BLOCK):
-    """``block_reduce(tmp, value, active)``: ``combine`` of ``value`` over threads ``0 .. active - 1``.
-
-    Called by every thread of the block (``active <= min(blockDim.x, max_block)``,
-    block-uniform); every thread gets the result.  ``active == 0`` gives garbage.
-    ``tmp`` is the caller's shared array of ``dtype``, at least ``active`` long (see
-    the module doc for why the caller declares it); it is free again on return.
-    """
-    return _block_reduce(combine, *_normalize("block_reduce", dtype, max_block, _REDUCE_DTYPES))
-
-
-@functools.cache
-def _block_reduce(combine, dtype, max_block):
-    # dtype and max_block only key the cache (and are checked): the caller's tmp carries both
-
-    @jit(device=True)
-    def block_reduce(tmp, value, active):
-        t = cuda.threadIdx.x
-        if t < active:
-            tmp[t] = value
-        cuda.syncthreads()
-        width = active
-        while width > 1:  # block-uniform: every thread runs the same steps
-            half = (width + 1) // 2
-            if t < width - half:
-                tmp[t] = combine(tmp[t], tmp[t + half])
-            cuda.syncthreads()
-            width = half
-        result = tmp[0]
-        cuda.syncthreads()  # everyone has read tmp[0]: the next uTask may overwrite tmp
-        return result
-
-    return block_reduce
-
-
 def make_reduce_row_utask(combine, dtype="float32", max_block: int = MAX_BLOCK):
     """``reduce_row_utask(u, out, x, rows, width)``: ``out[u] = combine`` over row ``u`` of ``x``.
 
@@ -133,7 +100,7 @@ def make_reduce_row_utask(combine, dtype="float32", max_block: int = MAX_BLOCK):
 
 @functools.cache
 def _reduce_row(combine, dtype, max_block):
-    block_reduce = _block_reduce(combine, dtype, max_block)
+    block_reduce = make_block_reduce(combine)
     LANES = max_block
     DTYPE = from_dtype(dtype)
 
@@ -164,39 +131,17 @@ def make_softmax_row_utask(dtype="float32", max_block: int = MAX_BLOCK):
 
 @functools.cache
 def _softmax_row(dtype, max_block):
-    block_max = _block_reduce(scalar_ops.maximum, dtype, max_block)
-    block_sum = _block_reduce(scalar_ops.add, dtype, max_block)
+    row_softmax = make_row_softmax(False, dtype)
     LANES = max_block
     DTYPE = from_dtype(dtype)
 
     @jit(device=True)
     def softmax_row_utask(u, out, x, rows, width):
-        tmp = cuda.shared.array(LANES, DTYPE)  # both trees use it, one after the other
-        t = cuda.threadIdx.x
+        tmp = cuda.shared.array(LANES, DTYPE)  # this uTask's: row_softmax owns no shared memory
         lanes = min(cuda.blockDim.x, LANES)
-        active = min(lanes, width)
         if u < rows and width > 0:  # block-uniform: barriers inside are safe
             base = u * width
-            # 1. the row max (each thread folds its elements, then the block)
-            m = x[base]
-            if t < active:
-                m = x[base + t]
-                for j in range(t + lanes, width, lanes):
-                    m = scalar_ops.maximum(m, x[base + j])
-            m = block_max(tmp, m, active)
-            # 2. e = exp(x - max) into out (each thread its own elements), and their sum.
-            #    Every read of x is done (barriers in block_max), so out may be x.
-            s = m - m
-            if t < active:
-                for j in range(t, width, lanes):
-                    e = math.exp(x[base + j] - m)
-                    out[base + j] = e
-                    s += e
-            s = block_sum(tmp, s, active)
-            # 3. normalise the elements this thread wrote in step 2
-            if t < active:
-                for j in range(t, width, lanes):
-                    out[base + j] = out[base + j] / s
+            row_softmax(tmp, out, base, 1, x, base, 1, width, lanes, min(lanes, width))
 
     return softmax_row_utask
 
@@ -249,8 +194,6 @@ def ptx_cases():
     for name, dtype, acc in (("sum", "float32", "float32"), ("max", "float64", "float64"),
                              ("sum", "int32", "int64"), ("max", "int64", "int64")):
         x, out = array(dtype), array(acc)
-        block = make_block_reduce(COMBINE[name], acc, 256)
-        cases.append((f"block_reduce[{name},{acc}]", block.py_func, (out, from_dtype(np.dtype(acc)), i64), True))
         utask = make_reduce_row_utask(COMBINE[name], acc, 256)
         kernel = make_reduce_row_kernel(COMBINE[name], acc, 256)
         cases.append((f"reduce_row_utask[{name},{dtype}->{acc}]", utask.py_func, (i64, out, x, i64, i64), True))

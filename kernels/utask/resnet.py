@@ -35,9 +35,10 @@ conv, a pooling) waits at one.  No shared memory, no ``syncthreads``.
 The accumulators start at a typed zero (or -inf) of the dtype, a compile-time
 constant, so the factories ``make_conv2d_utask(dtype)``,
 ``make_batch_norm_utask(eps, relu, dtype)`` and ``make_pool2d_utask(kind, dtype)``
-build and cache one device function per choice.  The index arithmetic is
-``kernels/conv.py``'s (``unravel_nchw``, reused): its kernels read strided views
-through a grid-stride loop, these read flat buffers, one uTask's chunk at a time.
+build and cache one device function per choice.  The index arithmetic and the conv's
+window sum are ``kernels/conv.py``'s (``unravel_nchw``, ``conv2d_window``, reused): its
+kernels read strided views through a grid-stride loop, these read flat buffers (their
+strides written out), one uTask's chunk at a time.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import numpy as np
 
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels.backend import cuda
-from pyflow.kernels.conv import max_nan, unravel_nchw
+from pyflow.kernels.conv import conv2d_window, max_nan, unravel_nchw
 from pyflow.kernels.jit import jit
 from pyflow.kernels.scalar_ops import relu
 from pyflow.kernels.utask.sizes import ceil_div, require_sizes
@@ -100,30 +101,16 @@ def _conv2d(dtype):
         # Code plan (per output element i of the chunk u owns, one thread each):
         # 1. unravel i to (nb, co, ho, wo); the window's top-left corner in x is
         #    (ho * stride - pad, wo * stride - pad);
-        # 2. clip the kernel rows/columns to those that land inside x (padding adds 0);
-        # 3. multiply-accumulate the window with the filter, channel by channel;
-        # 4. write out[i] once.
+        # 2. ``conv2d_window`` (the library kernel's) multiply-accumulates it with the
+        #    filter, padding skipped; 3. write out[i] once.
         n = batch * c_out * h_out * w_out
         start = u * chunk
         stop = min(n, start + chunk)
         for i in range(start + cuda.threadIdx.x, stop, cuda.blockDim.x):
             nb, co, ho, wo = unravel_nchw(i, (batch, c_out, h_out, w_out))
-            top = ho * stride - pad
-            left = wo * stride - pad
-            r_start = max(0, -top)
-            r_stop = min(kernel, height - top)
-            s_start = max(0, -left)
-            s_stop = min(kernel, width - left)
-            acc = ZERO
-            for ci in range(c_in):
-                x_base = (nb * c_in + ci) * height * width + left
-                w_base = (co * c_in + ci) * kernel * kernel
-                for r in range(r_start, r_stop):
-                    x_row = x_base + (top + r) * width
-                    w_row = w_base + r * kernel
-                    for s in range(s_start, s_stop):
-                        acc += x[x_row + s] * w[w_row + s]
-            out[i] = acc
+            out[i] = conv2d_window(x, (c_in * height * width, height * width, width, 1), (batch, c_in, height, width),
+                                   w, (c_in * kernel * kernel, kernel * kernel, kernel, 1),
+                                   (c_out, c_in, kernel, kernel), nb, co, ho * stride - pad, wo * stride - pad, ZERO)
 
     return conv2d_utask
 

@@ -13,13 +13,12 @@ stable for either sign of ``scale`` (the max is taken over the scaled values).
 tensors and ints), so ``make_scaled_softmax_row_utask(scale, dtype)`` builds and
 caches one device function per ``(scale, dtype)``.  ``out`` may be ``x``.
 
-Code plan as in ``reduce.py``: each thread folds its elements, a shared-memory tree
-combines the block's values (max, then sum), every thread normalises what it wrote.
-The tree is written out here rather than calling ``reduce.py``'s ``block_reduce``:
-a device function with a shared array must be reached from a kernel along one
-path only (``batched.py`` explains the numba-cuda linking problem), and two softmax
-operators of different widths in one kernel would reach the same ``block_reduce``
-specialization through two.
+The row is computed by ``kernels/softmax.py``'s ``row_softmax`` (the softmax family's one
+device function, which the library's softmax kernel and ``reduce.py``'s softmax uTask call
+too), built with the scale: each thread folds its scaled elements, the block's tree
+(``kernels/reduce.py``'s ``block_reduce``) combines them (max, then sum), every thread
+writes its own elements.  The uTask declares the shared array and hands it down (only
+uTasks, which a kernel calls directly, own shared memory: ``batched.py`` says why).
 """
 
 from __future__ import annotations
@@ -31,9 +30,9 @@ import numpy as np
 from numba import from_dtype
 
 from pyflow.errors import DTypeError, ShapeError
-from pyflow.kernels import scalar_ops
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
+from pyflow.kernels.softmax import make_row_softmax
 from pyflow.kernels.utask.reduce import MAX_BLOCK, softmax_row_utask_count
 from pyflow.kernels.utask.sizes import require_sizes
 
@@ -75,58 +74,17 @@ def make_scaled_softmax_row_utask(scale: float, dtype="float32", max_block: int 
 
 @functools.cache
 def _build(scale, dtype, max_block):
+    row_softmax = make_row_softmax(False, dtype, scale)
     LANES = max_block
     DTYPE = from_dtype(dtype)
-    SCALE = scale
 
     @jit(device=True)
     def scaled_softmax_row_utask(u, out, x, rows, width):
-        tmp = cuda.shared.array(LANES, DTYPE)  # one value per active thread, then the tree
-        t = cuda.threadIdx.x
+        tmp = cuda.shared.array(LANES, DTYPE)  # this uTask's: row_softmax owns no shared memory
         lanes = min(cuda.blockDim.x, LANES)
-        active = min(lanes, width)
         if u < rows and width > 0:  # block-uniform: barriers inside are safe
             base = u * width
-            # 1. the row max of the scaled values: each thread folds its elements into
-            #    tmp[t], then a tree halves the live width each step (a barrier each)
-            if t < active:
-                m = x[base + t] * SCALE
-                for j in range(t + lanes, width, lanes):
-                    m = scalar_ops.maximum(m, x[base + j] * SCALE)
-                tmp[t] = m
-            cuda.syncthreads()
-            live = active
-            while live > 1:
-                half = (live + 1) // 2
-                if t < live - half:
-                    tmp[t] = scalar_ops.maximum(tmp[t], tmp[t + half])
-                cuda.syncthreads()
-                live = half
-            row_max = tmp[0]
-            cuda.syncthreads()  # everyone has read tmp[0] before it is overwritten
-            # 2. e = exp(scale * x - max) into out (each thread its own elements; all of
-            #    x was read in step 1, so out may be x) and the sum, by the same tree
-            if t < active:
-                s = row_max - row_max
-                for j in range(t, width, lanes):
-                    e = math.exp(x[base + j] * SCALE - row_max)
-                    out[base + j] = e
-                    s += e
-                tmp[t] = s
-            cuda.syncthreads()
-            live = active
-            while live > 1:
-                half = (live + 1) // 2
-                if t < live - half:
-                    tmp[t] = tmp[t] + tmp[t + half]
-                cuda.syncthreads()
-                live = half
-            total = tmp[0]
-            # 3. normalise the elements this thread wrote in step 2
-            if t < active:
-                for j in range(t, width, lanes):
-                    out[base + j] = out[base + j] / total
-            cuda.syncthreads()  # everyone has read tmp[0]: the next uTask may overwrite tmp
+            row_softmax(tmp, out, base, 1, x, base, 1, width, lanes, min(lanes, width))
 
     return scaled_softmax_row_utask
 
