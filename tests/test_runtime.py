@@ -380,8 +380,10 @@ def test_timeline_exports_to_chrome_json_and_png(tmp_path):
         rt.launch([flow.randn(2, 3)]).result()
         trace = json.loads(open(rt.save_timeline(tmp_path / "acts.json")).read())
         png = rt.plot_timeline(tmp_path / "acts.png")
-    acts = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    acts = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "device"]
+    ran = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "device"]   # the ep streams' lanes
     assert sorted(e["name"] for e in acts) == sorted(t.op_name for t in g.plan.tasks.values())
+    assert ran and {e["name"] for e in ran} <= {e["name"] for e in acts}   # each kernel run is an act's
     assert all(e["args"]["piece"] == [0, 0] for e in acts)
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
