@@ -12,89 +12,27 @@ with the same value before every call (a learning rate) issues its fill without 
 
 from __future__ import annotations
 
-import cProfile
-import pstats
-
 import numpy as np
 import pytest
 
 import pyflow as flow
-from pyflow import nn
 from pyflow.runtime import Runtime
 from pyflow.runtime.act import issues_nothing
 from pyflow.runtime.pipeline import linear_pipeline_plan
+from tests.helpers_training import calls_of, profiled, training_steps
 
 CALLS = 3
 
 
-def _calls_of(stats: pstats.Stats, file_end: str, name: str) -> int:
-    return sum(entry[1] for (file, _, function), entry in stats.stats.items()
-               if file.endswith(file_end) and function == name)
-
-
-def _profiled(step) -> pstats.Stats:
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(CALLS):
-        step()
-    profile.disable()
-    return pstats.Stats(profile)
-
-
-def _mlp(features: int, hidden: list, classes: int) -> nn.Module:
-    layers = []
-    for width in hidden:
-        layers += [nn.Linear(features, width), nn.ReLU()]
-        features = width
-    return nn.Sequential(*layers, nn.Linear(features, classes))
-
-
-def _training(features: int, hidden: list, classes: int = 3):
-    """(graph step, eager step, graph, the two models): one SGD-with-momentum training step of an MLP, compiled
-    (``executor = "deterministic"``: cProfile sees all of its work) and eager, from the same weights."""
-    flow.manual_seed(0)
-    model, eager = _mlp(features, hidden, classes), _mlp(features, hidden, classes)
-    eager.load_state_dict(model.state_dict())
-    opt = flow.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    eager_opt = flow.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-
-    class Train(nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-            self.add_optimizer(opt)
-
-        def build(self, x, y):
-            loss = loss_fn(self.model(x), y)
-            loss.backward()
-            return loss
-    g = Train()
-    g.executor = "deterministic"
-    rng = np.random.default_rng(3)
-    x = flow.tensor(rng.standard_normal((4, features)).astype(np.float32))
-    y = flow.tensor(rng.integers(0, classes, size=4).astype(np.int64))
-
-    def eager_step():
-        eager_opt.zero_grad()
-        loss = loss_fn(eager(x), y)
-        loss.backward()
-        eager_opt.step()
-        return loss.numpy()
-    for _ in range(2):   # the first call compiles, the second prepares (each task's first act)
-        np.testing.assert_array_equal(g(x, y).numpy(), eager_step())
-    return (lambda: g(x, y).numpy()), eager_step, g, (model, eager)
-
-
 @pytest.mark.parametrize("features, hidden", [(6, [8] * 7), (12, [8])], ids=["depth-8", "two-layer"])
 def test_a_compiled_training_call_makes_at_most_0_7_of_eager_python_calls(features, hidden):
-    graph_step, eager_step, g, (model, eager) = _training(features, hidden)
-    graph, plain = _profiled(graph_step), _profiled(eager_step)
+    graph_step, eager_step, g, (model, eager) = training_steps(features, hidden, 3, seed=3)
+    graph, plain = profiled(graph_step, CALLS), profiled(eager_step, CALLS)
     ratio = graph.total_calls / plain.total_calls
     assert ratio <= 0.7, ratio   # 0.83 (depth 8) and 0.94 (two layers) before
     for p, q in zip(model.parameters(), eager.parameters()):
         np.testing.assert_array_equal(p.numpy(), q.numpy())
-    per_call = lambda file_end, name: _calls_of(graph, file_end, name) / CALLS   # noqa: E731
+    per_call = lambda file_end, name: calls_of(graph, file_end, name) / CALLS   # noqa: E731
     acts = len(g.plan.tasks)
     assert per_call("failure.py", "issue_site") <= 10   # the caller's own (launch, read) and apply's (the output's
     #                                                     clone, the step count's fill); over 100 before
@@ -129,9 +67,9 @@ def test_a_regst_message_is_made_once_per_copy_and_consumer():
         sent = {id(msg) for actor in runtime.actors.values() for slot in actor.out_list
                 for regst in slot.regsts for msg in regst.sends + list(regst.returns.values())}
         before = runtime.home.enqueued
-        stats = _profiled(lambda: [h.result() for h in [runtime.launch([]) for _ in range(4)]])
+        stats = profiled(lambda: [h.result() for h in [runtime.launch([]) for _ in range(4)]], CALLS)
         messages = runtime.home.enqueued - before
-        made = _calls_of(stats, "<string>", "__init__")   # (dataclasses' __init__: ActorMsg's among them)
+        made = calls_of(stats, "<string>", "__init__")   # (dataclasses' __init__: ActorMsg's among them)
         assert messages > 4 * CALLS * len(plan.tasks) and made <= 4 * CALLS * 3, (made, messages)   # a launch's
         again = {id(msg) for actor in runtime.actors.values() for slot in actor.out_list
                  for regst in slot.regsts for msg in regst.sends + list(regst.returns.values())}

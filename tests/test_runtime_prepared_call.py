@@ -11,8 +11,6 @@ poll loop hands a message to its actor without a call of its own.
 from __future__ import annotations
 
 import collections
-import cProfile
-import pstats
 import threading
 
 import numpy as np
@@ -20,73 +18,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pyflow as flow
-from pyflow import nn
 from pyflow.framework.op_registry import get_op
 from pyflow.runtime import Runtime
 from pyflow.runtime.act import PreparedOpCall
 from pyflow.runtime.pipeline import linear_pipeline_plan
-
-
-def _mlp(depth: int, width: int = 8) -> nn.Module:
-    layers, features = [], 6
-    for _ in range(depth - 1):
-        layers += [nn.Linear(features, width), nn.ReLU()]
-        features = width
-    return nn.Sequential(*layers, nn.Linear(features, 3))
-
-
-def _calls_of(stats: pstats.Stats, file_end: str, name: str) -> int:
-    return sum(entry[1] for (file, _, function), entry in stats.stats.items()
-               if file.endswith(file_end) and function == name)
-
-
-def _profiled(step, calls: int = 3) -> pstats.Stats:
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(calls):
-        step()
-    profile.disable()
-    return pstats.Stats(profile)
+from tests.helpers_training import calls_of, profiled, training_steps
 
 
 def test_a_compiled_training_step_issues_its_ops_without_apply_and_beats_eager_in_python_calls():
-    flow.manual_seed(0)
-    model, eager = _mlp(8), _mlp(8)
-    eager.load_state_dict(model.state_dict())
-    opt = flow.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    eager_opt = flow.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-
-    class Train(nn.Graph):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-            self.add_optimizer(opt)
-
-        def build(self, x, y):
-            loss = loss_fn(self.model(x), y)
-            loss.backward()
-            return loss
-    g = Train()
-    g.executor = "deterministic"   # the actor runtime on this thread: cProfile sees all of its work
-    rng = np.random.default_rng(7)
-    x = flow.tensor(rng.standard_normal((4, 6)).astype(np.float32))
-    y = flow.tensor(rng.integers(0, 3, size=4).astype(np.int64))
-
-    def graph_step():
-        return g(x, y).numpy()
-
-    def eager_step():
-        eager_opt.zero_grad()
-        loss = loss_fn(eager(x), y)
-        loss.backward()
-        eager_opt.step()
-        return loss.numpy()
-    for _ in range(2):   # the first call compiles, the second prepares (each task's first act)
-        np.testing.assert_array_equal(graph_step(), eager_step())
-    graph_stats, eager_stats = _profiled(graph_step), _profiled(eager_step)
+    graph_step, eager_step, g, (model, eager) = training_steps(6, [8] * 7, 3, seed=7)   # depth 8
+    graph_stats, eager_stats = profiled(graph_step, 3), profiled(eager_step, 3)
     tasks = len(g.plan.tasks)
-    applies = _calls_of(graph_stats, "interpreter.py", "apply") / 3
+    applies = calls_of(graph_stats, "interpreter.py", "apply") / 3
     assert applies <= 4, applies   # 101 per call before: every compute act; now the output's clone (an empty and
     #                                a copy) and the learning rate's and momentum's fill_ in their variables
     assert graph_stats.total_calls < eager_stats.total_calls, (graph_stats.total_calls, eager_stats.total_calls)
