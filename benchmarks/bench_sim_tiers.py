@@ -384,7 +384,7 @@ def library(args) -> None:
             failed.append(f"{family}:{label}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
     say(f"compiled one case of each of {len(chosen)} kernels: {len(seconds)} compiled, {len(failed)} did not; "
         f"compile time per kernel median {statistics.median(seconds):.2f} s, max {max(seconds):.2f} s, "
-        f"total {sum(seconds):.0f} s (numba's machine code is cached after: {sim.compiled.cache_dir()})")
+        f"total {sum(seconds):.0f} s (numba's machine code is cached after: {sim.module_cache.cache_dir()})")
     for line in failed[:10]:
         say(f"  {line}")
 

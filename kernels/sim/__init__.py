@@ -16,10 +16,12 @@ Modules: ``settings`` (the simulated GPU's size, knobs), ``fake_cuda`` (what
 ``cuda`` means inside a kernel), ``grid`` (one threaded launch: threads and
 barriers), ``kernel`` (``jit``, ``SimKernel``, ``SimDeviceFunction``), ``tiers``
 (which tier, ``explain``), and the compiled tier: ``translate`` (the source with
-``cuda`` made plain), ``fission`` (regions between barriers, what lives across them),
-``writer`` and ``blockwise`` (the generated module), ``scopes`` (the control machine
-for kernels with grid barriers), ``cpu_runtime`` (what generated code imports),
-``compiled`` (compile and launch).
+``cuda`` made plain; it reads it with ``kernel_source`` and hands on a ``translation``),
+``fission`` (regions between barriers, what lives across them), ``shadow_types`` (the
+types of what lives across them), ``writer``, ``blockwise`` and ``gridwise`` (the
+generated module), ``scopes`` (the control machine for kernels with grid barriers),
+``cpu_runtime`` (what generated code imports), ``module_cache`` (where generated
+modules are kept), ``compiled`` (compile and launch).
 """
 
 from .kernel import SimDeviceFunction, SimKernel, SimLaunch, jit

@@ -42,7 +42,7 @@ import contextlib
 
 from .cpu_runtime import ELEMENT
 from .fission import BarrierNode, BranchNode, CallNode, Region, _exposed, _names
-from .translate import CONTEXT
+from .translation import CONTEXT
 
 __all__ = ["write_blockwise", "element_thread"]
 

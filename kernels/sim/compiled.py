@@ -6,11 +6,11 @@ Pipeline (one ``CompiledKernel`` per ``SimKernel``):
 2. ``fission.split``: regions between barriers and the control flow around them;
 3. for kernels with barriers, the types of the variables that live across regions:
    the body is compiled once as a plain function (barriers removed, the "shadow")
-   and numba's type inference is asked (once per argument types; ``var_types``);
+   and numba's type inference is asked (once per argument types; ``shadow_types.var_types``);
 4. ``writer.write_module``: a Python module of ``njit`` functions, written to the
-   cache directory under a name made from its text (``PYFLOW_SIM_CACHE``, default
-   ``~/.cache/pyflow/sim``), so numba's ``cache=True`` keeps the machine code
-   between runs, and a student can open the file;
+   cache directory under a name made from its text (``module_cache.py``:
+   ``PYFLOW_SIM_CACHE``, default ``~/.cache/pyflow/sim``), so numba's ``cache=True``
+   keeps the machine code between runs, and a student can open the file;
 5. a launch runs ``_drive`` on a worker thread while the caller watches (``cu_launch``:
    blocks one after another, or, when the blocks never meet, ranges of blocks on several
    cores at once; with grid barriers, the compiled control machine stepping through the
@@ -25,14 +25,11 @@ anything runs.
 
 from __future__ import annotations
 
-import ast
 import concurrent.futures
 import hashlib
-import importlib.util
 import inspect
 import os
 import sys
-import tempfile
 import threading
 import time
 
@@ -45,10 +42,13 @@ from pyflow.errors import DeadlockError, DivergentBarrierError, GridSyncExitErro
 from . import cpu_runtime, grid_machine, scopes, workers
 from .blockwise import element_thread
 from .fission import Region, split, variables
-from .translate import BARRIERS, CONTEXT, Unsupported, numba_type_source, translate
+from .module_cache import load_module
+from .shadow_types import var_types
+from .translate import translate
+from .translation import Unsupported
 from .writer import write_module
 
-__all__ = ["CompiledKernel", "cache_dir", "Unsupported"]
+__all__ = ["CompiledKernel", "Unsupported"]
 
 _IMPORTS = """import math
 import numba
@@ -65,45 +65,6 @@ _RUNTIME_STAMP = hashlib.sha1((inspect.getsource(cpu_runtime) + inspect.getsourc
                                 + inspect.getsource(grid_machine)).encode()).hexdigest()[:12]
 _POLL_SECONDS = 0.02
 _MIN_PART_WORK = 4096   # a core is worth its hand-off for a range of blocks with this much work (threads, elements)
-
-
-def cache_dir() -> str:
-    """Where generated modules (and numba's machine code beside them) are kept."""
-    wanted = os.environ.get("PYFLOW_SIM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "pyflow", "sim")
-    try:
-        os.makedirs(wanted, exist_ok=True)
-        probe = os.path.join(wanted, f".probe-{os.getpid()}")
-        open(probe, "w").close()
-        os.remove(probe)
-        return wanted
-    except OSError:
-        fallback = os.path.join(tempfile.gettempdir(), f"pyflow-sim-{os.getuid() if hasattr(os, 'getuid') else 0}")
-        os.makedirs(fallback, exist_ok=True)
-        return fallback
-
-
-def _load(source: str, stem: str):
-    """Import ``source`` as a module kept in the cache directory (named by a hash of its text)."""
-    name = f"pyflow_sim_{stem}_{hashlib.sha1(source.encode()).hexdigest()[:16]}"
-    found = sys.modules.get(name)
-    if found is not None:
-        return found
-    path = os.path.join(cache_dir(), name + ".py")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)   # atomic: another process may be writing the same text
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
 
 
 def block_ranges(blocks: int, work: int, independent: bool, cores: int) -> list:
@@ -125,18 +86,6 @@ class _PartFailed(Exception):
     def __init__(self, part: int, error: BaseException):
         super().__init__(part, error)
         self.part, self.error = part, error
-
-
-def _storage_type(ty) -> str:
-    """How a variable of numba type ``ty`` is kept per thread: a numpy dtype, or a numba type for a dict."""
-    if isinstance(ty, nbtypes.Boolean):
-        return "np.bool_"
-    if isinstance(ty, (nbtypes.Integer, nbtypes.Float, nbtypes.Complex)):
-        return f"np.{numba.np.numpy_support.as_dtype(ty).name}"
-    if (isinstance(ty, nbtypes.Array) and ty.layout == "C" and ty.mutable
-            and isinstance(ty.dtype, (nbtypes.Integer, nbtypes.Float, nbtypes.Boolean))):
-        return f"carray:{numba.np.numpy_support.as_dtype(ty.dtype).name}:{ty.ndim}"   # cpu_runtime.keep_array
-    return numba_type_source(ty)
 
 
 class _Prepared:
@@ -207,7 +156,7 @@ class CompiledKernel:
             raise Unsupported(f"{len(types)} arguments for {len(tr.params)} parameters")
         param_types = dict(zip(tr.params, types))
         var = variables(sp, tr.params, param_types)
-        storage_types = self.var_types(tr, var, types) if var.stored else {}
+        storage_types = var_types(tr, var, types) if var.stored else {}
         header = (f"Kernel {tr.name!r} ({tr.where}) for the simulator's compiled tier, written by\n"
                   f"pyflow.kernels.sim.fission; runtime {_RUNTIME_STAMP}; argument types:\n"
                   + "".join(f"  {p}: {t}\n" for p, t in param_types.items()))
@@ -218,7 +167,7 @@ class CompiledKernel:
         bare = all(not t.startswith("numba.") for t in storage_types.values())
         while True:
             source = write_module(tr, sp, var, storage_types, self.cooperative, header, _IMPORTS, boundscheck, bare)
-            module = _load(source, tr.name)
+            module = load_module(source, tr.name)
             storage = tuple(numba.typeof(x) for x in module.cu_allocate(1, 1, 0))
             try:
                 if self.cooperative:
@@ -236,63 +185,6 @@ class CompiledKernel:
                 if not bare:
                     raise
                 bare = False   # something in the kernel needs numba's runtime: count references
-
-    def var_types(self, tr, var, types) -> dict:
-        """numba's types of the variables kept per thread, from a compile of the body without barriers.
-
-        The "shadow" module has a function per unit (``shadow_fK``) and one for the kernel; a call
-        marker becomes a call of the unit's shadow, so numba types each unit once per argument types.
-        """
-        storage = []
-        for s in tr.storage:
-            dtype = numba.from_dtype(np.dtype("uint8") if s.kind == "dynamic" else s.dtype)
-            storage.append((s.name, nbtypes.Array(dtype, 2 if s.kind == "dynamic" else len(s.shape) + 1, "C")))
-        context = list(CONTEXT)
-        tail = context + [n for n, _ in storage]
-        units = {u.id: u for u in tr.units}
-        lines = ["import math", "import numba", "import numpy as np", "from numba import njit",
-                 "from pyflow.kernels.sim import cpu_runtime as cu_rt",
-                 "JIT = njit(error_model='numpy')", ""]
-        for helper in tr.helpers:
-            lines += ["@JIT"] + ast.unparse(helper.tree).splitlines() + [""]
-        for unit in tr.units:   # callees first
-            body = _shadow_body(unit.body, units, tail)
-            lines += ["@JIT", f"def shadow_f{unit.id}({', '.join(unit.params + tail)}):"]
-            lines += ["    " + line for line in body] + ([f"    return f{unit.id}_ret"] if unit.returns else []) + [""]
-        lines += ["@JIT", f"def shadow({', '.join(tr.params + tail)}):"]
-        lines += ["    " + line for line in _shadow_body(tr.body, units, tail)]
-        text = "\n".join(lines) + "\n"
-        key = hashlib.sha1((text + repr(types) + repr(var.stored) + "carray").encode()).hexdigest()[:16]
-        remembered = os.path.join(cache_dir(), f"pyflow_sim_{tr.name}_types_{key}.txt")
-        if os.path.exists(remembered):   # typed before, on this machine: no need to compile the shadow
-            with open(remembered) as f:
-                found = dict(line.rstrip("\n").split("\t", 1) for line in f if "\t" in line)
-            if set(found) == set(var.stored):
-                return found
-        module = _load(text, f"{tr.name}_types")
-        sig = tuple(types) + (nbtypes.int64,) * len(context) + tuple(t for _, t in storage)
-        module.shadow.compile(sig)
-        typemaps = [module.shadow.overloads[sig].type_annotation.typemap]
-        for unit in tr.units:
-            typemaps += [o.type_annotation.typemap for o in getattr(module, f"shadow_f{unit.id}").overloads.values()]
-        ctx = module.shadow.typingctx
-        found = {}
-        for v in var.stored:
-            seen = [nbtypes.unliteral(t) for typemap in typemaps for k, t in typemap.items()
-                    if k == v or (k.startswith(v + ".") and k[len(v) + 1:].isdigit()) or k == "arg." + v]
-            if not seen:
-                seen = [nbtypes.float64]   # numba dropped it (dead code): any type will do
-            unified = seen[0]
-            for t in seen[1:]:
-                unified = ctx.unify_pairs(unified, t)
-                if unified is None:
-                    raise Unsupported(f"variable {v!r} has types {seen} that do not unify")
-            found[v] = _storage_type(unified)
-        tmp = f"{remembered}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write("".join(f"{v}\t{t}\n" for v, t in found.items()))
-        os.replace(tmp, remembered)
-        return found
 
     # ---- a launch ---------------------------------------------------------------
 
@@ -485,22 +377,3 @@ def _coords(linear, dims) -> tuple:
 def _first_line(error) -> str:
     text = str(error).strip().splitlines()
     return next((line for line in text if line.strip() and not line.startswith("\x1b")), type(error).__name__)
-
-
-def _shadow_body(body: list, units: dict, tail: list) -> list:
-    """Source lines of ``body`` for typing: barriers made ``pass``, a unit's call marker a call of its shadow."""
-
-    class Strip(ast.NodeTransformer):
-        def visit_Expr(self, node):
-            call = node.value
-            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
-                if call.func.id == "cu_call":
-                    unit = units[call.args[0].value]
-                    text = f"shadow_f{unit.id}({', '.join(unit.params + tail)})"
-                    return ast.parse(f"f{unit.id}_ret = {text}" if unit.returns else text).body[0]
-                if call.func.id in BARRIERS:
-                    return ast.Pass()
-            return node
-
-    module = ast.Module(body=[ast.parse(ast.unparse(s)).body[0] for s in body], type_ignores=[])
-    return ast.unparse(Strip().visit(module)).splitlines() or ["pass"]

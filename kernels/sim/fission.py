@@ -37,7 +37,7 @@ import ast
 import dataclasses
 import itertools
 
-from .translate import BARRIERS, CONTEXT, Unsupported
+from .translation import BARRIERS, CONTEXT, Unsupported
 
 __all__ = ["Region", "BarrierNode", "BranchNode", "CallNode", "Split", "Variables", "split", "variables"]
 

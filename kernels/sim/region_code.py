@@ -51,7 +51,7 @@ def on_stack(region, reads: set, storage, remat: dict, kept_arrays: set) -> dict
     small = {s.name for s in _small_locals(storage)}
     indexed = {id(n.value) for s in region.stmts for n in ast.walk(s) if isinstance(n, ast.Subscript)}
     found = {}
-    for v in reads & set(remat):
+    for v in sorted(reads & set(remat)):   # sorted: the generated text (and its cache name) the same in every process
         expr = remat[v]
         if not (isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Name)
                 and expr.value.id in small and ast.unparse(expr.slice) == "cu_g"):

@@ -23,6 +23,11 @@ kernel and every device function it reaches, on their ASTs:
   others become ``njit`` functions of their own, with the thread's coordinates as
   extra arguments if they read them.
 
+It reads each function with ``kernel_source.py`` (its AST, what its free names stand
+for, which device functions hold barriers) and hands a ``Translation``
+(``translation.py``) to ``fission.py``: kernel source -> translate -> fission ->
+writer -> compiled.
+
 Whatever this cannot take raises ``Unsupported`` naming the construct and its
 line; the launch then runs on the threaded tier, and ``explain`` says why.
 """
@@ -31,10 +36,8 @@ from __future__ import annotations
 
 import ast
 import builtins
-import dataclasses
 import inspect
 import math
-import textwrap
 
 import numba
 import numpy as np
@@ -42,13 +45,12 @@ from numba.core import types as nbtypes
 
 from pyflow.kernels.backend import cuda as _cuda
 
-__all__ = ["Unsupported", "Storage", "Helper", "Unit", "Translation", "translate", "CONTEXT", "BARRIERS",
-           "dtype_of", "constant_source", "numba_type_source"]
+from .kernel_source import (constant_source, cuda_path, dtype_of, free_values, is_device_function, is_group_barrier,
+                            local_names, location, needs_inline, numba_type_source, parse_def, python_function)
+from .translation import BARRIERS, CONTEXT, Helper, Storage, Translation, Unit, Unsupported
 
-# the simulated thread's coordinates, as the generated loops name them
-CONTEXT = ("cu_g", "cu_t", "cu_sb", "cu_tx", "cu_ty", "cu_tz", "cu_bx", "cu_by", "cu_bz",
-           "cu_bdx", "cu_bdy", "cu_bdz", "cu_gdx", "cu_gdy", "cu_gdz")
-BARRIERS = {"cu_syncthreads": "block", "cu_grid_sync": "grid", "cu_group_barrier": "group", "cu_call": "call"}
+__all__ = ["translate"]
+
 _DIM3 = {"threadIdx": "cu_t", "blockIdx": "cu_b", "blockDim": "cu_bd", "gridDim": "cu_gd"}
 _ATOMICS = {"add", "sub", "and_", "or_", "xor", "inc", "dec", "exch", "max", "min", "nanmax", "nanmin",
             "cas", "compare_and_swap"}
@@ -59,198 +61,12 @@ _BUILTINS = {"range", "len", "min", "max", "abs", "int", "float", "bool", "round
 _MODULES = {id(math): "math", id(np): "np", id(numba): "numba"}
 
 
-class Unsupported(Exception):
-    """A construct the compiled tier cannot take: the launch runs on the threaded tier instead."""
-
-    def __init__(self, reason: str, where: str = ""):
-        super().__init__(f"{reason} ({where})" if where else reason)
-        self.reason, self.where = reason, where
-
-
-@dataclasses.dataclass(frozen=True)
-class Storage:
-    """A hoisted ``cuda.shared.array`` (per block) or ``cuda.local.array`` (per thread)."""
-
-    name: str            # cu_sh0, cu_lo1, cu_dsh (dynamic shared memory)
-    kind: str            # "shared", "local" or "dynamic"
-    shape: tuple
-    dtype: np.dtype
-    where: str
-
-
-@dataclasses.dataclass
-class Helper:
-    """A device function compiled as an njit function of its own (no barriers, no shared memory)."""
-
-    name: str
-    tree: ast.FunctionDef | None = None   # None while being translated (recursion)
-    context: tuple = ()                   # coordinates it needs, appended to its arguments
-
-
-@dataclasses.dataclass
-class Unit:
-    """A device function with barriers or shared memory: translated once, run where ``cu_call(id)`` stands.
-
-    Its names are prefixed ``f<id>_``: parameters (the call site assigns them), locals, and
-    ``f<id>_ret``, which its final ``return`` assigns.
-    """
-
-    id: int
-    name: str
-    where: str
-    params: list
-    body: list | None = None      # None while being translated (a recursive call is refused)
-    returns: bool = False
-
-
-@dataclasses.dataclass
-class Translation:
-    """A kernel ready for ``fission.py``: its body with markers, and what the body needs."""
-
-    name: str
-    where: str                    # file:line of the kernel's def
-    params: list
-    body: list                    # ast statements; barriers are marker calls
-    helpers: list                 # Helper, in an order where callees come first
-    storage: list                 # Storage
-    barriers: set                 # {"block", "grid", "group"} present in the body or its units
-    atomics: bool
-    units: list = dataclasses.field(default_factory=list)   # Unit, callees first
-    lines: dict = dataclasses.field(default_factory=dict)   # statement id -> "file:line"
-    fences: bool = False          # a cuda.threadfence*: blocks talk to each other through memory
-
-    @property
-    def blocks_independent(self) -> bool:
-        """May the blocks run at the same time on several cores?  Not if they meet: at a grid or group
-        barrier, through an atomic (a plain read-modify-write here) or through a fence."""
-        return not (self.atomics or self.fences or self.barriers & {"grid", "group"})
-
-
-def dtype_of(value) -> np.dtype:
-    """A numpy dtype from what kernels pass to cuda.*.array: numba types, numpy dtypes, type names."""
-    if isinstance(value, nbtypes.Type):
-        return np.dtype(numba.np.numpy_support.as_dtype(value))
-    return np.dtype(value)
-
-
-def numba_type_source(ty) -> str:
-    """Python source that evaluates to the numba type ``ty`` (``Unsupported`` if there is none)."""
-    if isinstance(ty, nbtypes.Boolean):
-        return "numba.types.boolean"
-    if isinstance(ty, (nbtypes.Integer, nbtypes.Float, nbtypes.Complex)):
-        return f"numba.types.{ty.name}"
-    if isinstance(ty, nbtypes.Array):
-        return (f"numba.types.Array({numba_type_source(ty.dtype)}, {ty.ndim}, {ty.layout!r}, "
-                f"readonly={not ty.mutable})")
-    if isinstance(ty, nbtypes.UniTuple):
-        return f"numba.types.UniTuple({numba_type_source(ty.dtype)}, {ty.count})"
-    if isinstance(ty, nbtypes.Tuple):
-        return f"numba.types.Tuple(({''.join(numba_type_source(t) + ', ' for t in ty.types)}))"
-    if isinstance(ty, nbtypes.NumberClass):
-        return numba_type_source(ty.instance_type)
-    raise Unsupported(f"no source for the numba type {ty}")
-
-
-def constant_source(value) -> str | None:
-    """Source text for a constant a kernel may read from its module or closure; None if it is not one."""
-    if isinstance(value, bool) or value is None:
-        return repr(value)
-    if isinstance(value, int):
-        return repr(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "np.nan"
-        return repr(value) if math.isfinite(value) else ("np.inf" if value > 0 else "-np.inf")
-    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
-        inner = constant_source(value.item())
-        name = "bool_" if value.dtype.kind == "b" else value.dtype.name
-        return None if inner is None else f"np.{name}({inner})"
-    if isinstance(value, tuple):
-        parts = [constant_source(v) for v in value]
-        return None if None in parts else "(" + "".join(p + ", " for p in parts) + ")"
-    if isinstance(value, nbtypes.Type):
-        try:
-            return numba_type_source(value)
-        except Unsupported:
-            return None
-    if isinstance(value, np.dtype):
-        return f"np.dtype({value.str!r})"
-    return None
-
-
 def _expr(text: str) -> ast.expr:
     return ast.parse(text, mode="eval").body
 
 
 def _call(name: str, args) -> ast.Call:
     return ast.Call(ast.Name(name, ast.Load()), list(args), [])
-
-
-def _is_device_function(value) -> bool:
-    from numba.cuda.simulator.kernel import FakeCUDAKernel
-
-    from .kernel import SimDeviceFunction
-
-    return isinstance(value, SimDeviceFunction) or (isinstance(value, FakeCUDAKernel) and value._device)
-
-
-def _py_func(device_function):
-    return getattr(device_function, "py_func", None) or device_function.fn
-
-
-def _is_group_barrier(value) -> bool:
-    fn = _py_func(value)
-    return fn.__name__ == "group_barrier" and fn.__module__ == "pyflow.kernels.utask.groups"
-
-
-def _where(fn, node) -> str:
-    line = getattr(node, "lineno", None)
-    return f"{fn.__code__.co_filename}:{line}" if line else fn.__code__.co_filename
-
-
-def _parse(fn) -> ast.FunctionDef:
-    """The function's def as an AST whose line numbers are the file's."""
-    try:
-        source = textwrap.dedent(inspect.getsource(fn))
-    except (OSError, TypeError) as error:
-        raise Unsupported(f"the source of {fn.__qualname__} cannot be read ({error})") from None
-    tree = ast.parse(source)
-    ast.increment_lineno(tree, fn.__code__.co_firstlineno - 1)
-    node = tree.body[0]
-    if not isinstance(node, ast.FunctionDef):
-        raise Unsupported(f"{fn.__qualname__} is not a plain def")
-    node.decorator_list = []
-    return node
-
-
-def _local_names(node: ast.FunctionDef) -> set:
-    names = {a.arg for a in node.args.args}
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
-            names.add(sub.id)
-    return names
-
-
-def _free_values(fn) -> dict:
-    """Closure cells and globals of ``fn``, by name (closure first, as Python looks them up)."""
-    values = dict(fn.__globals__)
-    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-        try:
-            values[name] = cell.cell_contents
-        except ValueError:
-            pass
-    return values
-
-
-def _cuda_path(node, resolve) -> list | None:
-    """['threadIdx', 'x'] for ``cuda.threadIdx.x`` (the root a name bound to the cuda module)."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name) and resolve(node.id) is _cuda:
-        return parts[::-1]
-    return None
 
 
 class _Unit:
@@ -274,11 +90,11 @@ class _Unit:
             if found.body is None:
                 raise caller.fail(f"recursion through {fn.__name__}(), which has barriers or shared memory", stmt)
             return found
-        tree = _parse(fn)
+        tree = parse_def(fn)
         if tree.args.vararg or tree.args.kwarg or tree.args.defaults or tree.args.kwonlyargs:
-            raise Unsupported(f"device function {fn.__name__} with defaults, *args or keywords", _where(fn, tree))
+            raise Unsupported(f"device function {fn.__name__} with defaults, *args or keywords", location(fn, tree))
         k = len(self.units)
-        unit = self.units[fn] = Unit(k, fn.__name__, _where(fn, tree), [f"f{k}_{a.arg}" for a in tree.args.args])
+        unit = self.units[fn] = Unit(k, fn.__name__, location(fn, tree), [f"f{k}_{a.arg}" for a in tree.args.args])
         inner = _Rewriter(self, fn, tree, f"f{k}_", inline=True)
         body, result = tree.body, None
         if body and isinstance(body[-1], ast.Return):
@@ -286,49 +102,23 @@ class _Unit:
         statements = inner.block(body)
         if result is not None:
             ret = ast.copy_location(ast.Assign([ast.Name(f"f{k}_ret", ast.Store())], inner.visit(result)), tree.body[-1])
-            ret.cu_where = _where(fn, tree.body[-1])
+            ret.cu_where = location(fn, tree.body[-1])
             statements.append(ret)
         unit.body, unit.returns = statements or [ast.Pass()], result is not None
         self.unit_order.append(unit)
         return unit
 
-    def needs_inline(self, fn) -> bool:
-        """Does ``fn`` (or a device function it calls) use barriers, shared memory or this_grid?"""
-        found = self.facts.get(fn)
-        if found is not None:
-            return found
-        self.facts[fn] = False         # a recursive call assumes not (checked when it is translated)
-        tree, values = _parse(fn), _free_values(fn)
-        locals_ = _local_names(tree)
-
-        def resolve(name):
-            return None if name in locals_ else values.get(name, getattr(builtins, name, None))
-
-        result = False
-        for sub in ast.walk(tree):
-            path = _cuda_path(sub, resolve) if isinstance(sub, ast.Attribute) else None
-            if path and path[0] in ("syncthreads", "shared", "cg", "syncthreads_count", "syncthreads_and",
-                                    "syncthreads_or"):
-                result = True
-            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
-                value = resolve(sub.id)
-                if value is not None and _is_device_function(value) and (
-                        _is_group_barrier(value) or self.needs_inline(_py_func(value))):
-                    result = True
-        self.facts[fn] = result
-        return result
-
 
 def translate(kernel_fn) -> Translation:
     """Translate ``kernel_fn`` (a kernel's ``py_func``) and what it calls; ``Unsupported`` if it cannot."""
     unit = _Unit()
-    tree = _parse(kernel_fn)
+    tree = parse_def(kernel_fn)
     if tree.args.vararg or tree.args.kwarg or tree.args.kwonlyargs or tree.args.defaults:
         raise Unsupported("kernels with *args, **kwargs, keyword-only or default arguments",
-                          _where(kernel_fn, tree))
+                          location(kernel_fn, tree))
     rewriter = _Rewriter(unit, kernel_fn, tree, prefix="", inline=True)
     body = rewriter.block(tree.body)
-    return Translation(kernel_fn.__name__, _where(kernel_fn, tree), [a.arg for a in tree.args.args], body,
+    return Translation(kernel_fn.__name__, location(kernel_fn, tree), [a.arg for a in tree.args.args], body,
                        [unit.helpers[f] for f in unit.helper_order], list(unit.storage.values()),
                        set(unit.barriers), unit.atomics, list(unit.unit_order), fences=unit.fences)
 
@@ -338,12 +128,12 @@ class _Rewriter(ast.NodeTransformer):
 
     def __init__(self, unit: _Unit, fn, tree: ast.FunctionDef, prefix: str, inline: bool):
         self.unit, self.fn, self.tree, self.prefix, self.inline = unit, fn, tree, prefix, inline
-        self.values = _free_values(fn)
-        self.locals = _local_names(tree)
+        self.values = free_values(fn)
+        self.locals = local_names(tree)
         for name in self.locals:
             if name.startswith("cu_"):
                 raise Unsupported(f"the local name {name!r} (cu_ names are the compiled tier's own)",
-                                  _where(fn, tree))
+                                  location(fn, tree))
         self.grid_aliases: set = set()   # locals bound to cuda.cg.this_grid()
         self.context: set = set()        # coordinates this function reads (helpers get them as arguments)
 
@@ -357,7 +147,7 @@ class _Rewriter(ast.NodeTransformer):
         return getattr(builtins, name, None)
 
     def fail(self, reason: str, node) -> Unsupported:
-        return Unsupported(reason, _where(self.fn, node))
+        return Unsupported(reason, location(self.fn, node))
 
     def visit_Name(self, node: ast.Name):
         if node.id in self.locals:
@@ -375,11 +165,11 @@ class _Rewriter(ast.NodeTransformer):
             raise self.fail("the cuda module used as a value", node)
         if id(value) in _MODULES:
             return ast.Name(_MODULES[id(value)], ast.Load())
-        if _is_device_function(value):
-            if _is_group_barrier(value) or self.unit.needs_inline(_py_func(value)):
+        if is_device_function(value):
+            if is_group_barrier(value) or needs_inline(python_function(value), self.unit.facts):
                 raise self.fail(f"{name}() (it has barriers or shared memory) called inside an expression; "
                                 "call it as a statement or as `x = f(...)`", node)
-            return ast.Name(self.helper(_py_func(value)).name, ast.Load())
+            return ast.Name(self.helper(python_function(value)).name, ast.Load())
         text = constant_source(value)
         if text is not None:
             return _expr(text)
@@ -388,7 +178,7 @@ class _Rewriter(ast.NodeTransformer):
         raise self.fail(f"{name!r} is a {type(value).__name__}, which compiled code cannot use", node)
 
     def visit_Attribute(self, node: ast.Attribute):
-        path = _cuda_path(node, self.resolve)
+        path = cuda_path(node, self.resolve)
         if path is not None:
             return ast.copy_location(self.cuda_value(path, node), node)
         chain, base = [], node
@@ -421,7 +211,7 @@ class _Rewriter(ast.NodeTransformer):
         raise self.fail(f"cuda.{'.'.join(path)}", node)
 
     def visit_Call(self, node: ast.Call):
-        path = _cuda_path(node.func, self.resolve)
+        path = cuda_path(node.func, self.resolve)
         if path is None:
             if isinstance(node.func, ast.Name) and node.func.id == "breakpoint":
                 raise self.fail("breakpoint() (such kernels run threaded, so pdb can stop in them)", node)
@@ -493,7 +283,7 @@ class _Rewriter(ast.NodeTransformer):
         if found is None:
             prefix = "cu_sh" if kind == "shared" else "cu_lo"
             name = "cu_dsh" if dynamic else f"{prefix}{len(self.unit.storage)}"
-            found = Storage(name, "dynamic" if dynamic else kind, shape, dtype, _where(self.fn, node))
+            found = Storage(name, "dynamic" if dynamic else kind, shape, dtype, location(self.fn, node))
             self.unit.storage[key] = found
         if dynamic:
             self.context.update(("cu_sb",))
@@ -513,7 +303,7 @@ class _Rewriter(ast.NodeTransformer):
 
     def statement(self, stmt) -> list:
         out = self._statement(stmt)
-        where = _where(self.fn, stmt)
+        where = location(self.fn, stmt)
         for new in out:   # fission.py names regions and barriers by these
             if not hasattr(new, "cu_where"):
                 new.cu_where = where
@@ -547,25 +337,25 @@ class _Rewriter(ast.NodeTransformer):
     def marker(self, stmt) -> list | None:
         """Barriers and fences as statements; ``g = cuda.cg.this_grid()`` disappears (g.sync() is the barrier)."""
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
-                and isinstance(stmt.value, ast.Call) and _cuda_path(stmt.value.func, self.resolve) == ["cg", "this_grid"]:
+                and isinstance(stmt.value, ast.Call) and cuda_path(stmt.value.func, self.resolve) == ["cg", "this_grid"]:
             self.grid_aliases.add(stmt.targets[0].id)
             return []
         if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
             return None
         func = stmt.value.func
-        path = _cuda_path(func, self.resolve)
+        path = cuda_path(func, self.resolve)
         if path == ["syncthreads"]:
             return [self.barrier("cu_syncthreads", [], stmt)]
         if isinstance(func, ast.Attribute) and func.attr == "sync" and (
                 (isinstance(func.value, ast.Name) and func.value.id in self.grid_aliases)
-                or (isinstance(func.value, ast.Call) and _cuda_path(func.value.func, self.resolve) == ["cg", "this_grid"])):
+                or (isinstance(func.value, ast.Call) and cuda_path(func.value.func, self.resolve) == ["cg", "this_grid"])):
             return [self.barrier("cu_grid_sync", [], stmt)]
         if path and path[0] in _FENCES:
             self.unit.fences = True
             return []
         if isinstance(func, ast.Name) and func.id not in self.locals:
             value = self.resolve(func.id)
-            if value is not None and _is_device_function(value) and _is_group_barrier(value):
+            if value is not None and is_device_function(value) and is_group_barrier(value):
                 if len(stmt.value.args) != 3:
                     raise self.fail("group_barrier(state, slot, members) with other arguments", stmt)
                 return [self.barrier("cu_group_barrier", [self.visit(a) for a in stmt.value.args], stmt)]
@@ -588,7 +378,9 @@ class _Rewriter(ast.NodeTransformer):
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)) or call.func.id in self.locals:
             return None, None
         value = self.resolve(call.func.id)
-        if value is None or not _is_device_function(value) or not self.unit.needs_inline(_py_func(value)):
+        if value is None or not is_device_function(value):
+            return None, None
+        if not needs_inline(python_function(value), self.unit.facts):
             return None, None
         return call, target
 
@@ -599,7 +391,7 @@ class _Rewriter(ast.NodeTransformer):
         writes its code once and runs it wherever a ``cu_call(K)`` marker stands, so a uTask called
         from forty places of a Cocktailer kernel is compiled once.  ``x = f(...)`` reads ``fK_ret``.
         """
-        fn = _py_func(self.resolve(call.func.id))
+        fn = python_function(self.resolve(call.func.id))
         if call.keywords or any(isinstance(a, ast.Starred) for a in call.args):
             raise self.fail(f"{fn.__name__}() called with keywords or *args", stmt)
         unit = self.unit.unit_for(fn, stmt, self)
@@ -624,9 +416,9 @@ class _Rewriter(ast.NodeTransformer):
                 return found
             return found
         helper = self.unit.helpers[fn] = Helper(f"cu_dev_{fn.__name__}_{len(self.unit.helpers)}")
-        tree = _parse(fn)
+        tree = parse_def(fn)
         if tree.args.vararg or tree.args.kwarg or tree.args.defaults or tree.args.kwonlyargs:
-            raise Unsupported(f"device function {fn.__name__} with defaults, *args or keywords", _where(fn, tree))
+            raise Unsupported(f"device function {fn.__name__} with defaults, *args or keywords", location(fn, tree))
         inner = _Rewriter(self.unit, fn, tree, prefix="", inline=False)
         body = inner.block(tree.body) or [ast.Pass()]
         helper.context = tuple(c for c in CONTEXT if c in inner.context)
@@ -634,7 +426,7 @@ class _Rewriter(ast.NodeTransformer):
                              + [ast.arg(c) for c in helper.context],
                              vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])
         helper.tree = ast.FunctionDef(helper.name, args, body, [], None, None, lineno=tree.lineno)
-        helper.tree.source_where = _where(fn, tree)
+        helper.tree.source_where = location(fn, tree)
         self.unit.helper_order.append(fn)
         return helper
 

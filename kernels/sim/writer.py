@@ -10,7 +10,8 @@ The module (kept in the cache directory; ``compiled.py`` imports it) has:
   another, each running the kernel's control flow as compiled code (``blockwise.py``);
 * for the others, ``CODE`` (the control flow as bytecode for ``scopes.Machine``),
   ``cu_run``, which runs one node for every live thread of the machine's scope, and
-  ``cu_drive``, the whole launch compiled (``grid_machine`` steps through ``CODE``).
+  ``cu_drive``, the whole launch compiled (``grid_machine`` steps through ``CODE``;
+  both written by ``gridwise.py``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from __future__ import annotations
 import ast
 
 from .blockwise import write_blockwise
+from .gridwise import write_gridwise
 from .region_code import StatusRewriter, copy_statement, on_stack, stack_declarations
-from .fission import BarrierNode, BranchNode, CallNode, Region, Split, Variables, _defs, _exposed, _names, _reads
-from .translate import CONTEXT, Translation
+from .fission import BarrierNode, CallNode, Region, Split, Variables, _defs, _exposed, _names, _reads
+from .translation import CONTEXT, Translation
 
 __all__ = ["write_module"]
 
@@ -64,7 +66,7 @@ def write_module(tr: Translation, sp: Split, var: Variables, storage_types: dict
 
 class _ModuleWriter:
     """Writes the module: ``cu_node_K`` (each node's code for one thread), ``cu_allocate``, and
-    ``cu_launch`` (``blockwise.py``) or ``CODE`` and ``cu_run`` (for ``scopes.Machine``)."""
+    ``cu_launch`` (``blockwise.py``) or ``CODE``, ``cu_run`` and ``cu_drive`` (``gridwise.py``)."""
 
     inner, driver = "@cu_rt.INNER", "@cu_rt.DRIVER"   # the decorators: checked indexes
 
@@ -170,22 +172,6 @@ class _ModuleWriter:
                     out(line)
             out()
 
-    def dispatch(self, ids: list) -> None:
-        """In ``cu_run``: ``cu_r = cu_node_K(...)`` for the node asked for, by a binary tree of tests."""
-        out = self.out
-        if len(ids) > 8:
-            middle = ids[len(ids) // 2]
-            with out.block(f"if cu_node < {middle}:"):
-                self.dispatch(ids[:len(ids) // 2])
-            with out.block("else:"):
-                self.dispatch(ids[len(ids) // 2:])
-            return
-        for n, k in enumerate(ids):
-            with out.block(f"{'if' if n == 0 else 'elif'} cu_node == {k}:"):
-                out(f"cu_r = cu_node_{k}({', '.join(self.node_params[k])})")
-        with out.block("else:"):
-            out("cu_r = -1")
-
     # ---- the control flow as bytecode ---------------------------------------------------
 
     def emit(self, op: str, a: int = 0, b: int = 0, c: int = 0) -> int:
@@ -275,7 +261,7 @@ class _ModuleWriter:
             out()
         self.step()
         if self.coop:
-            self.run()
+            write_gridwise(self)
         else:
             write_blockwise(self)
         return out.text()
@@ -315,142 +301,3 @@ class _ModuleWriter:
                     out(f"cu_storage[{where}][:] = cu_args[{arg}]")
             out("return None")
         out()
-
-    def run(self) -> None:
-        """``run(...)``: one instruction's node for every live thread of the scope (numba-compiled).
-
-        Only what the kernel needs is written: a kernel of one region and no test has
-        nothing its threads must agree on, and only a ``for`` around barriers has a range.
-        """
-        out = self.out
-        params = (["cu_op", "cu_node", "cu_flag", "cu_it", "cu_S", "cu_base", "cu_alive", "cu_where", "cu_report",
-                   "cu_cancel", "cu_gdx", "cu_gdy", "cu_gdz", "cu_bdx", "cu_bdy", "cu_bdz"]
-                  + list(self.tr.params) + self.storage_names)
-        ops = {op for op, *_ in self.code}
-        agree = bool(ops - {"RUN", "END"}) or any(isinstance(n, Region) and n.leaves for n in self.sp.all_nodes)
-        out(self.driver)
-        out(f"def cu_run({', '.join(params)}):")
-        with out:
-            out('"""Node ``cu_node`` for every live thread of the blocks ``cu_S``: each block\'s result.')
-            out("")
-            out("cu_op: 0 a region (RUN, ASSIGN: its status), 1 a test (TEST, GROUP: its value),")
-            out('2 a range (FOR_BOUNDS: start, stop, step).  Threads of a block must agree."""')
-            out("cu_nt = cu_bdx * cu_bdy * cu_bdz")
-            out("cu_out = np.zeros(3, np.int64)")
-            out("cu_res = np.full(cu_S.shape[0], -1, np.int64)")
-            out("cu_bounds = np.zeros((cu_S.shape[0], 3), np.int64)")
-            out("cu_live = np.zeros(cu_S.shape[0], np.bool_)")
-            with out.block("for cu_i in range(cu_S.shape[0]):"):
-                out("cu_b = cu_S[cu_i]")
-                out("cu_bx = cu_b % cu_gdx")
-                out("cu_by = cu_b // cu_gdx % cu_gdy")
-                out("cu_bz = cu_b // (cu_gdx * cu_gdy)")
-                out("cu_sb = cu_b - cu_base")
-                out("cu_first = -1")
-                out("cu_t = -1")
-                # three loops, not one divided up: two divisions per thread cost more than many nodes' work
-                out("for cu_tz in range(cu_bdz):")
-                out.level += 1
-                out("for cu_ty in range(cu_bdy):")
-                out.level += 1
-                with out.block("for cu_tx in range(cu_bdx):"):
-                    out("cu_t += 1")
-                    out("cu_g = cu_sb * cu_nt + cu_t")
-                    with out.block("if not cu_alive[cu_g]:"):
-                        out("continue")
-                    out("cu_where[0] += 1")
-                    out("cu_where[1] = cu_b")
-                    out("cu_where[2] = cu_t")
-                    out("cu_where[3] = cu_node")
-                    self.dispatch(sorted(self.branches))
-                    with out.block("if cu_op == 0:"):
-                        with out.block("if cu_r == cu_rt.EXITED:"):
-                            out("cu_alive[cu_g] = False")
-                            out("continue")
-                        with out.block("if cu_r == cu_rt.STOPPED:"):
-                            out("return cu_rt.CANCELLED, cu_res, cu_bounds, cu_live")
-                    if "FOR_BOUNDS" in ops:
-                        self.bounds_agreement()
-                    if agree:
-                        self.value_agreement()
-                    else:   # one region, no test: nothing for the threads to agree on
-                        out("cu_first = cu_r")
-                out.level -= 2
-                out("cu_res[cu_i] = cu_first")
-            out("return cu_rt.OK, cu_res, cu_bounds, cu_live")
-        out()
-        self.drive(params)
-
-    def drive(self, run_params: list) -> None:
-        """``cu_drive``: the whole launch, compiled: ``grid_machine.step`` finds the next node, ``cu_run``
-        runs it for the scope's threads, ``grid_machine.take`` goes on (``scopes.Machine``'s loop, in numba).
-        Grid and group barriers are checked here: every block at a grid barrier, and no thread gone; each
-        group's blocks as many as its members."""
-        out = self.out
-        state = ["cu_code", "cu_st", "cu_scope", "cu_values", "cu_waiting", "cu_flags", "cu_ranges", "cu_counter"]
-        tail = run_params[run_params.index("cu_alive"):]
-        out("CODE_OPS = cu_gm.encode(CODE)   # the same instructions, as opcodes for grid_machine")
-        out()
-        out(self.driver)
-        out(f"def cu_drive({', '.join(state + tail)}):")
-        with out:
-            out('"""The launch: every node the control code reaches, for every live thread of its scope."""')
-            out("cu_nt = cu_bdx * cu_bdy * cu_bdz")
-            out("cu_none3 = np.zeros((0, 3), np.int64)")
-            with out.block("while True:"):
-                out(f"cu_op = cu_gm.step({', '.join(state)})")
-                with out.block("if cu_op == cu_gm.END:"):
-                    out("return cu_rt.OK")
-                with out.block("if cu_rt.cancelled(cu_cancel):"):
-                    out("return cu_rt.CANCELLED")
-                out("cu_node, cu_flag = cu_code[cu_st[0], 1], cu_code[cu_st[0], 3]")
-                out("cu_S = np.flatnonzero(cu_scope)")
-                with out.block("if cu_op == cu_gm.GRID:   # grid_machine.check_grid_barrier"):
-                    out("cu_code_ = cu_gm.check_grid_barrier(cu_S, cu_alive, cu_nt, cu_report, cu_node)")
-                    with out.block("if cu_code_ != cu_rt.OK:"):
-                        out("return cu_code_")
-                    out(f"cu_gm.take({', '.join(state)}, cu_S, cu_none3, cu_scope)")
-                    out("continue")
-                out("cu_it = cu_counter[cu_st[2] - 1, 0] if cu_op == cu_gm.ASSIGN else 0")
-                out("cu_kind = 1 if cu_op == cu_gm.TEST or cu_op == cu_gm.GROUP else (2 if cu_op == cu_gm.FOR_BOUNDS "
-                    "else 0)")
-                args = ", ".join(["cu_kind", "cu_node", "cu_flag", "cu_it", "cu_S", "0"] + tail)
-                out(f"cu_code_, cu_res, cu_bounds, cu_lv = cu_run({args})")
-                with out.block("if cu_code_ != cu_rt.OK:"):
-                    out("return cu_code_")
-                with out.block("if cu_op == cu_gm.GROUP:"):
-                    out("cu_code_ = cu_gm.check_group_barrier(cu_S, cu_res, cu_report, cu_node)")
-                    with out.block("if cu_code_ != cu_rt.OK:"):
-                        out("return cu_code_")
-                out(f"cu_gm.take({', '.join(state)}, cu_res, cu_bounds, cu_lv)")
-        out()
-
-    def bounds_agreement(self) -> None:
-        """A range: the first live thread's, which every other thread of the block must give too."""
-        out = self.out
-        with out.block("if cu_op == 2:"):
-            with out.block("if not cu_live[cu_i]:"):
-                out("cu_live[cu_i] = True")
-                out("cu_bounds[cu_i, 0] = cu_out[0]")
-                out("cu_bounds[cu_i, 1] = cu_out[1]")
-                out("cu_bounds[cu_i, 2] = cu_out[2]")
-            with out.block("elif cu_bounds[cu_i, 0] != cu_out[0] or cu_bounds[cu_i, 1] != cu_out[1] "
-                           "or cu_bounds[cu_i, 2] != cu_out[2]:"):
-                self.diverge()
-            out("continue")
-
-    def value_agreement(self) -> None:
-        """A test's value or a region's status: the first live thread's, which the others must give too."""
-        out = self.out
-        with out.block("if cu_first == -1:"):
-            out("cu_first = cu_r")
-        with out.block("elif cu_first != cu_r:"):
-            with out.block("if cu_flag == 1 and (cu_first == cu_rt.FELL_THROUGH or cu_first == cu_rt.CONTINUED) "
-                           "and (cu_r == cu_rt.FELL_THROUGH or cu_r == cu_rt.CONTINUED):"):
-                out("cu_first = cu_rt.CONTINUED   # at the end of a loop body, continue is falling through")
-                out("continue")
-            self.diverge()
-
-    def diverge(self) -> None:
-        self.out("cu_report[0] = cu_rt.DIVERGENT; cu_report[1] = cu_b; cu_report[2] = cu_t; cu_report[3] = cu_node")
-        self.out("return cu_rt.DIVERGENT, cu_res, cu_bounds, cu_live")
