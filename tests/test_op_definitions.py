@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 import pyflow as flow
 from pyflow.framework.interpreter import apply
-from pyflow.framework.op_registry import (BROADCAST_ONLY, NO_BACKWARD, OP_REGISTRY, UNDECLARED, OpDef, TensorMeta,
-                                          get_op, register_op)
+from pyflow.framework.op_registry import (BROADCAST_ONLY, NO_BACKWARD, OP_REGISTRY, SETS_LAYOUT, UNDECLARED, OpDef,
+                                          TensorMeta, get_op, register_op)
 from pyflow.framework.sbp import B, P, S, Signature, piece_slices
 from pyflow.framework.views import WHOLE, reshape_attrs
 from pyflow.ops.elementwise import BINARY_OPS, COMPARISONS, FLOAT_UNARY, LOGICAL_OPS, UNARY_OPS
@@ -42,7 +42,7 @@ get_op("add")   # loads every op definition
 @pytest.mark.parametrize("name", sorted(OP_REGISTRY))
 def test_every_op_declares_its_sbp_signatures_and_its_backward(name):
     op = OP_REGISTRY[name]
-    assert op.sbp_signatures is BROADCAST_ONLY or callable(op.sbp_signatures), op.sbp_signatures
+    assert op.sbp_signatures in (BROADCAST_ONLY, SETS_LAYOUT) or callable(op.sbp_signatures), op.sbp_signatures
     assert op.backward is NO_BACKWARD or callable(op.backward), op.backward
 
 
@@ -275,8 +275,13 @@ CASES = {**{name: _elementwise_case for name in _KINDS}, "where": _where_case, "
 
 
 def test_every_op_with_sbp_rules_has_inputs_in_the_property_test():
-    with_rules = {name for name, op in OP_REGISTRY.items() if op.sbp_signatures is not BROADCAST_ONLY}
+    with_rules = {name for name, op in OP_REGISTRY.items() if callable(op.sbp_signatures)}
     assert with_rules == set(CASES)
+
+
+def test_only_to_global_sets_its_own_layout():
+    """``SETS_LAYOUT`` is no way out of declaring signatures: only the change of layout itself says it."""
+    assert {name for name, op in OP_REGISTRY.items() if op.sbp_signatures is SETS_LAYOUT} == {"to_global"}
 
 
 # --- the check: pieces in, pieces out, equal to the whole ------------------------------------------------

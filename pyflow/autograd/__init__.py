@@ -6,7 +6,7 @@
 * ``record``     - the interpreter's hook: make Nodes, check in-place writes
 * ``engine``     - backward: the nodes in dependency order, gradients into the leaves
 * ``views``      - gradients of the methods that are not one op: advanced indexing, ``x[i] = v``,
-                   ``to_global`` / ``to_local``
+                   ``to_local``; and the recording of ``to_global``, an op whose runner is the boxing chain
 * ``tensor_api`` - what Tensor's methods (``requires_grad_()``, ``backward()``...) ask autograd; ``grad()``
 
 Each op's backward rule is next to the op (``OpDef.backward`` in ``pyflow/ops/``),

@@ -96,7 +96,8 @@ class Recorder:
 
 
 def record_unary_view(name: str, rule, x, result, attrs=None):
-    """Record what is not an op (``x[...]``, ``to_global``, ``to_local``): ``result``'s node."""
+    """Record a call the interpreter does not run (``x[...]``, ``to_local``, and ``to_global``: an op whose
+    runner is the boxing chain): ``result``'s node."""
     if is_grad_enabled() and requires_grad(x):
         node = Node(name, rule, [x], [result], attrs or {})
         result._autograd = AutogradMeta(requires_grad=True, grad_fn=node, output_nr=0)

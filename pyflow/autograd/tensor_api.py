@@ -3,8 +3,9 @@
 ``backward()`` are defined); and ``flow.autograd.backward`` / ``flow.autograd.grad``.
 
 * ``set_requires_grad``, ``set_grad``, ``retain_grad``, ``backward``: changing a tensor's autograd state;
-* ``record_call``, ``check_write``, ``record_write`` (``views.py``): recording the methods that are not
-  one op (``x[index]`` and ``x[index] = v`` with a tensor in the index, ``to_global``, ``to_local``).
+* ``record_call``, ``check_write``, ``record_write`` (``views.py``): recording the calls the interpreter
+  does not run (``x[index]`` and ``x[index] = v`` with a tensor in the index, ``to_local``, and
+  ``to_global``, an op whose runner is the boxing chain).
 
 >>> import pyflow as flow
 >>> x = flow.tensor([1.0, 2.0, 3.0], requires_grad=True)

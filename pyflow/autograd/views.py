@@ -1,12 +1,14 @@
-"""Gradients of what is not an op yet: advanced indexing (``x[i]``, ``x[i] = v``), local <-> global.
+"""Gradients of what is not an op yet: advanced indexing (``x[i]``, ``x[i] = v``), ``to_local``.
 
 The view ops (``reshape``, ``permute``, ``expand``, ``narrow``, ``squeeze``, ``unsqueeze``, and
 ``slice_view``: ``x[index]`` with ints, slices, None, ...) and ``slice_update`` (``x[index] = v``
-for such an index) are ops with their backward rules in ``pyflow/ops/views.py``.  These Tensor
-methods are not one op, so the interpreter does not record them: the methods themselves
+for such an index) are ops with their backward rules in ``pyflow/ops/views.py``; so is ``to_global``
+(``pyflow/ops/to_global.py``), whose eager runner is the boxing chain, not the interpreter.  These
+Tensor methods are not run by the interpreter, so it does not record them: the methods themselves
 (``pyflow/framework/tensor_methods.py``) call ``record_call`` / ``record_write`` here, through
 the hook ``pyflow.autograd`` installs, and each records one Node with these rules (``g`` is
-the result's gradient):
+the result's gradient), ``to_global`` with its op's own ``backward``, the rule nn.Graph's autograd
+pass calls too:
 
 ============================  ==================================================================
 ``x[index]``, advanced        zeros of the input's shape with ``g`` added at the elements the index
@@ -15,9 +17,8 @@ the result's gradient):
                               and ``index_add`` sums
 ``x[index] = v``, advanced    x's history gets ``g`` with the written elements zeroed; ``v`` gets
                               ``g[index]`` summed to its shape
-``to_global``, ``to_local``   ``g`` boxed back to the input's placement, with the *dual* SBP
-                              (B <-> P, S stays): e.g. the local tensors that became a B tensor
-                              get parallel_id 0's share of the gradient, the others zeros
+``to_local``                  ``g`` made global again, with the *dual* SBP of the input's
+                              (B <-> P, S stays): the inverse of ``to_global``'s rule
 ============================  ==================================================================
 """
 
@@ -28,6 +29,7 @@ import math
 from pyflow.autograd.engine import dual_sbp
 from pyflow.autograd.graph import AutogradMeta, Node
 from pyflow.autograd.record import Recorder, record_unary_view
+from pyflow.framework.op_registry import get_op
 from pyflow.ops.grad_rules import sum_to
 
 __all__ = ["record_call", "check_write", "record_write"]
@@ -64,27 +66,18 @@ def _setitem_rule(ctx, g):
     return grads
 
 
-def _to_global_rule(ctx, g):
-    layout = ctx.input_layouts[0]
-    if layout is not None:  # global -> global: box back, to the dual SBP
-        return [g.to_global(layout[0], dual_sbp(layout[1]))]
-    placement, sbp = ctx.attrs["placement"], ctx.attrs["sbp"]  # local -> global: each rank's share
-    return [g.to_global(placement, dual_sbp(sbp)).to_local()]
-
-
 def _to_local_rule(ctx, g):
     placement, sbp = ctx.input_layouts[0]
     return [g.to_global(placement, dual_sbp(sbp))]
 
 
-_RULES = {"index": _index_rule, "setitem": _setitem_rule, "to_global": _to_global_rule,
-          "to_local": _to_local_rule}
+_RULES = {"index": _index_rule, "setitem": _setitem_rule, "to_local": _to_local_rule}
 
 
 def record_call(name: str, x, result, attrs: dict) -> None:
-    """After ``x[index]`` (``"index"``), ``x.to_global(...)`` or ``x.to_local()``: ``result``'s Node, with
-    the call's rule above (``attrs``: what the rule needs, e.g. the index)."""
-    record_unary_view(name, _RULES[name], x, result, attrs)
+    """After ``x[index]`` (``"index"``) or ``x.to_local()``: ``result``'s Node, with the call's rule above;
+    after ``x.to_global(...)``, with the op's ``backward`` (``attrs``: what the rule needs, e.g. the index)."""
+    record_unary_view(name, _RULES[name] if name in _RULES else get_op(name).backward, x, result, attrs)
 
 
 def check_write(name: str, x) -> None:

@@ -5,7 +5,8 @@ local tensor mixed in), its shapes inferred by the op's own inference, and its S
 chosen now from the SBPs its inputs have (``op_graph.infer_signature``, the cost model eager
 global ops use), so a lazy tensor knows its ``sbp`` at once, as an eager one does; the OpGraph
 repeats the same inference over the whole Job.  ``x.to_global(placement, sbp)`` is a
-``to_global`` JobOp of the requested layout: the TaskGraph gives its edge the boxing sub-graph
+``to_global`` JobOp of the requested layout, inferred by the op's own inference
+(``pyflow/ops/to_global.py``): the TaskGraph gives its edge the boxing sub-graph
 (OneFlow: the boxing is the edge's, not an op's).
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 from pyflow.compiler.job import BlobDesc
 from pyflow.errors import ArgumentTypeError, CompileError, DeviceError
 from pyflow.framework import interpreter
+from pyflow.framework.op_registry import TensorMeta, get_op
 from pyflow.framework.tensor import Tensor
 
 __all__ = ["record_global_op", "record_to_global"]
@@ -55,7 +57,6 @@ def record_to_global(tracer, x, placement=None, sbp=None):
     """``x.to_global(placement, sbp)`` inside build: a ``to_global`` op with the requested layout (``x``
     itself if it has that layout already)."""
     from pyflow.framework.placement import placement as Placement
-    from pyflow.framework.sbp import checked_layout
 
     x = tracer.lazy(x)
     desc = tracer.job.blobs[x._lbn]
@@ -74,9 +75,9 @@ def record_to_global(tracer, x, placement=None, sbp=None):
             if s.is_split:
                 shape[s.dim] *= placement.hierarchy[axis]
         shape = tuple(shape)
-    nd = checked_layout(shape, placement, sbp, "to_global")
-    if desc.placement is not None and desc.placement == placement and tuple(desc.sbp) == tuple(nd):
+    (meta,) = get_op("to_global").infer([TensorMeta(shape, desc.dtype)], {"placement": placement, "sbp": sbp})
+    if desc.placement is not None and desc.placement == placement and tuple(desc.sbp) == meta.sbp:
         return x
-    out = BlobDesc(shape, desc.dtype, placement=placement, sbp=tuple(nd), time_shape=desc.time_shape)
-    (result,) = tracer._record("to_global", [x._lbn], [out], {"placement": placement, "sbp": tuple(nd)})
+    out = BlobDesc(shape, desc.dtype, placement=placement, sbp=meta.sbp, time_shape=desc.time_shape)
+    (result,) = tracer._record("to_global", [x._lbn], [out], {"placement": placement, "sbp": meta.sbp})
     return result

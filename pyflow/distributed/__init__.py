@@ -15,7 +15,8 @@
 * ``boxing``         - the chain of boxing builders and their plans
 * ``signatures``     - the cost model: the cheapest of an op's SBP signatures (declared by each op, ``pyflow/ops/``)
 * ``global_ops``     - the global interpreter (an op on global tensors)
-* ``global_methods`` - the Tensor methods that are not ops, on global tensors: ``to_global``, indexing, ``.to()``
+* ``global_methods`` - the Tensor methods on global tensors that the interpreter does not run: ``to_global`` (an op,
+                     ``pyflow/ops/to_global.py``, run by the boxing chain), indexing, ``.to()``
 
 A rank behaves as a process (``pyflow/env.py``); ranks meet only through a transport.
 Importing this package installs the global interpreter and ``global_methods`` into the framework

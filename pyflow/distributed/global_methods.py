@@ -4,7 +4,8 @@
 Ops (``x + y``, ``x.sum()``, ``flow.matmul``...) reach the global interpreter by
 themselves.  The rest of the Tensor API works on global tensors too:
 
-* ``to_global`` / ``to_local`` (``global_tensor.py``);
+* ``to_global`` (the eager runner of the op ``to_global``, ``pyflow/ops/to_global.py``: the boxing
+  chain) / ``to_local`` (``global_tensor.py``);
 * the view ops (``permute``, ``transpose``, ``.T``, ``reshape``, ``view``, ``flatten``,
   ``expand``, ``narrow``, ``split``, ``squeeze``, ``unsqueeze``...) are ops
   (``pyflow/ops/views.py``): their SBP signatures say which splits carry over

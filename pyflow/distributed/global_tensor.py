@@ -5,8 +5,9 @@ A global tensor is a ``Tensor`` whose ``_global`` is a ``GlobalInfo``
 outside the placement holds an empty piece (shape ``(0,)``) but knows the
 logical shape and dtype, and runs nothing for the tensor.
 
-* ``to_global(x, placement, sbp)`` - a local tensor becomes global
-  (OneFlow's RawLocalToGlobal, SEMANTICS §4a): with S(k) the ranks' tensors are
+* ``to_global(x, placement, sbp)`` - the eager runner of the op ``to_global``
+  (``pyflow/ops/to_global.py``; its inference checks the layout first).  A local tensor becomes
+  global (OneFlow's RawLocalToGlobal, SEMANTICS §4a): with S(k) the ranks' tensors are
   the pieces, concatenated in parallel_id order (their sizes must follow the
   balanced split); with B the data of parallel_id 0 is broadcast; with P the
   logical value is the sum.  The ranks first exchange their local shapes and
@@ -35,6 +36,7 @@ from pyflow.distributed.boxing import plan_for, run_boxing_steps
 from pyflow.distributed.boxing_steps import BoxingContext, Layout
 from pyflow.distributed.ccl import collective, describe_call, exchange
 from pyflow.errors import ArgumentTypeError, DTypeError, ShapeError
+from pyflow.framework.op_registry import TensorMeta, get_op
 from pyflow.framework.placement import placement as Placement
 from pyflow.framework.sbp import SbpParallel, checked_layout, piece_shape
 from pyflow.framework.tensor import Tensor
@@ -77,20 +79,22 @@ def to_local(x: Tensor) -> Tensor:
 
 
 def to_global(x: Tensor, placement=None, sbp=None) -> Tensor:
-    """``x`` as a global tensor on ``placement`` with ``sbp`` (see the module docstring)."""
+    """``x`` as a global tensor on ``placement`` with ``sbp`` (see the module docstring): the eager runner
+    of the op ``to_global`` (``pyflow/ops/to_global.py``), whose inference checks the layout first."""
+    op = get_op("to_global")
     if x._global is not None:
         info = x._global
         placement = info.placement if placement is None else placement
         sbp = info.sbp if sbp is None else sbp
-        nd = checked_layout(info.shape, placement, sbp, "to_global")
-        src, dst = Layout(info.placement, info.sbp), Layout(placement, nd)
+        (out,) = op.infer([TensorMeta(info.shape, x.dtype)], {"placement": placement, "sbp": sbp})
+        src, dst = Layout(info.placement, info.sbp), Layout(out.placement, out.sbp)
         if src == dst:
             return x
         return box(x, dst, f"to_global {src.short()} -> {dst.short()}")
     if placement is None or sbp is None:
         raise ArgumentTypeError("to_global of a local tensor needs both placement= and sbp=")
-    nd = checked_layout(x.shape, placement, sbp, "to_global")
-    return local_to_global(x, placement, nd)
+    (out,) = op.infer([TensorMeta(tuple(x.shape), x.dtype)], {"placement": placement, "sbp": sbp})
+    return local_to_global(x, placement, out.sbp)   # the logical shape: from the ranks' local shapes
 
 
 def box(x: Tensor, dst: Layout, what: str) -> Tensor:

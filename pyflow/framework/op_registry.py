@@ -25,6 +25,8 @@ An ``OpDef`` says everything the interpreter needs to run an op eagerly:
   op can run on piece by piece (OneFlow's ``GetSbpFn``; ``pyflow/framework/sbp.py``):
   1-D candidates, ``shapes`` the inputs' logical shapes (None for Python
   scalars); the all-broadcast one is implied.  ``BROADCAST_ONLY``: none but that.
+  ``SETS_LAYOUT``: the op is itself a change of layout (``to_global``), its attrs name its
+  output's placement and SBP, whatever its input's, so no signature is chosen for it.
   The eager global interpreter and the lazy compiler both pick among them by
   the cost model of ``pyflow/distributed/signatures.py``;
 * ``updates_input`` - the op writes only parts of its input ``k`` (``index_copy``,
@@ -62,7 +64,7 @@ from typing import Callable
 import numpy as np
 
 __all__ = ["TensorMeta", "OpDef", "OP_REGISTRY", "register_op", "register_lowering", "get_op", "default_launch",
-           "BROADCAST_ONLY", "NO_BACKWARD", "UNDECLARED"]
+           "BROADCAST_ONLY", "SETS_LAYOUT", "NO_BACKWARD", "UNDECLARED"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +91,7 @@ class _Marker:
 
 UNDECLARED = _Marker("UNDECLARED")          # the default of the fields every op must declare
 BROADCAST_ONLY = _Marker("BROADCAST_ONLY")  # sbp_signatures: only the all-broadcast signature
+SETS_LAYOUT = _Marker("SETS_LAYOUT")        # sbp_signatures: the attrs set the output's placement and SBP
 NO_BACKWARD = _Marker("NO_BACKWARD")        # backward: no gradient flows through the op
 
 
@@ -127,9 +130,9 @@ class OpDef:
 OP_REGISTRY: dict[str, OpDef] = {}
 
 
-_MUST_DECLARE = {   # field -> (its "none" marker, what to give)
-    "sbp_signatures": (BROADCAST_ONLY, "a function (shapes, out_shapes, attrs) -> [Signature]"),
-    "backward": (NO_BACKWARD, "a rule (ctx, grads) -> input grads"),
+_MUST_DECLARE = {   # field -> (the markers it may be instead of a function, what to give)
+    "sbp_signatures": ((BROADCAST_ONLY, SETS_LAYOUT), "a function (shapes, out_shapes, attrs) -> [Signature]"),
+    "backward": ((NO_BACKWARD,), "a rule (ctx, grads) -> input grads"),
 }
 
 
@@ -137,10 +140,11 @@ def register_op(op: OpDef) -> OpDef:
     """Add ``op`` to the registry (names are unique; ``sbp_signatures`` and ``backward`` declared)."""
     if op.name in OP_REGISTRY:
         raise ValueError(f"op {op.name!r} is registered twice")
-    for field, (none, what) in _MUST_DECLARE.items():
+    for field, (markers, what) in _MUST_DECLARE.items():
         value = getattr(op, field)
-        if value is not none and (value is UNDECLARED or not callable(value)):
-            raise ValueError(f"op {op.name!r}: {field} is {value!r}; declare it: {what}, or {none!r}")
+        if all(value is not m for m in markers) and (value is UNDECLARED or not callable(value)):
+            raise ValueError(f"op {op.name!r}: {field} is {value!r}; declare it: {what}, or "
+                             f"{' or '.join(map(repr, markers))}")
     OP_REGISTRY[op.name] = op
     return op
 

@@ -13,9 +13,9 @@ way ``pyflow.autograd`` installs its recorder into the interpreter (``install_re
 
 * ``install_autograd(api)``: ``pyflow.autograd`` (``autograd/tensor_api.py``) gives the gradient API
   (``set_requires_grad``, ``set_grad``, ``retain_grad``, ``backward``) and records the calls that
-  are not one op (``check_write``, ``record_call``, ``record_write``): ``x[index]`` and
-  ``x[index] = v`` with a tensor, list or mask in the index, ``to_global`` and ``to_local`` (their
-  backward rules are in ``autograd/views.py``);
+  are not run by the interpreter (``check_write``, ``record_call``, ``record_write``): ``x[index]`` and
+  ``x[index] = v`` with a tensor, list or mask in the index and ``to_local`` (their backward rules are
+  in ``autograd/views.py``), and ``to_global`` (an op, ``pyflow/ops/to_global.py``: its rule is the op's);
 * ``install_global_methods(api)``: ``pyflow.distributed`` (``distributed/global_methods.py``) gives
   ``to_global``, ``to_local``, and a global tensor's ``global_to`` (``.to()``), ``getitem`` and
   ``setitem`` with a tensor, list or mask in the index, and ``repeat``.
@@ -135,8 +135,9 @@ def repeat(self: Tensor, *repeats) -> Tensor:
 
 
 def to_global(self: Tensor, placement=None, sbp=None) -> Tensor:
-    """This tensor as a global tensor on ``placement`` with ``sbp`` (of a global one: boxed to them);
-    recorded by autograd (its gradient is boxed back)."""
+    """This tensor as a global tensor on ``placement`` with ``sbp`` (of a global one: boxed to them): the op
+    ``to_global`` (``pyflow/ops/to_global.py``), run by pyflow.distributed's boxing chain, not by ``apply``;
+    recorded by autograd with the op's backward (its gradient is boxed back)."""
     lazy = _lazy_twin(self)
     if lazy is not None:
         result = lazy.to_global(placement, sbp)

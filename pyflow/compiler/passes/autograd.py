@@ -54,7 +54,7 @@ class JobCtx:
         self.input_shapes = [d.shape if d else None for d in descs]
         self.input_dtypes = [d.dtype if d else None for d in descs]
         self.input_places = [d.device if d else None for d in descs]
-        self.input_layouts = [None for _ in descs]
+        self.input_layouts = [(d.placement, tuple(d.sbp)) if d and d.placement is not None else None for d in descs]
         self.output_shapes = [job.blobs[x].shape for x in op.outputs]
         self._needs = [isinstance(x, str) and x in wants for x in op.inputs]
 
@@ -89,17 +89,14 @@ def constant(value, dtype, like):
         return tensor(value, dtype=dtype, placement=like.placement, sbp=whole)
 
 
-def to_global_backward(job, op: JobOp, grad):
-    """The gradient of a ``to_global``: boxed back to the input's placement with the dual SBP (B <-> P,
-    S stays), as eager autograd does (``pyflow/autograd/views.py``)."""
-    from pyflow.autograd.engine import dual_sbp
-
-    src = job.blobs[op.inputs[0]]
-    if src.placement is None:
-        raise CompileError(f"the gradient of {op.name} (to_global of the local blob {op.inputs[0]}, at {op.line}): "
+def _check_no_local_gradient_of_global(job, op: JobOp, wants: set) -> None:
+    """A local input of an op with a global output (a local tensor made global) would get its piece of a
+    global gradient, and inside nn.Graph a global blob has no ``to_local``: an error naming the op."""
+    local = [x for x in op.inputs if isinstance(x, str) and x in wants and job.blobs[x].placement is None]
+    if local and any(job.blobs[lbn].placement is not None for lbn in op.outputs):
+        raise CompileError(f"the gradient of {op.name} ({op.type} of the local blob {local[0]}, at {op.line}): "
                            "inside nn.Graph a local tensor made global cannot get a gradient yet; make it global "
                            "before the call")
-    return grad.to_global(placement=src.placement, sbp=dual_sbp(tuple(src.sbp)))
 
 
 def _wants(job, trainable: set) -> set:
@@ -154,14 +151,11 @@ def run(job, tracer) -> None:
         if op.type == "view" and "_op" not in op.attrs:   # only detach() makes one, and it stops the gradient
             raise CompileError(f"the gradient of {op.name} (a view made by no view op, at {op.line}): such a view "
                                "has no backward rule; make it with a view op (expand, reshape, narrow, x[i]...)")
-        if op.type == "to_global":
-            add(op.inputs[0], to_global_backward(job, op, out_grads[0]))
-            continue
         definition = get_op(op.attrs.get("_op", op.type))   # a view op's JobOp is a ``view``: its own rule
         if not definition.differentiable:
             raise CompileError(f"op {op.name} ({op.type}, at {op.line}) has no backward rule, but the loss needs "
                                "a gradient through it")
-        tracer.stage, tracer.line = op.stage, f"backward of {op.line}"
+        _check_no_local_gradient_of_global(job, op, wants)
         ctx = JobCtx(job, tracer, op, wants)
         ctx.attrs = op.attrs.get("_op_attrs", ctx.attrs)
         out_grads = [g if g is not None else zeros(job.blobs[lbn], job.blobs[lbn].dtype)
