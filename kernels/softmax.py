@@ -60,10 +60,10 @@ def make_row_softmax(log: bool, dtype: np.dtype, scale=None):
     (``kernels/utask/reduce.py``; ``kernels/utask/scaled_softmax.py`` passes ``scale`` and gets
     ``softmax(scale * x)``, its maximum taken over the scaled values).  The row is
     ``x[base + j * step]`` for ``j < width``, written to ``out[out_base + j * out_step]``;
-    ``out`` may be ``x`` (each element is read and then written by one thread, after the
-    barriers of both folds).  Every thread of the block calls it; threads ``t < active``
-    (``1 <= active <= lanes``) take elements ``t, t + lanes, ...`` and threads from
-    ``active`` on only join the barriers.  ``cache`` is the caller's shared array of
+    ``out`` may be ``x`` (each element is read and written by one thread only; softmax parks
+    the element's exp in ``out`` until the sum is known).  Every thread of the block calls
+    it; threads ``t < active`` (``1 <= active <= lanes``) take elements ``t, t + lanes, ...``
+    and threads from ``active`` on only join the barriers.  ``cache`` is the caller's shared array of
     ``dtype``, at least ``active`` long (``reduce.make_block_reduce`` says why the caller
     declares it), free again on return.
     """
@@ -75,9 +75,10 @@ def make_row_softmax(log: bool, dtype: np.dtype, scale=None):
     def row_softmax(cache, out, out_base, out_step, x, base, step, width, lanes, active):
         # Code plan:
         # 1. m = block max of the row (subtracting it keeps exp from overflowing);
-        # 2. s = block sum of exp(x - m);
-        # 3. each thread writes its elements (exp rounded to the dtype, then divided:
-        #    a float32 scaled row computes exp(scale * x - m) in float64).
+        # 2. s = block sum of exp(x - m); softmax keeps each exp, rounded to the dtype, in out
+        #    (an exp is most of an element's cost: each element pays one);
+        # 3. each thread finishes its elements: softmax divides the kept exp by s, log_softmax
+        #    writes x - m - log(s).  A float32 scaled row computes exp(scale * x - m) in float64.
         t = cuda.threadIdx.x
         m = lowest
         if t < active:
@@ -87,13 +88,16 @@ def make_row_softmax(log: bool, dtype: np.dtype, scale=None):
         s = zero
         if t < active:
             for j in range(t, width, lanes):
-                s += math.exp(load(x[base + j * step]) - m)
+                e = math.exp(load(x[base + j * step]) - m)
+                s += e
+                if not log:
+                    out[out_base + j * out_step] = value_type(e)
         s = block_sum(cache, s, active)
         if t < active:
             log_s = math.log(s)
             for j in range(t, width, lanes):
-                v = load(x[base + j * step]) - m
-                out[out_base + j * out_step] = (v - log_s) if log else (value_type(math.exp(v)) / s)
+                k = out_base + j * out_step
+                out[k] = (load(x[base + j * step]) - m - log_s) if log else (out[k] / s)
 
     return row_softmax
 

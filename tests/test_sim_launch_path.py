@@ -5,7 +5,8 @@ and the grids the library picks for the compiled tier.
   writability read from the arrays), not by ``numba.typeof`` at every launch; a launch whose
   arguments differ in any of those gets its own module and the right values.
 * Row kernels (reductions, softmax) get ``SIM_ROW_THREADS``-wide blocks on both tiers (so the same
-  bits on both), and a long sum on the compiled tier a GPU's number of partial blocks.
+  bits on both), and a long sum on the compiled tier ``reduce.SIM_PARTIALS`` partial blocks, each
+  over its own stretch of the row.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.skipif(not is_simulator(), reason="the simulator's tier
 
 if is_simulator():
     from pyflow.kernels import launch, sim
+    from pyflow.kernels.reduce import SIM_PARTIALS
     from pyflow.kernels.registry import get_kernel
     from pyflow.kernels.sim import tiers
 
@@ -98,7 +100,7 @@ def test_row_kernels_get_narrow_blocks_on_both_tiers():
 
 @pytest.mark.parametrize("op", ["reduce_sum", "reduce_max", "argmax"])
 def test_a_long_reduction_gives_the_same_value_on_both_tiers_with_the_compiled_grid(op, monkeypatch):
-    """A 40,000-element row (two passes): the compiled tier's pass 1 has more than the old 64 blocks."""
+    """A 40,000-element row (two passes): the compiled tier's pass 1 has ``SIM_PARTIALS`` blocks."""
     x = np.random.default_rng(5).standard_normal(40_000).astype(np.float32)
     seen = []
     original = launch.launcher
@@ -110,7 +112,7 @@ def test_a_long_reduction_gives_the_same_value_on_both_tiers_with_the_compiled_g
         with sim.configure(tier=tier):
             get_kernel(op, "cuda")(out, cuda.to_device(x))
         results[tier] = out.copy_to_host()
-    assert seen[2][0] > 64 and seen[2][1] == launch.SIM_ROW_THREADS   # compiled pass 1
+    assert seen[2] == (SIM_PARTIALS, launch.SIM_ROW_THREADS)   # compiled pass 1
     if op == "reduce_sum":
         np.testing.assert_allclose(results["compiled"], results["threads"], rtol=1e-5)
     else:
