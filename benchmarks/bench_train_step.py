@@ -33,6 +33,10 @@ import statistics
 import time
 
 os.environ.setdefault("PYFLOW_CUDA", "sim")
+# one BLAS thread, as PyTorch gets one below (``torch.set_num_threads(1)``): numpy's OpenBLAS would otherwise start a
+# thread per core whose spin-waits, on a 2-core machine shared with other work, slowed a step up to 50x (depth 8:
+# 850 ms against 20 ms) in a way that moved with the load, not with pyflow.  OPENBLAS_NUM_THREADS=2 sets it back.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 

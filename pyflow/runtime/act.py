@@ -15,7 +15,7 @@ Each task kind, at micro-batch ``j``:
 compute/copy  the op itself: ``apply(op, inputs, out=[its regsts])`` (the eager op, so
               eager and graph share one definition) at the first act; later acts issue
               the OpCall that first one decided (``PreparedOpCall``: no inference, no
-              checks per act); ``view``: the view of its input (no
+              checks per act); ``view`` (``view_acts.py``): the view of its input (no
               copy: its regst is an alias of the input's, which stays alive while it is read):
               the view op's layout rule and attrs over this rank's piece, its strides included
               (a split piece views its own rows; a view of a view needs no copy)
@@ -45,7 +45,6 @@ from __future__ import annotations
 from pyflow.autograd import no_grad
 from pyflow.compiler.boxing_tasks import run_boxing_task
 from pyflow.distributed.global_tensor import make_global, to_local
-from pyflow.errors import ShapeError
 from pyflow.framework.args import device as checked_device
 from pyflow.framework.dtypes import is_scalar, to_scalar
 from pyflow import vm
@@ -53,6 +52,7 @@ from pyflow.framework.interpreter import apply, build_op_call, copy_overlapping_
 from pyflow.framework.op_registry import get_op
 from pyflow.framework.tensor import Tensor, tensor
 from pyflow.runtime.call import CallContext
+from pyflow.runtime.view_acts import made_by_view, make_view_act
 
 __all__ = ["act", "make_act", "act_table", "act_input", "produced_regsts", "PreparedOpCall", "issues_nothing",
            "quiet_tasks"]
@@ -100,7 +100,7 @@ def issues_nothing(plan, task, fed) -> bool:
         return True
     if task.kind == "variable":
         return task.op_name not in fed
-    return op_type == "view" and not _made_by_view(plan, task.consumed["in_0"][0])
+    return op_type == "view" and not made_by_view(plan, task.consumed["in_0"][0])
 
 
 def quiet_tasks(plan, tasks, feeds) -> set:
@@ -194,20 +194,7 @@ def _make_act(plan, task):
             return list(outs)
         return pack
     if op_type == "view":   # no VM instruction: the view's regst is an alias of its input's (task_graph.py)
-        if "_op" in attrs:
-            return _view_op_act(get_op(attrs["_op"]).view, attrs["_op_attrs"])
-        # A view made by no op: the recorded layout, relative to a contiguous input (``_perm``: a permutation
-        # of a split piece's own dims); an input that is itself a strided view is read contiguously first.
-        of_view = _made_by_view(plan, task.consumed["in_0"][0])
-
-        def view(ins, outs, j, call):
-            x = ins["in_0"]
-            if of_view and not x.is_contiguous():
-                (x,) = apply("contiguous", [x])
-            if "_perm" in attrs:
-                return [x.permute(*attrs["_perm"])]
-            return [x._view(attrs["shape"], attrs["strides"], x._blob.offset + attrs["offset"])]   # relative
-        return view
+        return make_view_act(plan, task, attrs)
     into = list(attrs.get("_out_into", ()))
     kwargs = {k: v for k, v in attrs.items() if not k.startswith("_")}
     n_in = len(op_inputs) - len(into)
@@ -359,50 +346,6 @@ def _numbers_as_tensors(op_type: str, inputs: list, kwargs: dict) -> list | None
     again = infer(op, [m if m is not None else x for x, m in zip(inputs, made)], kwargs)
     same = (again.device, again.dtypes, again.metas) == (inferred.device, inferred.dtypes, inferred.metas)
     return made if same else None
-
-
-def _view_op_act(layout, op_attrs: dict):
-    """The act of a view op's task: the op's layout rule (``OpDef.view``) with its attrs over the input
-    piece's own layout, as the global interpreter views each rank's piece (the attrs are the same on every
-    piece: a reshape keeps a split dim as -1, a narrow or an index never cuts it), and as eager views a
-    view (a permute of a permute: no copy).  Where the rule cannot view the piece's strides (a reshape of
-    dims not contiguous with each other) it views the piece's elements laid out contiguously, as eager's
-    reshape copies.  The rule is a function of the piece's layout, which the Plan fixes: it is asked once
-    per layout (``seen``), not at every act."""
-    seen: dict = {}   # (shape, strides, offset) of the input piece -> the view's layout, or None: not viewable
-
-    def layout_of(blob):
-        key = (blob.shape, blob.strides, blob.offset)
-        if key not in seen:
-            if len(seen) > _LAYOUTS_KEPT:
-                seen.clear()
-            try:
-                seen[key] = layout(tuple(blob.shape), tuple(blob.strides), blob.offset, op_attrs)
-            except ShapeError:
-                seen[key] = None
-        return seen[key]
-
-    def view(ins, outs, j, call):
-        x = ins["in_0"]
-        found = layout_of(x._blob)
-        if found is None:
-            (x,) = apply("contiguous", [x])
-            found = layout_of(x._blob)
-            if found is None:   # (not even contiguous: the rule's own error)
-                layout(tuple(x._blob.shape), tuple(x._blob.strides), x._blob.offset, op_attrs)
-        return [x._view(*found)]
-    return view
-
-
-def _made_by_view(plan, regst_id: int) -> bool:
-    """Is regst ``regst_id`` a view's output, or an alias passed on from one (a repeat of a view)?"""
-    regst = plan.regsts[regst_id]
-    while True:
-        if plan.tasks[regst.producer].op_type == "view":
-            return True
-        if regst.mem != "alias" or regst.alias_of is None:
-            return False
-        regst = plan.regsts[regst.alias_of]
 
 
 def act_input(plan, task, key: str, x: Tensor, out: Tensor, first: bool) -> None:

@@ -67,8 +67,8 @@ from pyflow.runtime.msg import cmd_msg
 from pyflow.runtime.msg_bus import ActorMsgBus
 from pyflow.runtime.regst import RegstMgr, memory_fits
 from pyflow.runtime.thread import DeterministicThread, ThreadMgr
-from pyflow.runtime.timeline import (ActRecord, issuing_acts, plot, report_to_tracers, save_chrome_trace,
-                                     with_device_runs)
+from pyflow.runtime.timeline import (ActRecord, act_record, issuing_acts, plot, report_to_tracers,
+                                     save_chrome_trace, with_device_runs)
 from pyflow.runtime.watchdog import Watchdog, default_hang_timeout, hang_report, wait_until
 
 __all__ = ["Runtime", "CallHandle"]
@@ -250,11 +250,11 @@ class Runtime:
         tracing = vm is not None and vm.tracers and not vm.closed
         if not tracing and self._timeline.maxlen == 0:
             return
-        record = ActRecord(actor.actor_id, actor.op_name, actor.kind, actor.thread.name, start, end, piece,
-                           tuple(consumed), tuple(produced))
-        self._timeline.append((record, self._device_work.pop(actor.actor_id, None)))
+        # a plain tuple: ``timeline()`` makes the ``ActRecord`` (a frozen dataclass costs ~20x a tuple per act)
+        entry = (actor, piece, start, end, consumed, produced, self._device_work.pop(actor.actor_id, None))
+        self._timeline.append(entry)
         if tracing:
-            report_to_tracers(vm, record)
+            report_to_tracers(vm, act_record(*entry[:6]))
 
     def callback_started(self) -> None:
         with self._lock:
@@ -302,7 +302,7 @@ class Runtime:
         if wait and threading.current_thread() not in self.threads():
             self.wait_calls()
             _vm.drain(self.ctx.vm, "the device work of the timeline's acts")
-        return [with_device_runs(record, work) for record, work in list(self._timeline)]
+        return [with_device_runs(act_record(*entry[:6]), entry[6]) for entry in list(self._timeline)]
 
     def wait_calls(self) -> None:
         """Threaded mode, from outside the runtime's threads: wait until no call is in flight (a hang raises

@@ -30,8 +30,8 @@ import types
 
 from pyflow.vm import set_issuer
 
-__all__ = ["ActRecord", "DeviceRun", "ActDeviceWork", "issuing_acts", "issuing_act", "with_device_runs",
-           "to_chrome_trace", "save_chrome_trace", "plot", "plot_many", "report_to_tracers"]
+__all__ = ["ActRecord", "DeviceRun", "ActDeviceWork", "issuing_acts", "issuing_act", "act_record",
+           "with_device_runs", "to_chrome_trace", "save_chrome_trace", "plot", "plot_many", "report_to_tracers"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +46,9 @@ class DeviceRun:
 
 
 class ActDeviceWork:
-    """The VM issuer (``pyflow.vm.set_issuer``) of one act's instructions: a ``DeviceRun`` per ep task they
-    launched, added by the ep stream's thread when the task ran."""
+    """The VM issuer (``pyflow.vm.set_issuer``) of one act's instructions: per ep task they launched, the
+    fields of its ``DeviceRun``, added by the ep stream's thread when the task ran (a plain tuple there: the
+    ``DeviceRun`` is made when the timeline is read, ``with_device_runs``, off the stream's path)."""
 
     __slots__ = ("runs",)
 
@@ -55,7 +56,7 @@ class ActDeviceWork:
         self.runs: list = []
 
     def on_device_work(self, work, ep_stream: str, task: str, started: float, finished: float) -> None:
-        self.runs.append(DeviceRun(work.name, ep_stream, task, started, finished))
+        self.runs.append((work.name, ep_stream, task, started, finished))
 
 
 def issuing_acts(act_fn, pending: dict):
@@ -113,9 +114,17 @@ class ActRecord:
         return max((run.finished for run in self.device), default=None)
 
 
+def act_record(actor, piece: tuple, start: float, end: float, consumed, produced) -> ActRecord:
+    """The ``ActRecord`` of one act of ``actor`` (what ``Runtime.record_act`` keeps, as a tuple, per act)."""
+    return ActRecord(actor.actor_id, actor.op_name, actor.kind, actor.thread.name, start, end, piece,
+                     tuple(consumed), tuple(produced))
+
+
 def with_device_runs(record: ActRecord, work: ActDeviceWork | None) -> ActRecord:
     """``record`` with the ep tasks ``work`` saw run so far."""
-    return record if work is None or not work.runs else dataclasses.replace(record, device=tuple(work.runs))
+    if work is None or not work.runs:
+        return record
+    return dataclasses.replace(record, device=tuple(DeviceRun(*run) for run in list(work.runs)))
 
 
 def to_chrome_trace(records) -> dict:
