@@ -321,6 +321,8 @@ def _adam_update_cuda(model, model_diff, exp_avg, exp_avg_sq, max_exp_avg_sq, le
 
 
 # --- cpu twins (numpy, the same formulas in the same order) --------------------------------
+# ``astype(dtype, copy=False)``: an operand already in the compute dtype is read in place (every
+# write below assigns a new array's values), not copied: 12 copies of a 784-256-10 MLP's step.
 
 
 def _one(x):
@@ -329,7 +331,7 @@ def _one(x):
 
 def _gradient(model_diff, dtype, maximize):
     """The gradient in the compute dtype, negated when maximizing."""
-    g = model_diff.astype(dtype)
+    g = model_diff.astype(dtype, copy=False)
     return -g if maximize else g
 
 
@@ -341,7 +343,7 @@ def _sgd_update_cpu(model, model_diff, learning_rate, *, weight_decay=0.0, maxim
     acc = dtype.type
     lr, wd = acc(_one(learning_rate)), acc(weight_decay)
     with np.errstate(all="ignore"):
-        p, g = model.astype(dtype), _gradient(model_diff, dtype, maximize)
+        p, g = model.astype(dtype, copy=False), _gradient(model_diff, dtype, maximize)
         if weight_decay != 0:
             g = g + wd * p
         model[...] = p - lr * g
@@ -356,10 +358,10 @@ def _momentum_update_cpu(model, model_diff, momentum_buf, learning_rate, train_s
     acc = dtype.type
     lr, mu, keep, wd = acc(_one(learning_rate)), acc(momentum), acc(1.0 - dampening), acc(weight_decay)
     with np.errstate(all="ignore"):
-        p, g = model.astype(dtype), _gradient(model_diff, dtype, maximize)
+        p, g = model.astype(dtype, copy=False), _gradient(model_diff, dtype, maximize)
         if weight_decay != 0:
             g = g + wd * p
-        b = g if _one(train_step) == 1 else momentum_buf.astype(dtype) * mu + keep * g
+        b = g if _one(train_step) == 1 else momentum_buf.astype(dtype, copy=False) * mu + keep * g
         momentum_buf[...] = b
         g = g + mu * b if nesterov else b
         model[...] = p - lr * g
@@ -385,19 +387,19 @@ def _adam_update_cpu(model, model_diff, exp_avg, exp_avg_sq, max_exp_avg_sq, lea
         rest1 = acc(1.0) - w1
         b2, w2, e, wd = acc(beta2), acc(1.0 - beta2), acc(eps), acc(weight_decay)
         decay = acc(1.0 - lr * weight_decay)
-        p, g = model.astype(dtype), _gradient(model_diff, dtype, maximize)
+        p, g = model.astype(dtype, copy=False), _gradient(model_diff, dtype, maximize)
         if weight_decay != 0:
             if decoupled_weight_decay:
                 p = p * decay
             else:
                 g = g + wd * p
-        m = exp_avg.astype(dtype)
+        m = exp_avg.astype(dtype, copy=False)
         m = m + w1 * (g - m) if w1 < acc(0.5) else g - (g - m) * rest1
-        v = exp_avg_sq.astype(dtype) * b2 + w2 * g * g
+        v = exp_avg_sq.astype(dtype, copy=False) * b2 + w2 * g * g
         exp_avg[...] = m
         exp_avg_sq[...] = v
         if amsgrad:
-            v = np.maximum(max_exp_avg_sq.astype(dtype), v)
+            v = np.maximum(max_exp_avg_sq.astype(dtype, copy=False), v)
             max_exp_avg_sq[...] = v
         denom = np.sqrt(v) / bias_correction2_sqrt + e
         model[...] = p - step_size * m / denom
