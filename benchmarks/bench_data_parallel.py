@@ -1,8 +1,10 @@
 """Data parallel on 2 ranks against 1 rank: one training step of MLP 784 -> 256 -> 10, the ratio of their times.
 
 Each rank holds a replica of the model (its parameters made global with SBP B), the global batch is
-split along dim 0 (S(0)), and the optimizer all-reduces the partial-sum gradients (P -> B), as
-OneFlow's eager data parallel (``flow.nn.parallel.DistributedDataParallel`` without buckets) does.
+split along dim 0 (S(0)), and the optimizer all-reduces the partial-sum gradients (P -> B), all of
+them as one flat bucket, as OneFlow's eager data parallel (``flow.nn.parallel.DistributedDataParallel``
+with its buckets) does: a step issues 3 collectives (the bucket, the mean's denominator, the loss
+for ``item()``), each a chain of thread hand-offs (user -> VM -> ccl worker -> comm-net -> peer).
 The 1-rank step is the same model eager on the whole batch, no global tensors.  Both run in the
 *same* run, step by step alternately (rank 0 alone while the other rank waits at a barrier, then
 both ranks), so the machine's load hits both alike; each step ends with ``loss.item()`` and the
@@ -30,6 +32,13 @@ global ops' own work), so they break even only once ``C/2 > 2 F2 - F1``; 2 proce
 ``F`` and ``C`` per sample to its own smallest and largest batch and prints the batch where the
 two lines cross (2 ranks never catch up when their time grows as fast as 1 rank's, as when the
 cores are busy).  A small batch (64) is printed beside the large one: there the Python dominates.
+In-process, 2 ranks break even at about 3,000-3,600 samples (the line two runs printed, on a machine
+loaded 10-14 on its 2 cores, 3 collectives per step: 2 ranks / 1 rank 0.81-0.88 at 4,096, 1.8-2.1 at
+1,024).  By the CPU columns of those runs F1 is about 13 ms, F2 about 19.5 ms (CPU, so an upper
+bound on the part one GIL serialises) and C about 9.4 ms per 1,000 samples: at batch 1024 C/2 is
+about 4.8 ms against 2 F2 - F1 of up to 26 ms, so one GIL cannot break even there.  Under mpiexec the ranks' fixed costs overlap: a rank costs ``F2 + C/2`` plus the 3
+collectives' latency against ``F1 + C``, so it needs ``C/2 > F2 - F1`` (about 6.5 ms by those numbers:
+from about 1,400 samples, latency aside; at 1024, C/2 is about 4.8 ms).
 
     python benchmarks/bench_data_parallel.py [--batches 64,1024] [--steps 10] [--warmup 2] [--blas-threads 1]
 """
@@ -211,9 +220,9 @@ def main() -> None:
                      f"{one_cpu:14.2f} {two_cpu:15.2f} {difference:24.1e} {first['collectives']:19}")
     lines.append("  (target: 2 ranks / 1 rank <= 1.0 at batch 1024; 2 ranks: the slowest rank's step; CPU: the "
                  "process's CPU time over the step, all its threads\n   (in-process: both ranks'; under mpiexec: rank "
-                 "0's process); collectives: those one 2-rank step issues on rank 0, of which data parallel needs 5:"
-                 "\n   the 4 gradients' all-reduce and the loss's for item(); the 6th and 7th: the mean's denominator "
-                 "P -> B, in the forward and again in the backward)")
+                 "0's process); collectives: those one 2-rank step issues on rank 0: the 4 gradients' all-reduce as one"
+                 "\n   bucket (Optimizer._gradients), the mean's denominator P -> B (once: the backward reuses the "
+                 "forward's boxing) and the loss's for item())")
     lines += break_even(batches, one_by_batch, two_by_batch, under_mpi)
     if env.get_rank() == 0:
         print("\n".join(lines))

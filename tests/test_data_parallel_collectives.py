@@ -1,7 +1,7 @@
 """Data parallel sends what it needs (issue 31): views and cross-entropy keep the batch split.
 
-A data-parallel step (parameters B, batch S(0)) needs one all-reduce per gradient and one for the
-loss's ``item()``.  ``reshape`` keeps a split of a dim it keeps and a partial sum (``view``'s
+A data-parallel step (parameters B, batch S(0)) needs one all-reduce of its gradients (one bucket of
+them all) and one for the loss's ``item()``.  ``reshape`` keeps a split of a dim it keeps and a partial sum (``view``'s
 signatures, ``pyflow/ops/views.py``), and ``gather`` / ``scatter_add`` keep a split of another dim
 than their axis (``pyflow/ops/movement.py``), so the backward no longer gathers the activations or
 all-reduces a gradient twice, and cross-entropy runs on each rank's rows.  Counts only; no times.
@@ -17,11 +17,11 @@ run = flow.distributed.run
 S, B, P = flow.sbp.split, flow.sbp.broadcast, flow.sbp.partial_sum
 FEATURES, HIDDEN, CLASSES, BATCH = 6, 5, 3, 8
 
-# The collectives one step of the MLP below issues on a rank: 4 gradients' all-reduce, the loss's
-# for item(), and the loss's mean (its denominator, forward and backward).  The seed gradient and the
-# zeros autograd makes are filled on each rank with nothing sent (``GlobalInterpreter.full``).  It was
-# 20, then 10.
-MOST_COLLECTIVES = 7
+# The collectives one step of the MLP below issues on a rank: the 4 gradients' all-reduce, as one
+# bucket (``Optimizer._gradients``), the loss's for item(), and the loss's mean (its denominator,
+# boxed once: the backward reuses the forward's boxing).  The seed gradient and the zeros autograd
+# makes are filled on each rank with nothing sent (``GlobalInterpreter.full``).  It was 20, 10, then 7.
+MOST_COLLECTIVES = 3
 
 
 def _mlp() -> nn.Module:

@@ -88,12 +88,13 @@ def test_ranks_giving_tensor_data_of_different_shapes_still_fail_on_every_rank()
 
 # --- a data-parallel step: what it sends and boxes, counted ------------------------------------------------
 
-# One step of the MLP below on 2 ranks (parameters B, batch S(0)): the 4 gradients' all-reduce, the loss's for
-# item(), and the mean's denominator P -> B in the forward and again in the backward (div's rule reads the
-# saved P input).  It was 10: the seed gradient ones (a broadcast) boxed P -> S(0), and autograd's zeros (a
-# broadcast); both are now filled on every rank (GlobalInterpreter.full).
-STEP_COLLECTIVES = 7
-STEP_BOXINGS = 8      # the 7, and the seed gradient's B -> S(0) (a slice on the rank)
+# One step of the MLP below on 2 ranks (parameters B, batch S(0)): the 4 gradients' all-reduce as one bucket
+# (Optimizer._gradients), the loss's for item(), and the mean's denominator P -> B once (the backward's div
+# reuses the forward's boxing of its saved P input: global_ops._boxed).  It was 10: the seed gradient ones (a
+# broadcast) boxed P -> S(0), and autograd's zeros (a broadcast), both now filled on every rank
+# (GlobalInterpreter.full); then 7: an all-reduce per gradient, and the denominator's again in the backward.
+STEP_COLLECTIVES = 3
+STEP_BOXINGS = 4      # the 3, and the seed gradient's B -> S(0) (a slice on the rank)
 FEATURES, HIDDEN, CLASSES, BATCH = 6, 5, 3, 8
 
 

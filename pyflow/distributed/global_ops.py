@@ -11,7 +11,8 @@ On every rank, in the same order:
    SBPs (``signatures.py``; ``last_signature`` keeps the choice for tests and
    tutorials).  Steps 2 and 3 run once per kind of call (op, logical shapes, dtypes, SBPs, attributes,
    placement) and are then looked up, as OneFlow's GlobalTensorInferCache;
-4. **boxing**: every input is boxed to the signature's SBP (``boxing.py``);
+4. **boxing**: every input is boxed to the signature's SBP (``boxing.py``); the
+   latest boxing of an input is kept while the input lives, and reused (``_boxed``);
 5. **the op, piece by piece**: the local interpreter runs it on this rank's
    pieces; a rank outside the placement runs nothing;
 6. the outputs are global, with the signature's output SBPs.  With ``out=``
@@ -43,6 +44,44 @@ __all__ = ["GlobalInterpreter"]
 
 _inferred: dict = {}      # call key -> (dtypes, metas, Signature), shared by the ranks of a process
 _CACHE_LIMIT = 4096       # keys kept (cleared when full: a cache, not a leak)
+_boxed_inputs = weakref.WeakKeyDictionary()   # a source's storage handle -> _BoxedInput, the latest boxing of it
+
+
+class _BoxedInput:
+    """An op input as it was boxed, kept while its source's storage lives (``_boxed``)."""
+
+    __slots__ = ("blob", "info", "version", "dst", "result", "result_version")
+
+    def __init__(self, x: Tensor, dst: Layout, result: Tensor):
+        self.blob, self.info, self.version = x._blob, x._global, x._versions.value
+        self.dst, self.result, self.result_version = dst, result, result._versions.value
+
+    def holds(self, x: Tensor, dst: Layout) -> bool:
+        """Is this ``x`` (the same piece, layout and contents) boxed to ``dst``, and the result untouched?"""
+        return (self.blob is x._blob and self.info == x._global and self.version == x._versions.value
+                and self.dst == dst and self.result_version == self.result._versions.value)
+
+
+def _boxed(x: Tensor, dst: Layout, name: str) -> Tensor:
+    """Op input ``x`` boxed to ``dst``; the same tensor as last time if ``x`` was boxed so before, unchanged.
+
+    A backward rule reads the inputs its forward saved, unboxed, and boxes them again: the mean of a
+    data-parallel loss divides by the all-reduced count of its samples (a partial sum boxed to B)
+    in the forward and again in the backward, a second collective for the same value.  Boxing is a
+    function of the source's contents and layouts, so the latest boxing of each source is kept
+    while its storage lives (keyed by its storage handle; a view is another blob, a write bumps the
+    version) and reused, at the cost of the boxed copy's memory while the source lives.  Every rank
+    runs the same ops on the same tensors, so every rank finds the same entries and skips the same
+    collectives.
+    """
+    handle = x._handle
+    found = _boxed_inputs.get(handle) if handle is not None else None
+    if found is not None and found.holds(x, dst):
+        return found.result
+    result = box(x, dst, f"op {name!r}: input {describe(x)} -> {dst.sbp}")
+    if handle is not None and result._handle is not handle:   # a result over x's own memory would keep it alive
+        _boxed_inputs[handle] = _BoxedInput(x, dst, result)
+    return result
 
 
 def _typed(value):
@@ -50,17 +89,12 @@ def _typed(value):
     return tuple(_typed(v) for v in value) if type(value) is tuple else (type(value), value)
 
 
-def _call_key(name: str, inputs: list, attrs: dict, placement):
+def _call_key(name: str, inputs: list, attrs: dict, placement) -> tuple:
     """What steps 2-3 depend on: the op, each input's logical shape, dtype and SBP (a Python number's
-    type), the attributes and the placement; None if an attribute is not hashable (then not cached)."""
-    key = (name, placement,
-           tuple((x._global.shape, x.dtype, x._global.sbp) if isinstance(x, Tensor) else type(x) for x in inputs),
-           tuple((k, _typed(v)) for k, v in attrs.items()))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    type), the attributes and the placement (unhashable if an attribute is: then not cached)."""
+    return (name, placement,
+            tuple((x._global.shape, x.dtype, x._global.sbp) if isinstance(x, Tensor) else type(x) for x in inputs),
+            tuple((k, _typed(v)) for k, v in attrs.items()))
 
 
 def _infer(op, inputs: list, attrs: dict, placement) -> tuple:
@@ -70,7 +104,10 @@ def _infer(op, inputs: list, attrs: dict, placement) -> tuple:
     makes the same choice, so the cost model runs once per kind of call, not per rank per step.
     """
     key = _call_key(op.name, inputs, attrs, placement)
-    found = _inferred.get(key) if key is not None else None
+    try:
+        found = _inferred.get(key)   # hashed once: the key holds placements and SBPs, hashed field by field
+    except TypeError:                # an attribute that is not hashable: inferred every time
+        key = found = None
     if found is not None:
         return found
     dtypes, metas = interpreter.infer_logical(op, inputs, attrs)
@@ -149,7 +186,7 @@ class GlobalInterpreter:
         boxed = []
         for x, nd in zip(inputs, signature.inputs):
             if isinstance(x, Tensor) and x._global.sbp != nd:
-                x = box(x, Layout(placement, nd), f"op {name!r}: input {describe(x)} -> {nd}")
+                x = _boxed(x, Layout(placement, nd), name)
             boxed.append(x)
         if placement.has(env.get_rank()):
             pieces = interpreter.apply(name, [to_local(x) if isinstance(x, Tensor) else x for x in boxed], **attrs)

@@ -46,7 +46,8 @@ on every rank (B) gets a partial-sum gradient (P): each rank holds the gradient
 of its own slice of the batch, and the true gradient is their sum.
 ``_gradient`` boxes it to the parameter's SBP before use,
 ``g.to_global(placement=p.placement, sbp=p.sbp)``.  P -> B is an all-reduce, the
-one collective of data-parallel training.  The update then runs on every rank's
+one collective of data-parallel training; ``step`` runs it once for all such
+gradients, on one flat bucket of them (``_gradients``).  The update then runs on every rank's
 piece, and the state tensors (``flow.zeros_like(p)``) are global with the
 parameter's layout.
 
@@ -69,6 +70,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import math
 import numbers
 from collections.abc import Callable, Iterable
 
@@ -76,7 +78,9 @@ import numpy as np
 
 from pyflow import env
 from pyflow.autograd import enable_grad, no_grad
+from pyflow.distributed.global_tensor import make_global, to_local
 from pyflow.errors import ArgumentTypeError, OptimizerError
+from pyflow.framework.movement import cat
 from pyflow.framework.sbp import SbpParallel
 from pyflow.framework.tensor import Tensor, tensor
 
@@ -201,15 +205,20 @@ class Optimizer:
             with enable_grad():
                 loss = closure()
         with no_grad():
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        self._step_parameter(p, group)
+            todo = [(p, group) for group in self.param_groups for p in group["params"] if p.grad is not None]
+            grads = self._gradients(todo)   # every all-reduce first: see _step_parameter
+            for (p, group), grad in zip(todo, grads):
+                self._step_parameter(p, group, grad)
         return loss
 
-    def _step_parameter(self, p: Tensor, group: dict) -> None:
-        """One parameter's update: its gradient, its state made and advanced, the fused op."""
-        grad = self._gradient(p, group)
+    def _step_parameter(self, p: Tensor, group: dict, grad: Tensor) -> None:
+        """One parameter's update with its (boxed) gradient: its state made and advanced, the fused op.
+
+        ``step`` boxes every gradient before the first update, as OneFlow's data parallel all-reduces
+        the gradients before the optimizer runs: the updates then follow one another on the compute
+        stream, which the VM may fuse into one instruction as it does for local parameters, instead of
+        each waiting for its own all-reduce between two collectives.
+        """
         if p.is_global and any(s.is_partial for s in p.sbp):
             raise OptimizerError(f"{type(self).__name__}: parameter {_describe(p)} is a partial sum; the "
                                  "update is not linear in it: box it to broadcast or split first")
@@ -221,6 +230,30 @@ class Optimizer:
         learning_rate = self._learning_rate(group, piece.device, piece.dtype)
         local_state = {key: _local(value) for key, value in state.items()} if p.is_global else state
         self._update_op(piece, _local(grad), group, local_state, learning_rate, train_step)
+
+    def _gradients(self, todo: list) -> list:
+        """The gradients of ``todo``'s ``(p, group)`` pairs, each boxed to its parameter's SBP (``_gradient``).
+
+        The partial-sum gradients of broadcast parameters (data parallel's) are all-reduced together,
+        as one flat bucket per placement and dtype (``_all_reduced_together``): one collective for the
+        whole model instead of one per parameter, as OneFlow's ``DistributedDataParallel`` buckets its
+        gradients.  A sum is elementwise, so the values are those of one all-reduce per gradient.
+        """
+        grads = [p.grad for p, _ in todo]
+        buckets: dict = collections.defaultdict(list)   # (placement, SBPs, dtype) -> indices into todo
+        for i, (p, group) in enumerate(todo):
+            g = grads[i]
+            if _bucketable(p, g):
+                buckets[(p.placement, tuple(g.sbp), tuple(p.sbp), g.dtype)].append(i)
+            else:
+                grads[i] = self._gradient(p, group)
+        for (_, _, sbp, _), members in buckets.items():
+            if len(members) == 1:
+                grads[members[0]] = self._gradient(*todo[members[0]])
+                continue
+            for i, reduced in zip(members, _all_reduced_together([grads[i] for i in members], sbp)):
+                grads[i] = reduced
+        return grads
 
     def _gradient(self, p: Tensor, group: dict) -> Tensor:
         """``p.grad``, boxed to ``p``'s SBP when ``p`` is global (``maximize`` is the update op's attribute)."""
@@ -335,6 +368,34 @@ class Optimizer:
             lines.append(f"Parameter Group {k}")
             lines += [f"    {key}: {group[key]}" for key in sorted(group) if key != "params"]
         return "\n".join(lines + [")"])
+
+
+def _bucketable(p: Tensor, grad: Tensor) -> bool:
+    """Is ``grad`` a partial sum that boxes to its broadcast parameter ``p`` by an all-reduce, on this rank?
+
+    Then flattening it changes nothing (every element is summed on its own).  A rank outside the
+    placement holds no piece, runs no collective of it and skips the update: nothing to bucket.
+    """
+    return (p.is_global and grad.is_global and grad.placement == p.placement and p.placement.has(env.get_rank())
+            and all(s.is_partial for s in grad.sbp) and all(s.is_broadcast for s in p.sbp))
+
+
+def _all_reduced_together(grads: list, sbp: tuple) -> list:
+    """Partial-sum ``grads`` (one placement and dtype) boxed to broadcast ``sbp`` by ONE collective.
+
+    Each rank concatenates its pieces, flattened, into one 1-D partial sum, boxes it (an all-reduce)
+    and hands out views of the result, of the gradients' shapes.
+    """
+    placement, dtype = grads[0].placement, grads[0].dtype
+    flat = cat([to_local(g).reshape(-1) for g in grads])
+    summed = to_local(make_global(flat, placement, grads[0].sbp, tuple(flat.shape), dtype).to_global(sbp=sbp))
+    reduced, offset = [], 0
+    for g in grads:
+        size = math.prod(g.shape)
+        piece = summed.narrow(0, offset, size).reshape(tuple(g.shape))
+        reduced.append(make_global(piece, placement, sbp, tuple(g.shape), dtype))
+        offset += size
+    return reduced
 
 
 def _local(value):
