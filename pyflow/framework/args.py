@@ -77,13 +77,17 @@ def broadcasts_to(shape, target) -> bool:
 
 
 def dim(value, ndim: int, op: str, tensor=None) -> int:
-    """A dim in ``[-ndim, ndim)`` as a non-negative int."""
-    what = f" of {describe(tensor)}" if tensor is not None else ""
-    d = as_int(value, op, f"dim{what}")
+    """A dim in ``[-ndim, ndim)`` as a non-negative int (the tensor is described only in an error)."""
+    d = value if type(value) is int else as_int(value, op, f"dim{_of(tensor)}")
     if not -ndim <= d < ndim:
+        what = _of(tensor)
         valid = f"valid: {-ndim} to {ndim - 1}" if ndim else "a 0-d tensor has no dims"
         raise AxisError(f"{op}: dim {d} is out of range for a tensor of rank {ndim}{what} ({valid})")
     return d % ndim
+
+
+def _of(tensor) -> str:
+    return f" of {describe(tensor)}" if tensor is not None else ""
 
 
 def dims(value, ndim: int, op: str, tensor=None):

@@ -55,7 +55,7 @@ def _flatten(ranks, depth: int = 0) -> tuple[list, tuple]:
 class placement:  # noqa: N801 - OneFlow's and PyTorch's lowercase name
     """A device type and the ranks that hold a global tensor's pieces (OneFlow ``ParallelDesc``)."""
 
-    __slots__ = ("_type", "_flat", "_hierarchy", "_ids")
+    __slots__ = ("_type", "_flat", "_hierarchy", "_ids", "_hash")
 
     def __init__(self, type: str, ranks) -> None:  # noqa: A002 - OneFlow's argument name
         if type not in _TYPES:
@@ -70,6 +70,7 @@ class placement:  # noqa: N801 - OneFlow's and PyTorch's lowercase name
                               f"{world} rank(s) (0..{world - 1})")
         self._type, self._flat, self._hierarchy = type, tuple(sorted(flat)), hierarchy
         self._ids = {r: i for i, r in enumerate(self._flat)}
+        self._hash = hash(self._key())   # a placement never changes; every global op's cache key hashes it
 
     @classmethod
     def all(cls, type: str) -> "placement":  # noqa: A002
@@ -139,7 +140,11 @@ class placement:  # noqa: N801 - OneFlow's and PyTorch's lowercase name
         return isinstance(other, placement) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return self._hash
+
+    def __reduce__(self):
+        """Pickled as its arguments (another process rebuilds it, and its hash, which differs there)."""
+        return placement, (self._type, self.ranks)
 
     def __repr__(self) -> str:
         return f'placement(type="{self._type}", ranks={self.ranks})'
