@@ -150,3 +150,10 @@ def test_inside_nn_graph_a_local_tensor_made_global_cannot_get_a_gradient_and_th
             G()()
 
     run(body, world_size=2)
+
+
+def test_apply_refuses_to_global_on_a_global_tensor_too():
+    """On a global tensor, apply reaches the signature choice: a clear refusal there, not a TypeError."""
+    x = flow.tensor([1.0, 2.0], placement=flow.placement("cpu", [0]), sbp=flow.sbp.broadcast)
+    with pytest.raises(ArgumentTypeError, match="x.to_global"):
+        apply("to_global", [x], placement=x.placement, sbp=(flow.sbp.split(0),))

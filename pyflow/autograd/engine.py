@@ -27,8 +27,9 @@ from pyflow.autograd.graph import AccumulateGrad, edge_of, meta, requires_grad, 
 from pyflow.autograd.mode import is_grad_enabled, set_grad_enabled
 from pyflow.errors import AutogradError, ShapeError
 from pyflow.framework.op_registry import NO_BACKWARD
+from pyflow.ops.to_global import dual_sbp
 
-__all__ = ["run_backward", "dual_sbp"]
+__all__ = ["run_backward"]
 
 
 def _check_gradient(root, grad, index: int):
@@ -52,14 +53,6 @@ def _check_gradient(root, grad, index: int):
         raise ShapeError(f"backward: the gradient {grad.dtype}{list(grad.shape)} for output {index} does not have "
                          f"its shape {list(root.shape)}")
     return grad
-
-
-def dual_sbp(sbp) -> tuple:
-    """The SBP of a gradient of a tensor laid out as ``sbp``: B <-> P, a split stays (OneFlow's rule)."""
-    from pyflow.framework.sbp import SbpParallel
-
-    return tuple(SbpParallel("partial_sum") if s.is_broadcast else SbpParallel("broadcast") if s.is_partial else s
-                 for s in sbp)
 
 
 def accumulate(leaf, grad) -> None:

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import math
 
-from pyflow.autograd.engine import dual_sbp
 from pyflow.autograd.graph import AutogradMeta, Node
 from pyflow.autograd.record import Recorder, record_unary_view
 from pyflow.framework.op_registry import get_op
 from pyflow.ops.grad_rules import sum_to
+from pyflow.ops.to_global import dual_sbp
 
 __all__ = ["record_call", "check_write", "record_write"]
 

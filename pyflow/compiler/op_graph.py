@@ -45,6 +45,7 @@ from pyflow.device import Device, DeviceType
 from pyflow.distributed.boxing_steps import Layout
 from pyflow.distributed.signatures import choose_signature
 from pyflow.errors import CompileError
+from pyflow.framework.op_registry import OP_REGISTRY, SETS_LAYOUT
 from pyflow.framework.sbp import SbpParallel, Signature
 
 __all__ = ["OpNode", "OpGraph", "infer_signature", "layout_of_blob", "placement_of", "UPDATE_OPS"]
@@ -118,7 +119,7 @@ def infer_signature(op_type: str, in_descs: list, out_shapes: list, attrs: dict,
     current = [tuple(d.sbp) if d is not None else None for d in in_descs]
     if op_type in ("variable", "input"):
         return Signature((), (tuple(attrs["sbp"]),))
-    if op_type == "to_global":
+    if op_type in OP_REGISTRY and OP_REGISTRY[op_type].sbp_signatures is SETS_LAYOUT:   # to_global
         target = tuple(attrs["sbp"])
         return Signature((target,), (target,))
     if op_type in _KEEP:

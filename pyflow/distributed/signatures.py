@@ -37,7 +37,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from pyflow.framework.op_registry import BROADCAST_ONLY, get_op
+from pyflow.errors import ArgumentTypeError
+from pyflow.framework.op_registry import BROADCAST_ONLY, SETS_LAYOUT, get_op
 from pyflow.framework.sbp import B, SbpParallel, Signature
 
 __all__ = ["candidates", "choose_signature", "transfer_cost"]
@@ -50,6 +51,9 @@ def candidates(name: str, shapes: list, out_shapes: list, attrs: dict) -> list:
     the op's own (``OpDef.sbp_signatures``), then the all-B one, last so the others win at equal cost.
     """
     declared = get_op(name).sbp_signatures
+    if declared is SETS_LAYOUT:   # to_global: no signature to choose, its attrs name the output's layout
+        raise ArgumentTypeError(f"op {name!r} is itself a change of layout and is not run by interpreter.apply; "
+                                "call x.to_global(placement, sbp), which boxes the tensor")
     found = [] if declared is BROADCAST_ONLY else declared(shapes, out_shapes, attrs)
     all_b = Signature(tuple(None if s is None else B for s in shapes), tuple(B for _ in out_shapes))
     return found + [all_b]
