@@ -7,18 +7,25 @@ global ops use), so a lazy tensor knows its ``sbp`` at once, as an eager one doe
 repeats the same inference over the whole Job.  ``x.to_global(placement, sbp)`` is a
 ``to_global`` JobOp of the requested layout, inferred by the op's own inference
 (``pyflow/ops/to_global.py``): the TaskGraph gives its edge the boxing sub-graph
-(OneFlow: the boxing is the edge's, not an op's).
+(OneFlow: the boxing is the edge's, not an op's).  Of a local tensor (an input, or an eager one the
+graph captures: ``Tensor.to_global`` records it too), each rank's blob is its piece, and along a B
+axis coordinate 0's piece is everyone's, as eagerly.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from pyflow.compiler.job import BlobDesc
 from pyflow.errors import ArgumentTypeError, CompileError, DeviceError
 from pyflow.framework import interpreter
 from pyflow.framework.op_registry import TensorMeta, get_op
+from pyflow.framework.sbp import SbpParallel
 from pyflow.framework.tensor import Tensor
 
 __all__ = ["record_global_op", "record_to_global"]
+
+_S0 = SbpParallel("split", 0)
 
 
 def record_global_op(tracer, name, op, inputs, out, attrs) -> list:
@@ -78,6 +85,30 @@ def record_to_global(tracer, x, placement=None, sbp=None):
     (meta,) = get_op("to_global").infer([TensorMeta(shape, desc.dtype)], {"placement": placement, "sbp": sbp})
     if desc.placement is not None and desc.placement == placement and tuple(desc.sbp) == meta.sbp:
         return x
+    if desc.placement is None and any(s.is_broadcast for s in meta.sbp):
+        return _broadcast_coordinate_0(tracer, x, placement, meta.sbp)
     out = BlobDesc(shape, desc.dtype, placement=placement, sbp=meta.sbp, time_shape=desc.time_shape)
     (result,) = tracer._record("to_global", [x._lbn], [out], {"placement": placement, "sbp": meta.sbp})
     return result
+
+
+def _broadcast_coordinate_0(tracer, x, placement, sbp):
+    """A local ``x`` made global with B axes, as eagerly: along every B axis the piece of coordinate 0 is
+    everyone's (OneFlow's RawLocalToGlobal broadcasts parallel_id 0's data; the ranks' data may differ).
+
+    ``x`` is made global split along dim 0 on the B axes too (the pieces concatenated, no data moved),
+    that dim 0 viewed as (one dim per axis splitting it..., x's rows), index 0 taken on the B axes' dims,
+    and the result boxed to ``sbp``: ops the graph already has, so the TaskGraph's boxing moves the
+    data, and ``x`` stays the local input of the graph's ``to_global`` (the autograd pass names it).
+    """
+    shape = tuple(x.shape)
+    rows = x if shape else x.reshape(1)
+    gathered_sbp = tuple(_S0 if s.is_broadcast else s for s in sbp)
+    gathered = record_to_global(tracer, rows, placement, gathered_sbp)
+    axes = [a for a, s in enumerate(gathered_sbp) if s.is_split and s.dim == 0]   # in order, row-major
+    kept = [placement.hierarchy[a] for a in axes if not sbp[a].is_broadcast]
+    n, rest = rows.shape[0], gathered.shape[1:]   # (the other dims as the other axes' splits made them)
+    split_rows = gathered.reshape(*[placement.hierarchy[a] for a in axes], n, *rest)
+    picked = split_rows[tuple(0 if sbp[a].is_broadcast else slice(None) for a in axes)]
+    logical = picked.reshape(int(np.prod(kept, dtype=np.int64)) * n, *rest)
+    return record_to_global(tracer, logical if shape else logical.reshape(()), placement, sbp)

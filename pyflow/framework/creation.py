@@ -35,23 +35,14 @@ import numpy as np
 
 from pyflow import env
 from pyflow.errors import ArgumentTypeError, ShapeError
-from pyflow.framework import args, interpreter
+from pyflow.framework import args
 from pyflow.framework.dtypes import DEFAULT_FLOAT, DEFAULT_INT, as_dtype, is_scalar, scalar_dtype, to_scalar
 from pyflow.framework.interpreter import apply, global_interpreter
 from pyflow.framework.sbp import checked_layout
-from pyflow.framework.tensor import Tensor, tensor
+from pyflow.framework.tensor import Tensor, eagerly, tensor
 
 __all__ = ["zeros", "ones", "full", "empty", "eye", "arange", "linspace", "zeros_like", "ones_like", "full_like",
            "empty_like", "rand_like", "randn_like", "rand", "randn", "randint", "from_numpy", "manual_seed"]
-
-
-def _eagerly(make) -> Tensor:
-    """``make()``, run eagerly even inside nn.Graph.build (the tensor is then used there as a variable)."""
-    lazy = interpreter._lazy_tracer
-    if lazy is not None and lazy.active():
-        with lazy.paused():
-            return make()
-    return make()
 
 
 def _not_both(op: str, device) -> None:
@@ -63,7 +54,7 @@ def _not_both(op: str, device) -> None:
 def _global(op: str, values: np.ndarray, device, placement, sbp) -> Tensor:
     """The global tensor whose logical values are ``values`` (made on every rank, parallel_id 0's win)."""
     _not_both(op, device)
-    return _eagerly(lambda: global_interpreter().tensor(values, values.dtype, placement, sbp))
+    return eagerly(lambda: global_interpreter().tensor(values, values.dtype, placement, sbp))
 
 
 def _filled(op: str, size: tuple, fill_value, dtype, device=None, placement=None, sbp=None) -> Tensor:
@@ -80,7 +71,7 @@ def _filled(op: str, size: tuple, fill_value, dtype, device=None, placement=None
         if placement is None or sbp is None:
             raise ArgumentTypeError(f"{op}: a global tensor needs both placement= and sbp=")
         nd_sbp = checked_layout(shape, placement, sbp, op)
-        return _eagerly(lambda: global_interpreter().full(shape, value, dtype, placement, nd_sbp))
+        return eagerly(lambda: global_interpreter().full(shape, value, dtype, placement, nd_sbp))
     return apply("fill", [], shape=shape, dtype=dtype, value=value, device=args.device(device, op))[0]
 
 

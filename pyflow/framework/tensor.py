@@ -44,7 +44,7 @@ from pyflow.framework.interpreter import apply, describe, global_interpreter
 from pyflow.kernels.layout import contiguous_strides
 from pyflow.vm.eager_blob_object import EagerBlobObject
 
-__all__ = ["Tensor", "tensor", "as_tensor_like"]
+__all__ = ["Tensor", "tensor", "as_tensor_like", "eagerly"]
 
 
 class _StorageHandle:
@@ -373,13 +373,25 @@ def tensor(data, dtype=None, device=None, placement=None, sbp=None, requires_gra
     return result.requires_grad_(True) if requires_grad else result
 
 
+def eagerly(make) -> Tensor:
+    """``make()``, run eagerly even inside nn.Graph.build: a tensor made from data there (``flow.tensor``,
+    ``flow.ones(..., placement=, sbp=)``) is made now and used by the graph as a variable (OneFlow: a
+    constant of the job), as a captured tensor is; recorded, its ops would have no data to start from."""
+    lazy = interpreter._lazy_tracer
+    if lazy is not None and lazy.active():
+        with lazy.paused():
+            return make()
+    return make()
+
+
 def _new_tensor(data, dtype, device, placement, sbp) -> Tensor:
     if placement is not None or sbp is not None:
         if device is not None:
             raise ArgumentTypeError("tensor(): give device= for a local tensor or placement= and sbp= for a "
                                     "global one, not both")
         values = data.numpy() if isinstance(data, Tensor) else _as_array(data, dtype)
-        return global_interpreter().tensor(values, values.dtype if dtype is None else dtype, placement, sbp)
+        return eagerly(lambda: global_interpreter().tensor(values, values.dtype if dtype is None else dtype,
+                                                           placement, sbp))
     device = "cpu" if device is None else device
     if isinstance(data, Tensor):
         return data.detach().to(device=device, dtype=dtype, copy=True)

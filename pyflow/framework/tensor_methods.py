@@ -78,10 +78,10 @@ def _recording(*tensors) -> bool:
 
 
 def _lazy_twin(x: Tensor):
-    """Inside ``nn.Graph.build``, an eager global tensor's method works on its lazy twin (the graph reads
-    the tensor at run time); None otherwise."""
+    """Inside ``nn.Graph.build``, an eager tensor's method that is not one op works on its lazy twin (the
+    variable the graph reads at run time), so the graph records it; None outside build."""
     tracer = interpreter._lazy_tracer
-    if x._global is None or tracer is None or not tracer.active():
+    if tracer is None or not tracer.active():
         return None
     return tracer.lazy(x)
 
@@ -94,7 +94,7 @@ def getitem(self: Tensor, index) -> Tensor:
     list or mask in it is several ops, which autograd records as one call (``"index"``); on a global
     tensor, pyflow.distributed computes it on the broadcast tensor."""
     basic = indexing.is_basic(index)
-    lazy = _lazy_twin(self) if self._global is not None else None
+    lazy = _lazy_twin(self) if self._global is not None else None   # a local one: its ops record themselves
     if lazy is not None:
         result = indexing.getitem(lazy, index)
     elif self._global is None or basic:
@@ -137,7 +137,8 @@ def repeat(self: Tensor, *repeats) -> Tensor:
 def to_global(self: Tensor, placement=None, sbp=None) -> Tensor:
     """This tensor as a global tensor on ``placement`` with ``sbp`` (of a global one: boxed to them): the op
     ``to_global`` (``pyflow/ops/to_global.py``), run by pyflow.distributed's boxing chain, not by ``apply``;
-    recorded by autograd with the op's backward (its gradient is boxed back)."""
+    recorded by autograd with the op's backward (its gradient is boxed back).  Inside nn.Graph.build, of an
+    eager tensor local or global: a ``to_global`` op of the graph (OneFlow records it too)."""
     lazy = _lazy_twin(self)
     if lazy is not None:
         result = lazy.to_global(placement, sbp)
