@@ -4,7 +4,9 @@ The host side (axes, dtypes, the row description, two passes) is shared with the
 other reductions in ``kernels/reduce.py``; this module holds the kernels.  A row
 is folded exactly as ``make_block_reduce`` folds numbers, but on pairs: each thread
 keeps the best (value, index) of its share of the row, then a shared-memory tree
-of two arrays (values, indices) halves the block's pairs log2(block) times.
+of two arrays (values, indices) halves the block's pairs log2(block) times.  That
+tree is ``make_block_arg_reduce``'s device function, the one block arg-reduction of
+the library's kernels and of Cocktailer's argmax uTask (``kernels/utask/argmax.py``).
 
 Which pair is better is a device function of four arguments, numpy's rules:
 * ``argmax_better`` - the larger value; ``argmin_better`` - the smaller one;
@@ -27,7 +29,7 @@ from pyflow.kernels.dtypes import kernel_constant
 from pyflow.kernels.elementwise import position
 from pyflow.kernels.jit import jit
 
-__all__ = ["argmax_better", "argmin_better", "make_arg_reduce", "BETTER"]
+__all__ = ["argmax_better", "argmin_better", "make_block_arg_reduce", "make_arg_reduce", "BETTER"]
 
 
 @jit(device=True)
@@ -66,28 +68,52 @@ BETTER = {"argmax": argmax_better, "argmin": argmin_better}
 
 
 @functools.cache
-def make_arg_reduce(op: str, dtype: np.dtype, block: int):
-    """``(rows, partials, merge, block_best)`` for ``op`` (argmax, argmin) on ``dtype``, ``block`` threads."""
-    better = BETTER[op]
-    value_type, zero = numba.from_dtype(dtype), kernel_constant(dtype, 0)
+def make_block_arg_reduce(better):
+    """Device function ``block_arg_reduce(values, indices, value, index, active)``: the best of the
+    (``value``, ``index``) pairs of threads ``0 .. active - 1`` by ``better``, handed to every thread.
+
+    ``make_block_reduce``'s tree (``kernels/reduce.py``) on pairs: each active thread stores its
+    pair, then the first half of the live width keeps the better of pairs t and t + half, the
+    width halving (rounding up) until 1, a barrier after each step.  Every thread of the block
+    calls it with the same ``active`` (``1 <= active <= blockDim.x``); threads from ``active`` on
+    only join the barriers.  ``values`` and ``indices`` are the caller's shared arrays (at least
+    ``active`` long), free again on return: a device function declaring shared arrays and reached
+    from one kernel along two paths would define them twice, which NVVM rejects
+    (``kernels/utask/batched.py``).  The library's kernels pass their whole power-of-two block
+    (pairs t and t + block / 2, then t + block / 4, ...); the argmax uTask the threads that hold a pair.
+    """
 
     @jit(device=True)
-    def block_best(values, indices, t, v, i):
-        # Code plan: the tree of make_block_reduce, on (value, index) pairs.
-        values[t] = v
-        indices[t] = i
+    def block_arg_reduce(values, indices, value, index, active):
+        # Code plan: the tree of make_block_reduce, on (value, index) pairs; every thread
+        # reaches every barrier, and reads the winner before the last one.
+        t = cuda.threadIdx.x
+        if t < active:
+            values[t] = value
+            indices[t] = index
         cuda.syncthreads()
-        half = block // 2
-        while half > 0:
-            if t < half and better(values[t + half], indices[t + half], values[t], indices[t]):
+        width = active
+        while width > 1:   # block-uniform: every thread runs the same steps
+            half = (width + 1) // 2
+            if t < width - half and better(values[t + half], indices[t + half], values[t], indices[t]):
                 values[t] = values[t + half]
                 indices[t] = indices[t + half]
             cuda.syncthreads()
-            half //= 2
+            width = half
         best_v = values[0]
         best_i = indices[0]
         cuda.syncthreads()
         return best_v, best_i
+
+    return block_arg_reduce
+
+
+@functools.cache
+def make_arg_reduce(op: str, dtype: np.dtype, block: int):
+    """``(rows, partials, merge)`` kernels for ``op`` (argmax, argmin) on ``dtype``, ``block`` threads."""
+    better = BETTER[op]
+    block_arg_reduce = make_block_arg_reduce(better)
+    value_type, zero = numba.from_dtype(dtype), kernel_constant(dtype, 0)
 
     @jit
     def arg_rows(out, out_strides, x, row_shape, row_strides, col_shape, col_strides, rows, width):
@@ -107,7 +133,7 @@ def make_arg_reduce(op: str, dtype: np.dtype, block: int):
                 if better(v, j, best_v, best_i):
                     best_v, best_i = v, j
                 j += block
-            best_v, best_i = block_best(values, indices, t, best_v, best_i)
+            best_v, best_i = block_arg_reduce(values, indices, best_v, best_i, block)
             if t == 0:
                 out[position(row, row_shape, out_strides)] = best_i
             row += cuda.gridDim.x
@@ -125,7 +151,7 @@ def make_arg_reduce(op: str, dtype: np.dtype, block: int):
             if better(v, j, best_v, best_i):
                 best_v, best_i = v, j
             j += cuda.gridsize(1)
-        best_v, best_i = block_best(values, indices, t, best_v, best_i)
+        best_v, best_i = block_arg_reduce(values, indices, best_v, best_i, block)
         if t == 0:
             part_v[cuda.blockIdx.x] = best_v
             part_i[cuda.blockIdx.x] = best_i
@@ -142,11 +168,11 @@ def make_arg_reduce(op: str, dtype: np.dtype, block: int):
             if better(part_v[j], part_i[j], best_v, best_i):
                 best_v, best_i = part_v[j], part_i[j]
             j += block
-        best_v, best_i = block_best(values, indices, t, best_v, best_i)
+        best_v, best_i = block_arg_reduce(values, indices, best_v, best_i, block)
         if t == 0:
             out[0] = best_i
 
-    return arg_rows, arg_partials, arg_merge, block_best
+    return arg_rows, arg_partials, arg_merge
 
 
 def ptx_cases():
@@ -160,10 +186,11 @@ def ptx_cases():
     cases = []
     for op in ("argmax", "argmin"):
         for dtype in SUPPORTED_DTYPES:
-            rows, partials, merge, block_best = make_arg_reduce(op, dtype, 256)
+            rows, partials, merge = make_arg_reduce(op, dtype, 256)
             x, idx, v = array(dtype.name), array("int64"), numba.from_dtype(dtype)
             cases.append((f"{op}_better[{dtype}]", BETTER[op].py_func, (v, i64, v, i64), True))
-            cases.append((f"{op}[{dtype}] block_best", block_best.py_func, (x, idx, types.int32, v, i64), True))
+            cases.append((f"{op}[{dtype}] block_arg_reduce", make_block_arg_reduce(BETTER[op]).py_func,
+                          (x, idx, v, i64, i64), True))
             cases.append((f"{op}[{dtype}] rows", rows.py_func, (idx, t2, x, t2, t2, t2, t2, i64, i64), False))
             if dtype.name in ("float16", "bool", "int64"):
                 cases.append((f"{op}[{dtype}] partials", partials.py_func, (x, idx, x, t2, t2, i64), False))

@@ -16,7 +16,9 @@ every operand into (batch shape, rows, cols) with one stride per dimension.
 
 The CUDA kernel is the shared-memory tiled matmul (MiniTorch's "matmul
 practice") with a register tile per thread, built per tile size, dtype and
-outputs per thread by ``make_matmul_kernel``.
+outputs per thread by ``make_matmul_kernel``.  A block's work, one output tile, is
+``make_matmul_tile``'s device function, which Cocktailer's matmul uTasks
+(``kernels/utask/matmul.py``, ``batched.py``) call too.
 float32 inputs accumulate in float32, like cuBLAS by default.
 The CPU twin is ``np.matmul(a, b, out=out)``.
 
@@ -46,7 +48,7 @@ from pyflow.kernels.launch import compiled_launch, launcher, one_operation, requ
 from pyflow.kernels.layout import as_kernel_shape, flat, may_overlap, padded_strides
 from pyflow.kernels.registry import register
 
-__all__ = ["make_matmul_kernel", "matmul_cuda", "matmul_result_dtype", "matmul_shape",
+__all__ = ["make_matmul_tile", "make_matmul_kernel", "matmul_cuda", "matmul_result_dtype", "matmul_shape",
            "default_tile", "MATMUL_DTYPES", "GPU_TILE", "GPU_PER_THREAD", "SIM_TILE", "MAX_GRID_Z"]
 
 # Of kernels/dtypes.py: no bool, no 8/16-bit types (they would overflow in their own dtype, as numpy's do).
@@ -74,6 +76,105 @@ def default_tile(work: int = 0) -> tuple:
 
 
 @functools.cache
+def make_matmul_tile(tile: int, dtype, per_thread: int = 1, slots: int = 1, bias: bool = False) -> object:
+    """The one tiled-matmul device function: one output tile of ``out = a @ b (+ bias)``, computed and stored.
+
+    ``matmul_tile(out, o0, o_row, o_col, bias, a, a0, a_row, a_col, b, b0, b_row, b_col, sa, sb,
+    row0, col0, m, n, k, t, threads)`` computes the BM x BM tile of ``out`` at (``row0``, ``col0``),
+    BM = ``tile * per_thread``, of an m x k times k x n product.  Every matrix is read through
+    strides: ``A[row, kk]`` is ``a[a0 + row * a_row + kk * a_col]``, ``B`` and ``out`` likewise (a
+    transposed, sliced or broadcast operand needs no copy).  With ``bias`` (a compile-time flag),
+    ``bias[col]`` is added as an output is stored; without, the ``bias`` argument is not read.
+    The library's ``matmul_tiled`` and Cocktailer's matmul uTasks (``kernels/utask/matmul.py``,
+    ``batched.py``) call it: each kernel family owns one device function.
+
+    Who computes what: the tile has ``tile * tile`` *slots*; slot s = (sy, sx) = (s // tile,
+    s % tile) owns the ``per_thread`` x ``per_thread`` outputs at rows ``row0 + sy + i * tile``,
+    cols ``col0 + sx + j * tile`` (strided, so neighbouring threads write neighbouring columns).
+    Thread ``t`` of the block's ``threads`` takes slots t, t + threads, ... up to ``slots`` of
+    them at once, their sums in registers (a local array).  The library's block has
+    ``tile * tile`` threads: one slot each.  A uTask runs on whatever block the persistent kernel
+    has; a block with fewer than ``tile * tile / slots`` threads does the tile in several passes
+    (each walks all of K again), threads from ``tile * tile`` on only join the barriers.
+
+    Code plan (every thread of the block calls it; nobody returns early):
+    1. per pass, zero the sums of the thread's slots;
+    2. for each K-step of ``tile``: the block copies the A tile (``sa[sy + i * tile, sx]``) and
+       the B tile (``sb[sy, sx + j * tile]``) into shared memory, 0 outside the matrices
+       (each thread the cells of slots t, t + threads, ...); barrier;
+    3. for each k of the step, each slot reads its rows' and columns' values into registers
+       and adds the R*R products; barrier, so nobody overwrites the tiles while others read them;
+    4. store the pass's outputs that are inside ``out`` (+ bias).
+    Every output sums its K products in order, k = 0, 1, ..., (zeros past K), whatever the tile,
+    ``per_thread``, ``slots`` or block size: the same bits for every tiling.  ``sa`` (BM x tile) and
+    ``sb`` (tile x BM) are the caller's shared arrays, free again on return: a device function that
+    declared them, reached from one kernel along two paths, would define them twice, which NVVM
+    rejects (``kernels/utask/batched.py``).  ``dtype`` types the sums and register copies.
+    """
+    T = int(tile)
+    R = int(per_thread)
+    S = int(slots)
+    SLOTS = T * T
+    HAS_BIAS = bool(bias)
+    ACC = from_dtype(np.dtype(dtype))
+
+    @jit(device=True)
+    def matmul_tile(out, o0, o_row, o_col, bias, a, a0, a_row, a_col, b, b0, b_row, b_col, sa, sb,
+                    row0, col0, m, n, k, t, threads):
+        acc = cuda.local.array((S, R, R), dtype=ACC)  # the sums of this thread's slots in this pass
+        ra = cuda.local.array(R, dtype=ACC)           # a slot's rows' values at one k
+        rb = cuda.local.array(R, dtype=ACC)           # its columns' values at one k
+        for first in range(0, SLOTS, threads * S):   # block-uniform; one pass when threads * S >= SLOTS
+            for s in range(S):
+                for i in range(R):
+                    for j in range(R):
+                        acc[s, i, j] = 0
+            for k0 in range(0, k, T):
+                for slot in range(t, SLOTS, threads):
+                    sy = slot // T
+                    sx = slot % T
+                    for i in range(R):
+                        row = row0 + sy + i * T
+                        if row < m and k0 + sx < k:
+                            sa[sy + i * T, sx] = a[a0 + row * a_row + (k0 + sx) * a_col]
+                        else:
+                            sa[sy + i * T, sx] = 0
+                        col = col0 + sx + i * T
+                        if k0 + sy < k and col < n:
+                            sb[sy, sx + i * T] = b[b0 + (k0 + sy) * b_row + col * b_col]
+                        else:
+                            sb[sy, sx + i * T] = 0
+                cuda.syncthreads()
+                for s in range(S):
+                    slot = first + t + s * threads
+                    if slot < SLOTS:
+                        sy = slot // T
+                        sx = slot % T
+                        for kk in range(T):
+                            for i in range(R):
+                                ra[i] = sa[sy + i * T, kk]
+                                rb[i] = sb[kk, sx + i * T]
+                            for i in range(R):
+                                for j in range(R):
+                                    acc[s, i, j] += ra[i] * rb[j]
+                cuda.syncthreads()
+            for s in range(S):
+                slot = first + t + s * threads
+                if slot < SLOTS:
+                    for i in range(R):
+                        row = row0 + slot // T + i * T
+                        for j in range(R):
+                            col = col0 + slot % T + j * T
+                            if row < m and col < n:
+                                value = acc[s, i, j]
+                                if HAS_BIAS:
+                                    value += bias[col]
+                                out[o0 + row * o_row + col * o_col] = value
+
+    return matmul_tile
+
+
+@functools.cache
 def make_matmul_kernel(tile: int, dtype, per_thread: int = 1) -> object:
     """The tiled matmul kernel for ``tile`` x ``tile`` threads per block, computing in ``dtype``.
 
@@ -86,12 +187,13 @@ def make_matmul_kernel(tile: int, dtype, per_thread: int = 1) -> object:
 
     ``dtype`` (a numpy dtype, the result dtype) types the shared tiles and the accumulators;
     shared and local arrays need it, and their shapes, at compile time, so each
-    (tile, dtype, per_thread) gets its own kernel.
+    (tile, dtype, per_thread) gets its own kernel.  A block's work is ``make_matmul_tile``'s.
     """
     T = int(tile)
     R = int(per_thread)
     BM = T * R   # rows (and columns) of out per block
     ACC = from_dtype(np.dtype(dtype))
+    matmul_tile = make_matmul_tile(T, dtype, R)
 
     @jit
     def matmul_tiled(out, out_strides, a, a_strides, b, b_strides, batch_shape, m, n, k, batches):
@@ -100,71 +202,31 @@ def make_matmul_kernel(tile: int, dtype, per_thread: int = 1) -> object:
         Layout: every operand is flat storage plus strides over (batch..., rows, cols);
         ``batch_shape`` is the broadcast batch shape ((1,) when none).
         Grid: x -> column tiles of ``out``, y -> row tiles, z -> batches (a
-        grid-stride loop past gridDim.z).  Block: T x T threads; thread (ty, tx)
-        owns the R x R outputs at rows ``row0 + ty + i*T``, cols ``col0 + tx + j*T``
-        (i, j < R): strided, so the threads of a warp write neighbouring columns.
+        grid-stride loop past gridDim.z).  Block: T x T threads; thread (ty, tx) is
+        slot ty * T + tx of ``make_matmul_tile``: it owns the R x R outputs at rows
+        ``row0 + ty + i*T``, cols ``col0 + tx + j*T`` (i, j < R).
 
         Rules kept: each element of ``a`` and ``b`` is read from global memory
         once per block that needs it (into shared memory), each output element is
         written once; cells outside the matrices load as 0, so partial tiles need
         no special case; every thread reaches every ``syncthreads`` (loads and the
-        store are guarded, nobody returns early).  Every output sums its K products
-        in order, k = 0, 1, ..., whatever T and R: the same bits for every tiling.
+        store are guarded, nobody returns early).
         """
         sa = cuda.shared.array((BM, T), dtype=ACC)    # rows of a x a K-step
         sb = cuda.shared.array((T, BM), dtype=ACC)    # a K-step x columns of b
-        acc = cuda.local.array((R, R), dtype=ACC)     # this thread's outputs
-        ra = cuda.local.array(R, dtype=ACC)           # its rows' values at one k
-        rb = cuda.local.array(R, dtype=ACC)           # its columns' values at one k
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        row0 = cuda.blockIdx.y * BM
-        col0 = cuda.blockIdx.x * BM
         r = len(batch_shape)  # strides[r] steps a row, strides[r + 1] a column
         z = cuda.blockIdx.z
         # Code plan (per batch z of this block; the same z for the whole block):
         # 1. find where batch z starts in each operand (broadcast dims: stride 0);
-        # 2. for each K-step of T: each thread copies R cells of the A tile
-        #    (rows ty + i*T, column tx) and R of the B tile (row ty, columns
-        #    tx + j*T) into shared memory, 0 outside the matrices; barrier;
-        # 3. for each k of the step, each thread reads its R rows' and R columns'
-        #    values and adds the R*R products; barrier, so nobody overwrites the
-        #    tiles while others still read them;
-        # 4. threads write their outputs that are inside ``out``, once.
+        # 2. ``make_matmul_tile`` computes and stores the block's tile (K-steps through shared memory).
         while z < batches:
             a0 = position(z, batch_shape, a_strides)
             b0 = position(z, batch_shape, b_strides)
             o0 = position(z, batch_shape, out_strides)
-            for i in range(R):
-                for j in range(R):
-                    acc[i, j] = 0
-            for k0 in range(0, k, T):
-                for i in range(R):
-                    row = row0 + ty + i * T
-                    if row < m and k0 + tx < k:
-                        sa[ty + i * T, tx] = a[a0 + row * a_strides[r] + (k0 + tx) * a_strides[r + 1]]
-                    else:
-                        sa[ty + i * T, tx] = 0
-                    col = col0 + tx + i * T
-                    if k0 + ty < k and col < n:
-                        sb[ty, tx + i * T] = b[b0 + (k0 + ty) * b_strides[r] + col * b_strides[r + 1]]
-                    else:
-                        sb[ty, tx + i * T] = 0
-                cuda.syncthreads()
-                for kk in range(T):
-                    for i in range(R):
-                        ra[i] = sa[ty + i * T, kk]
-                        rb[i] = sb[kk, tx + i * T]
-                    for i in range(R):
-                        for j in range(R):
-                            acc[i, j] += ra[i] * rb[j]
-                cuda.syncthreads()
-            for i in range(R):
-                row = row0 + ty + i * T
-                for j in range(R):
-                    col = col0 + tx + j * T
-                    if row < m and col < n:
-                        out[o0 + row * out_strides[r] + col * out_strides[r + 1]] = acc[i, j]
+            matmul_tile(out, o0, out_strides[r], out_strides[r + 1], out,  # bias: not read
+                        a, a0, a_strides[r], a_strides[r + 1], b, b0, b_strides[r], b_strides[r + 1], sa, sb,
+                        cuda.blockIdx.y * BM, cuda.blockIdx.x * BM, m, n, k,
+                        cuda.threadIdx.y * T + cuda.threadIdx.x, T * T)
             z += cuda.gridDim.z
 
     return matmul_tiled
@@ -338,4 +400,9 @@ def ptx_cases():
                 argtypes = (array(result.name), t, array(a), t, array(b), t, tuple_of(nb), i64, i64, i64, i64)
                 cases.append((f"matmul_tiled[tile={tile},per_thread={per_thread},{a}@{b},batch rank {nb}]",
                               make_matmul_kernel(tile, result, per_thread).py_func, argtypes, False))
+    for tile, per_thread, slots, bias in ((GPU_TILE, GPU_PER_THREAD, 1, False), (16, 1, 8, True), (4, 1, 1, True)):
+        x, tiles = array("float32"), array("float32", 2)
+        argtypes = (x, i64, i64, i64, x, x, i64, i64, i64, x, i64, i64, i64, tiles, tiles) + (i64,) * 7
+        cases.append((f"matmul_tile[tile={tile},per_thread={per_thread},slots={slots}{',bias' if bias else ''}]",
+                      make_matmul_tile(tile, "float32", per_thread, slots, bias).py_func, argtypes, True))
     return cases

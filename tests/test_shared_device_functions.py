@@ -2,7 +2,9 @@
 
 The block reduction is ``kernels/reduce.py``'s ``make_block_reduce``, the row softmax
 ``kernels/softmax.py``'s ``make_row_softmax``, a conv's window sum ``kernels/conv.py``'s
-``conv2d_window``; ``kernels/utask/`` writes none of them again.  Where both sides add
+``conv2d_window``, the tiled matmul ``kernels/matmul.py``'s ``make_matmul_tile``, the block
+arg-reduction ``kernels/arg_reduce.py``'s ``make_block_arg_reduce``; ``kernels/utask/`` writes
+none of them again.  Where both sides add
 in the same order (softmax: a power-of-two block, every thread holding a value; conv:
 always) they give the same bits.
 """
@@ -19,19 +21,28 @@ from hypothesis import strategies as st
 from numba import float32
 
 from pyflow.kernels import scalar_ops
+from pyflow.kernels.arg_reduce import BETTER, make_arg_reduce, make_block_arg_reduce
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.conv import conv2d_window
 from pyflow.kernels.jit import jit
 from pyflow.kernels.launch import launcher
+from pyflow.kernels.matmul import make_matmul_kernel, make_matmul_tile, matmul_cuda
 from pyflow.kernels.registry import get_kernel
 from pyflow.kernels.reduce import make_block_reduce, make_reduce
 from pyflow.kernels.softmax import make_row_softmax, make_softmax
-from pyflow.kernels.utask import gating, scaled_softmax
+from pyflow.kernels.utask import argmax as utask_argmax
+from pyflow.kernels.utask import batched, gating, scaled_softmax
+from pyflow.kernels.utask import matmul as utask_matmul
+from pyflow.kernels.utask.argmax import make_argmax_sum_row_kernel, make_argmax_sum_row_utask
 from pyflow.kernels.utask import reduce as utask_reduce
 from pyflow.kernels.utask.reduce import make_reduce_row_utask, make_softmax_row_kernel, make_softmax_row_utask
 from pyflow.kernels.utask.resnet import make_conv2d_kernel, make_conv2d_utask, resnet_utask_count
 from pyflow.kernels.utask.scaled_softmax import make_scaled_softmax_row_utask
 from tests.strategies import float_dtypes, values
+
+# bit for bit: both sides of a comparison on one tier (auto compiles a kernel at its 32nd launch, and the
+# tiers' float math may differ in the last bit)
+pytestmark = pytest.mark.sim_tier("threads")
 
 
 def _calls(device_fn) -> set:
@@ -56,6 +67,65 @@ def test_the_row_gating_and_conv_utasks_write_no_tree_or_window_sum_of_their_own
     for module in (utask_reduce, scaled_softmax, gating):
         assert "cuda.syncthreads" not in inspect.getsource(module), module.__name__
     assert "acc +=" not in inspect.getsource(make_conv2d_utask(np.float32).py_func)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_library_kernels_and_the_utasks_call_one_tiled_matmul_and_one_block_arg_reduction(dtype):
+    dtype = np.dtype(dtype)
+    assert id(make_matmul_tile(4, dtype, 2)) in _calls(make_matmul_kernel(4, dtype, 2))
+    utask_tile = make_matmul_tile(8, dtype, 1, utask_matmul.slots_per_thread(8), True)
+    assert id(utask_tile) in _calls(utask_matmul.make_matmul_utask(8, dtype, transpose_b=True, bias=True))
+    assert id(make_matmul_tile(8, dtype, 1, utask_matmul.slots_per_thread(8))) in _calls(
+        batched.make_broadcast_matmul_utask(8, dtype))
+    for op in ("argmax", "argmin"):
+        assert id(make_block_arg_reduce(BETTER[op])) in _calls(make_arg_reduce(op, dtype, 8)[0])
+    assert id(make_block_arg_reduce(BETTER["argmax"])) in _calls(make_argmax_sum_row_utask(dtype))
+
+
+def test_the_matmul_and_argmax_utasks_write_no_tile_loop_or_tree_of_their_own():
+    for module in (utask_matmul, batched, utask_argmax):
+        assert "cuda.syncthreads" not in inspect.getsource(module), module.__name__
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(1, 9), n=st.integers(1, 9), k=st.integers(0, 11), tile=st.sampled_from([2, 4]),
+       block=st.integers(1, 20), transpose_b=st.booleans(), bias=st.booleans(), dtype=float_dtypes,
+       seed=st.integers(0, 2**16))
+def test_library_matmul_and_matmul_utasks_agree_bit_for_bit(m, n, k, tile, block, transpose_b, bias, dtype, seed):
+    """Any uTask block size (fewer threads than slots: several passes) and any register tile give the same bits."""
+    a, b = values((m, k), dtype, seed=seed), values((k, n), dtype, seed=seed + 1)
+    c = values((n,), dtype, seed=seed + 2)
+    library = cuda.device_array((m, n), dtype)
+    matmul_cuda(library, cuda.to_device(a), cuda.to_device(b), tile=tile, per_thread=1)
+    expected = library.copy_to_host() + (c if bias else 0)
+    registers = cuda.device_array((m, n), dtype)
+    matmul_cuda(registers, cuda.to_device(a), cuda.to_device(b), tile=tile, per_thread=2)
+    assert registers.copy_to_host().tobytes() == library.copy_to_host().tobytes()
+    utask = cuda.to_device(np.full(m * n, np.nan, dtype))
+    b_stored = np.ascontiguousarray(b.T if transpose_b else b).reshape(-1)
+    operands = (utask, cuda.to_device(a.reshape(-1)), cuda.to_device(b_stored))
+    operands += (cuda.to_device(c),) if bias else ()
+    launcher(utask_matmul.make_matmul_kernel(tile, dtype, transpose_b, bias), 2, block)(
+        0, utask_matmul.matmul_utask_count(m, n, tile), *operands, m, n, k, 1)
+    assert utask.copy_to_host().tobytes() == expected.reshape(-1).tobytes()
+
+
+@settings(max_examples=12, deadline=None)
+@given(rows=st.integers(1, 3), width=st.integers(1, 12), block=st.integers(1, 9), nan=st.booleans(),
+       dtype=float_dtypes, seed=st.integers(0, 2**16))
+def test_library_argmax_and_argmax_utasks_agree_with_numpy_on_ties_and_nan(rows, width, block, nan, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-2, 3, (rows, width)).astype(dtype)   # few distinct values: many ties
+    if nan:
+        x[rng.integers(rows), rng.integers(width)] = np.nan
+    expected = np.argmax(x, axis=1)
+    library = cuda.device_array(rows, np.int64)
+    get_kernel("argmax", "cuda")(library, cuda.to_device(x), axis=1)
+    assert library.copy_to_host().tolist() == expected.tolist()
+    utask = cuda.to_device(np.full(rows, np.nan, dtype))
+    launcher(make_argmax_sum_row_kernel(dtype), 2, block)(
+        0, rows, utask, cuda.to_device(x.reshape(-1)), cuda.to_device(np.zeros(rows * width, dtype)), rows, width)
+    assert utask.copy_to_host().tolist() == expected.astype(dtype).tolist()
 
 
 @functools.cache

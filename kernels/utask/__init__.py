@@ -16,6 +16,7 @@ This package holds the device functions such a kernel calls, one family per modu
   (``x + bias``) over chunks of ``CHUNK`` elements; ``copy_utask`` (with offsets).
 * ``matmul``      - ``make_matmul_utask(tile, dtype, transpose_b, bias)``: one
   ``tile x tile`` output tile per uTask, batched, ``x @ W.T + b`` like nn.Linear.
+  Its block's work is the library's tiled matmul, ``kernels/matmul.py``'s ``make_matmul_tile``.
 * ``reduce``      - ``make_reduce_row_utask(combine, dtype)`` (sum, max: one row
   per uTask, shared-memory tree) and ``make_softmax_row_utask(dtype)`` (stable).
   Their block's work is the library's device functions: ``kernels/reduce.py``'s
@@ -26,7 +27,8 @@ This package holds the device functions such a kernel calls, one family per modu
 * ``nasrnn``      - the fused NASRNN cell.
 * ``scaled_softmax`` - ``softmax(scale * x)`` per row (Attention's scores).
 * ``embedding``   - rows of a table gathered by token ids read from device memory.
-* ``argmax``      - ``argmax(x + y)`` per row, the first maximum on a tie (greedy decoding).
+* ``argmax``      - ``argmax(x + y)`` per row, the first maximum on a tie (greedy decoding);
+  its tree is ``kernels/arg_reduce.py``'s ``make_block_arg_reduce``, the library argmax's.
 * ``seq2seq``     - the Seq2seq decoder's gate-major LSTM cell with per-gate biases.
 * ``resnet``      - BlockDrop's and SkipNet's layers: direct conv2d, eval-mode batch
   norm (+ ReLU), max/average pooling (with zero channels: DownsampleB), per output chunk.

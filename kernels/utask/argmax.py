@@ -16,11 +16,12 @@ is written as a float into ``out`` (a token id, see ``embedding.py``).
 Code plan (``reduce.py``'s, carrying (value, index) pairs):
 1. each active thread ``t`` scans the elements ``t, t + lanes, ...`` of the row in
    increasing order and keeps its best pair (so ties keep the earlier index);
-2. a shared-memory tree halves the live pairs each step (a barrier after each),
-   the better of two pairs winning, the smaller index on a tie;
-3. thread 0 writes the index of the last pair; a final barrier frees shared memory.
+2. ``kernels/arg_reduce.py``'s ``block_arg_reduce`` (the library's argmax and argmin use
+   the same tree) halves the live pairs each step (a barrier after each), the better
+   of two pairs winning, the smaller index on a tie, and hands the winner to every thread;
+3. thread 0 writes its index.
 
-The uTask declares its own two shared arrays (``batched.py`` explains why a device
+The uTask declares the tree's two shared arrays (``batched.py`` explains why a device
 function with shared memory must be the one a kernel calls).
 """
 
@@ -33,7 +34,7 @@ from numba import from_dtype
 from numba import types as numba_types
 
 from pyflow.errors import DTypeError, ShapeError
-from pyflow.kernels.arg_reduce import argmax_better
+from pyflow.kernels.arg_reduce import argmax_better, make_block_arg_reduce
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
 from pyflow.kernels.utask.reduce import MAX_BLOCK
@@ -83,16 +84,19 @@ def _build(dtype, max_block):
     LANES = max_block
     DTYPE = from_dtype(dtype)
     INDEX = numba_types.int64
+    block_arg_reduce = make_block_arg_reduce(argmax_better)
 
     @jit(device=True)
     def argmax_sum_row_utask(u, out, x, y, rows, width):
-        values = cuda.shared.array(LANES, DTYPE)   # each thread's best value, then the tree
-        indices = cuda.shared.array(LANES, INDEX)  # ... and its index
+        values = cuda.shared.array(LANES, DTYPE)   # the tree's values ...
+        indices = cuda.shared.array(LANES, INDEX)  # ... and their indices
         t = cuda.threadIdx.x
         lanes = min(cuda.blockDim.x, LANES)
         active = min(lanes, width)
         if u < rows and width > 0:  # block-uniform: barriers inside are safe
             base = u * width
+            best = x[base] + y[base]  # a placeholder of the right type for idle threads
+            best_j = -1
             # 1. this thread's elements, in increasing order: a tie keeps the earlier
             if t < active:
                 best = x[base + t] + y[base + t]
@@ -102,23 +106,10 @@ def _build(dtype, max_block):
                     if argmax_better(v, j, best, best_j):
                         best = v
                         best_j = j
-                values[t] = best
-                indices[t] = best_j
-            cuda.syncthreads()
-            # 2. the tree: pair t meets pair t + half, the better one stays at t
-            live = active
-            while live > 1:
-                half = (live + 1) // 2
-                if t < live - half:
-                    if argmax_better(values[t + half], indices[t + half], values[t], indices[t]):
-                        values[t] = values[t + half]
-                        indices[t] = indices[t + half]
-                cuda.syncthreads()
-                live = half
-            # 3. the winner's index, as a token id of out's dtype
+            # 2. the block's tree; 3. the winner's index, as a token id of out's dtype
+            best, best_j = block_arg_reduce(values, indices, best, best_j, active)
             if t == 0:
-                out[u] = indices[0]
-            cuda.syncthreads()  # everyone is past the tree: the next uTask may overwrite it
+                out[u] = best_j
 
     return argmax_sum_row_utask
 

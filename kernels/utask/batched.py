@@ -21,17 +21,18 @@ one after another; a larger stride puts output ``m`` into rows of a bigger matri
 
 uTask ``u`` is tile ``u % per_matrix`` of output matrix ``m = u // per_matrix``
 (``per_matrix = ceil(M / tile) * ceil(N / tile)``, as in ``matmul.py``), computed by
-``matmul.py``'s tiled shared-memory loop (``make_tile_product``) with the three
-matrices' start offsets worked out from ``m`` (so its results are bitwise
-``matmul_utask``'s).  ``out`` must not overlap ``a`` or ``b``.  The arguments end with
-``M, N, K, batch`` like ``matmul_utask``'s (the scheduler's cost model reads K there).
+the library's tiled matmul (``kernels/matmul.py``'s ``make_matmul_tile``, as
+``matmul.py``'s uTask does) with the three matrices' start offsets worked out from
+``m`` (so its results are bitwise ``matmul_utask``'s).  ``out`` must not overlap ``a``
+or ``b``.  The arguments end with ``M, N, K, batch`` like ``matmul_utask``'s (the
+scheduler's cost model reads K there).
 
 Why not call ``matmul.py``'s tile uTask on views of the three matrices?  It owns
 shared arrays, and numba-cuda links a device function's module into every caller's:
 two of these uTasks reaching ONE specialization of it through two callers define its
 shared arrays twice, which NVVM rejects (``ERROR_INVALID_IR``).  So only uTasks,
-which a kernel calls directly, own shared memory: this one declares its three tiles
-and hands them to ``tile_product``, which owns none.
+which a kernel calls directly, own shared memory: this one declares its two tiles
+and hands them to ``make_matmul_tile``'s function, which owns none.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from numba import from_dtype
 from pyflow.errors import ShapeError
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
-from pyflow.kernels.utask.matmul import _normalize, make_tile_product, matmul_utask_count
+from pyflow.kernels.matmul import make_matmul_tile
+from pyflow.kernels.utask.matmul import _normalize, matmul_utask_count, slots_per_thread
 from pyflow.kernels.utask.sizes import require_sizes
 
 __all__ = ["make_broadcast_matmul_utask", "make_broadcast_matmul_kernel", "broadcast_matmul_utask_count",
@@ -85,35 +87,28 @@ def make_broadcast_matmul_utask(tile: int = 16, dtype="float32", transpose_b: bo
 @functools.cache
 def _build(tile, dtype, transpose_b):
     T = tile
-    TT = tile * tile
     DTYPE = from_dtype(dtype)
-    tile_product = make_tile_product(tile, transpose_b)
+    TRANS_B = transpose_b
+    matmul_tile = make_matmul_tile(tile, dtype, 1, slots_per_thread(tile))
 
     @jit(device=True)
     def broadcast_matmul_utask(u, out, a, b, a_period, b_period, out_stride, M, N, K, batch):
         """uTask ``u``: one output tile of ``a[m % a_period] @ b[m % b_period]``, see the module doc."""
-        a_tile = cuda.shared.array(TT, DTYPE)  # a_tile[i * T + k] = A_m[row0 + i, k0 + k]
-        b_tile = cuda.shared.array(TT, DTYPE)  # b_tile[k * T + j] = B_m[k0 + k, col0 + j]
-        acc = cuda.shared.array(TT, DTYPE)     # acc[i * T + j]: partial sums of the tile
-        t = cuda.threadIdx.x
-        step = cuda.blockDim.x
+        a_tile = cuda.shared.array((T, T), DTYPE)  # a_tile[i, k] = A_m[row0 + i, k0 + k]
+        b_tile = cuda.shared.array((T, T), DTYPE)  # b_tile[k, j] = B_m[k0 + k, col0 + j]
         tiles_n = (N + T - 1) // T
         per_matrix = ((M + T - 1) // T) * tiles_n
         if u < batch * per_matrix:  # u and the sizes are block-uniform: barriers inside are safe
             # Code plan: 1. product m, its tile (row0, col0), where its three matrices start;
-            # 2. matmul.py's tiled loop (``tile_product``) into acc; 3. write the owned elements.
+            # 2. the library's tiled matmul computes and stores the tile.
             m = u // per_matrix
             row0 = ((u % per_matrix) // tiles_n) * T
             col0 = ((u % per_matrix) % tiles_n) * T
-            a_base = (m % a_period) * M * K
-            b_base = (m % b_period) * K * N
-            out_base = m * out_stride
-            tile_product(acc, a_tile, b_tile, a, b, a_base, b_base, row0, col0, M, N, K)
-            for e in range(t, TT, step):
-                row = row0 + e // T
-                col = col0 + e % T
-                if row < M and col < N:
-                    out[out_base + row * N + col] = acc[e]
+            b_row = 1 if TRANS_B else N   # B_m[k, col] = b[b_base + k * b_row + col * b_col]
+            b_col = K if TRANS_B else 1
+            matmul_tile(out, m * out_stride, N, 1, out,  # bias: not read
+                        a, (m % a_period) * M * K, K, 1, b, (m % b_period) * K * N, b_row, b_col, a_tile, b_tile,
+                        row0, col0, M, N, K, cuda.threadIdx.x, cuda.blockDim.x)
 
     return broadcast_matmul_utask
 

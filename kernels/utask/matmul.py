@@ -11,20 +11,23 @@ uTask ``u`` enumerates them row-major, batch outermost:
 
     u = (m * tiles_m + tile_row) * tiles_n + tile_col
 
-A block computes its tile in shared memory (the classic tiled matmul): for each
-step of TILE along K, the block loads one TILE x TILE tile of A and one of B
-(zeros outside the matrices), barrier, every output element adds TILE products,
-barrier.  Element ``e = i * TILE + j`` of a tile belongs to thread
-``e mod blockDim.x``; with ``blockDim.x == TILE * TILE`` (the intended size) that is
-one element per thread, thread ``t -> (t // TILE, t % TILE)``, but any block size
-works, because the partial sums live in shared memory (``acc``), each cell only ever
-touched by its owning thread.  float32 inputs accumulate in float32 (as cuBLAS does
-by default); ints in the array's own dtype.
+A block computes its tile with the library's tiled matmul, ``kernels/matmul.py``'s
+``make_matmul_tile`` (each kernel family owns one device function, which its library
+kernel and its uTask call): for each step of TILE along K, the block loads one
+TILE x TILE tile of A and one of B into shared memory (zeros outside the matrices),
+barrier, every output element adds TILE products, barrier.  Output ``e = i * TILE + j``
+of a tile is slot ``e`` of ``make_matmul_tile``, computed by thread ``e mod
+blockDim.x``; with ``blockDim.x == TILE * TILE`` that is one element per thread, but
+any block size works: a thread keeps up to ``slots_per_thread(tile)`` sums in
+registers, so a block of at least ``WARP`` threads does a tile in one pass, a
+smaller one in several (each walks K again).  float32 inputs accumulate in float32
+(as cuBLAS does by default); ints in the array's own dtype.  The bias is added as
+each output is stored, as the library stores it.
 
 ``TILE`` and the dtype are compile-time constants (shared arrays need them), and so
-are the ``transpose_b`` and ``bias`` flags (the unused branch is compiled away):
-``make_matmul_utask(tile, dtype, transpose_b, bias)`` builds and caches one device
-function per combination.  ``a`` and ``b`` must not overlap ``out``.
+is the ``bias`` flag (the unused branch is compiled away); ``transpose_b`` only swaps
+B's strides.  ``make_matmul_utask(tile, dtype, transpose_b, bias)`` builds and caches
+one device function per combination.  ``a`` and ``b`` must not overlap ``out``.
 """
 
 from __future__ import annotations
@@ -37,12 +40,15 @@ from numba import from_dtype
 from pyflow.errors import DTypeError, ShapeError
 from pyflow.kernels.backend import cuda
 from pyflow.kernels.jit import jit
+from pyflow.kernels.matmul import make_matmul_tile
 from pyflow.kernels.utask.sizes import ceil_div, require_sizes
 
-__all__ = ["TILE", "MAX_TILE", "DTYPES", "make_tile_product", "make_matmul_utask", "make_matmul_kernel", "matmul_utask_count"]
+__all__ = ["TILE", "MAX_TILE", "WARP", "DTYPES", "slots_per_thread", "make_matmul_utask", "make_matmul_kernel",
+           "matmul_utask_count"]
 
 TILE = 16  # default tile side for generated code: 16 x 16 = 256 threads per block
 MAX_TILE = 32  # 32 x 32 = 1024 threads, the most a block has
+WARP = 32      # a block of at least this many threads computes a tile in one pass
 DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
 
 
@@ -62,8 +68,8 @@ def matmul_utask_count(M: int, N: int, tile: int = TILE, batch: int = 1) -> int:
 def _normalize(tile, dtype, transpose_b, bias):
     require_sizes("matmul", minimum=1, tile=tile)
     if tile > MAX_TILE:
-        raise ShapeError(f"matmul uTasks: tile {tile} is larger than {MAX_TILE} (3 shared "
-                         f"tiles of tile * tile elements must fit in 48 KiB)")
+        raise ShapeError(f"matmul uTasks: tile {tile} is larger than {MAX_TILE} (tile * tile "
+                         f"threads may own a tile's outputs, and a block has at most 1024)")
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
         raise DTypeError(f"matmul uTasks: unsupported dtype {dtype}; expected one of "
@@ -71,65 +77,13 @@ def _normalize(tile, dtype, transpose_b, bias):
     return int(tile), dtype, bool(transpose_b), bool(bias)
 
 
-def make_tile_product(tile: int = TILE, transpose_b: bool = False):
-    """``tile_product(acc, a_tile, b_tile, a, b, a_base, b_base, row0, col0, M, N, K)``: the tiled loop.
+def slots_per_thread(tile: int) -> int:
+    """Outputs of a ``tile x tile`` tile one thread sums at once (in registers): enough for a ``WARP``.
 
-    The products of one output tile (rows ``row0..``, columns ``col0..`` of the matrices
-    at ``a_base`` / ``b_base``) summed into ``acc`` (``acc[i * tile + j]``):
-
-    1. each thread zeroes the accumulators of the tile elements it owns;
-    2. for each K step: load an A tile and a B tile (zero outside), barrier, add
-       ``tile`` products to each owned accumulator, barrier (the tiles are free again).
-
-    Called by every thread of the block.  The three shared arrays (``tile * tile``
-    each) are the caller's: a device function that owned shared memory, reached from
-    one kernel along two paths (this file's uTask and ``batched.py``'s), would define
-    it twice, which NVVM rejects (``reduce.py`` tells the story).
+    >>> slots_per_thread(16), slots_per_thread(4), slots_per_thread(32)
+    (8, 1, 32)
     """
-    require_sizes("matmul", minimum=1, tile=tile)
-    return _tile_product(int(tile), bool(transpose_b))
-
-
-@functools.cache
-def _tile_product(tile, transpose_b):
-    T = tile
-    TT = tile * tile
-    TRANS_B = transpose_b
-
-    @jit(device=True)
-    def tile_product(acc, a_tile, b_tile, a, b, a_base, b_base, row0, col0, M, N, K):
-        t = cuda.threadIdx.x
-        step = cuda.blockDim.x
-        for e in range(t, TT, step):
-            acc[e] = 0
-        for k0 in range(0, K, T):
-            for e in range(t, TT, step):
-                row = row0 + e // T
-                k = k0 + e % T
-                if row < M and k < K:
-                    a_tile[e] = a[a_base + row * K + k]
-                else:
-                    a_tile[e] = 0
-                k = k0 + e // T
-                col = col0 + e % T
-                if k < K and col < N:
-                    if TRANS_B:
-                        b_tile[e] = b[b_base + col * K + k]
-                    else:
-                        b_tile[e] = b[b_base + k * N + col]
-                else:
-                    b_tile[e] = 0
-            cuda.syncthreads()
-            for e in range(t, TT, step):
-                i = e // T
-                j = e % T
-                s = acc[e]
-                for kk in range(T):
-                    s += a_tile[i * T + kk] * b_tile[kk * T + j]
-                acc[e] = s
-            cuda.syncthreads()
-
-    return tile_product
+    return ceil_div(tile * tile, WARP)
 
 
 def make_matmul_utask(tile: int = TILE, dtype="float32", transpose_b: bool = False, bias: bool = False):
@@ -149,39 +103,28 @@ def make_matmul_utask(tile: int = TILE, dtype="float32", transpose_b: bool = Fal
 @functools.cache
 def _build(tile, dtype, transpose_b, bias):
     T = tile
-    TT = tile * tile
     DTYPE = from_dtype(dtype)
+    TRANS_B = transpose_b
     HAS_BIAS = bias
-    tile_product = _tile_product(tile, transpose_b)
+    matmul_tile = make_matmul_tile(tile, dtype, 1, slots_per_thread(tile), bias)
 
     @jit(device=True)
     def matmul_bias_tile_utask(u, out, a, b, bias, M, N, K, batch):
         """uTask ``u``: output tile ``u`` of ``a @ b (+ bias)``, see ``make_matmul_utask``."""
-        a_tile = cuda.shared.array(TT, DTYPE)  # a_tile[i * T + k] = A[row0 + i, k0 + k]
-        b_tile = cuda.shared.array(TT, DTYPE)  # b_tile[k * T + j] = B[k0 + k, col0 + j]
-        acc = cuda.shared.array(TT, DTYPE)     # acc[i * T + j]: partial sums of the tile
-        t = cuda.threadIdx.x
-        step = cuda.blockDim.x
+        a_tile = cuda.shared.array((T, T), DTYPE)  # a_tile[i, k] = A[row0 + i, k0 + k]
+        b_tile = cuda.shared.array((T, T), DTYPE)  # b_tile[k, j] = B[k0 + k, col0 + j]
         tiles_n = (N + T - 1) // T
         per_matrix = ((M + T - 1) // T) * tiles_n
         if u < batch * per_matrix:  # u and the sizes are block-uniform: barriers inside are safe
+            # Code plan: 1. matrix m and the tile (row0, col0) of uTask u; 2. the library's
+            # tiled matmul computes and stores it (B read through its strides: b.T needs no copy).
             m = u // per_matrix
             row0 = ((u % per_matrix) // tiles_n) * T
             col0 = ((u % per_matrix) % tiles_n) * T
-            a_base = m * M * K
-            b_base = m * K * N
-            out_base = m * M * N
-            # Code plan: 1.-2. the tile's products into acc (``tile_product``);
-            # 3. write each owned element that lies inside the output (+ bias).
-            tile_product(acc, a_tile, b_tile, a, b, a_base, b_base, row0, col0, M, N, K)
-            for e in range(t, TT, step):
-                row = row0 + e // T
-                col = col0 + e % T
-                if row < M and col < N:
-                    value = acc[e]
-                    if HAS_BIAS:
-                        value += bias[col]
-                    out[out_base + row * N + col] = value
+            b_row = 1 if TRANS_B else N   # B[k, col] = b[k * b_row + col * b_col]
+            b_col = K if TRANS_B else 1
+            matmul_tile(out, m * M * N, N, 1, bias, a, m * M * K, K, 1, b, m * K * N, b_row, b_col, a_tile, b_tile,
+                        row0, col0, M, N, K, cuda.threadIdx.x, cuda.blockDim.x)
 
     if HAS_BIAS:
         return matmul_bias_tile_utask

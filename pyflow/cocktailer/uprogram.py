@@ -26,7 +26,7 @@ __all__ = ["CompiledUProgram", "FRAME_STACK_BYTES", "while_loops"]
 
 # Shared memory a kernel's recursion stacks may use: half of the 48 KiB a block has
 # (without an opt-in), the other half is left to the uTasks' tiles (the largest, a
-# 32 x 32 float64 matmul tile, takes 3 x 8 KiB).
+# 32 x 32 float64 matmul tile, takes 2 x 8 KiB).
 FRAME_STACK_BYTES = 24 * 1024
 
 
