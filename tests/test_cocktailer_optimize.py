@@ -17,6 +17,7 @@ Specifications tested here:
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,6 +44,10 @@ from pyflow.cocktailer.random_programs import build, inputs
 from pyflow.cocktailer.scalars import BinOp, Const, Var
 from pyflow.cocktailer.schedule import schedule
 from tests.strategies import cocktailer_programs
+
+# host and compiled executors are compared bit for bit: both on one simulator tier (tests/conftest.py;
+# under auto a kernel launched again and again switches to the compiled tier part-way through a test)
+pytestmark = pytest.mark.sim_tier("threads")
 
 THREADS = 4
 

@@ -38,6 +38,10 @@ from pyflow.cocktailer.schedule import constraint_violations, schedule
 from pyflow.cocktailer.schedule_interfaces import Level, schedule_control_flow, schedule_operator, set_resource
 from tests.strategies import cocktailer_programs
 
+# host and compiled executors are compared bit for bit: both on one simulator tier (tests/conftest.py;
+# under auto a kernel launched again and again switches to the compiled tier part-way through a test)
+pytestmark = pytest.mark.sim_tier("threads")
+
 THREADS = 4
 
 

@@ -139,6 +139,7 @@ def test_step_through_mode_runs_the_call_on_the_callers_thread():
         np.testing.assert_array_equal(got.numpy(), want)
 
 
+@pytest.mark.sim_tier("threads")   # two paths compared bit for bit: on one simulator tier (tests/conftest.py)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", MODES)
 def test_lstm_takes_and_returns_tensors_equal_to_the_array_path(mode, device):

@@ -46,6 +46,17 @@ def no_simulated_thread_survives():
     pytest.fail(f"simulated threads still alive: {left[:3]}")
 
 
+@pytest.fixture(autouse=True)
+def threaded_tier():
+    """These are the threaded tier's reports (who waits at which barrier, the failing line, pdb): every launch
+    here runs threaded, however often its kernel ran before (``auto`` compiles a kernel launched again and
+    again, ``kernels/sim/tiers.py``); the compiled tier's errors are checked in ``tests/test_sim_tiers.py``."""
+    from pyflow.kernels import sim
+
+    with sim.configure(tier="threads"):
+        yield
+
+
 def raises_within_bound(error_type, launch, *args):
     start = time.monotonic()
     with pytest.raises(error_type) as info:

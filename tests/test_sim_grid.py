@@ -135,7 +135,7 @@ def count_resident(live, peak, out):
 def test_large_grid_without_grid_sync_runs_in_waves_of_coresident_blocks():
     from pyflow.kernels import sim
 
-    with sim.configure(multiprocessor_count=1, max_blocks_per_multiprocessor=3):
+    with sim.configure(multiprocessor_count=1, max_blocks_per_multiprocessor=3, tier="threads"):   # threads' waves
         assert count_resident.max_cooperative_grid_blocks(4) == 3
         live, peak, out = np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(40)
         count_resident[10, 4](live, peak, out)
@@ -153,9 +153,16 @@ def blocked_until_flag(started, flag):
 
 @sim_only
 def test_module_globals_keep_real_cuda_while_a_kernel_runs():
-    """Host code next to a running kernel must still see numba.cuda, not the fake module."""
+    """Host code next to a running kernel must still see numba.cuda, not the fake module (the threaded tier's)."""
+    from pyflow.kernels import sim
+
     started, flag = np.zeros(1), np.zeros(1)
-    runner = threading.Thread(target=lambda: blocked_until_flag[1, 2](started, flag), name="test-launcher")
+
+    def launch():
+        with sim.configure(tier="threads"):
+            blocked_until_flag[1, 2](started, flag)
+
+    runner = threading.Thread(target=launch, name="test-launcher")
     runner.start()
     try:
         deadline = time.monotonic() + 10
@@ -202,8 +209,11 @@ def read_uninitialised(out):
 
 @sim_only
 def test_uninitialised_shared_memory_is_garbage_not_zero():
+    from pyflow.kernels import sim
+
     out = np.zeros(1, dtype=np.uint32)
-    read_uninitialised[1, 1](out)
+    with sim.configure(tier="threads"):   # the threaded tier fills shared memory with 0xCD bytes
+        read_uninitialised[1, 1](out)
     assert out[0] == 0xCDCDCDCD
 
 

@@ -10,6 +10,7 @@ range naming block, thread and line, a hang); it stops on Ctrl-C; and the tier i
 from __future__ import annotations
 
 import _thread
+import re
 import threading
 
 import numba
@@ -303,13 +304,46 @@ def test_auto_compiles_a_launch_of_many_threads_at_once():
             x[i] += 3
 
     x = np.zeros(64)   # little work, but as many Python threads as BIG_THREADS in the threaded tier
-    assert run("auto", add_three, (tiers.BIG_THREADS // 32, 32), x) == "compiled"
     assert run("auto", add_three, (tiers.BIG_THREADS // 32 - 1, 32), x) == "threads"
-    np.testing.assert_array_equal(x, 6.0)
+    assert run("auto", add_three, (tiers.BIG_THREADS // 32, 32), x) == "compiled"
+    assert run("auto", add_three, (2, 32), x) == "compiled"   # its compiled code is ready: small launches use it
+    np.testing.assert_array_equal(x, 9.0)
+
+
+@jit
+def add_four(x):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        x[i] += 4
+
+
+def test_auto_compiles_a_small_kernel_at_its_nth_launch_with_the_same_argument_types(monkeypatch):
+    monkeypatch.setattr(tiers, "HOT_LAUNCHES", 4)   # the rule, with fewer threaded launches to wait for
+    x, counts = np.zeros(64), np.zeros(64, np.int32)
+    ran = [run("auto", add_four, (2, 32), x) for _ in range(tiers.HOT_LAUNCHES + 1)]
+    assert ran == ["threads"] * (tiers.HOT_LAUNCHES - 1) + ["compiled"] * 2
+    np.testing.assert_array_equal(x, 4.0 * (tiers.HOT_LAUNCHES + 1))
+    assert run("auto", add_four, (2, 32), counts) == "threads"   # other argument types: counted on their own
+    assert run("threads", add_four, (2, 32), x) == "threads"      # compiled code ready, but threads asked for
+
+
+@jit(debug=True)
+def debug_add_five(x):
+    x[cuda.grid(1)] += 5
+
+
+def test_debug_kernels_stay_threaded_however_often_they_are_launched(monkeypatch):
+    monkeypatch.setattr(tiers, "HOT_LAUNCHES", 4)
+    x = np.zeros(64)
+    assert {run("auto", debug_add_five, (2, 32), x) for _ in range(tiers.HOT_LAUNCHES + 2)} == {"threads"}
+    np.testing.assert_array_equal(x, 5.0 * (tiers.HOT_LAUNCHES + 2))
 
 
 def test_the_threads_setting_keeps_every_launch_threaded(monkeypatch):
     assert run("threads", add_one, (4, 32), np.zeros(tiers.BIG_WORK)) == "threads"
+    monkeypatch.setattr(tiers, "HOT_LAUNCHES", 4)
+    x = np.zeros(64)
+    assert {run("threads", add_one, (2, 32), x) for _ in range(tiers.HOT_LAUNCHES + 2)} == {"threads"}
     monkeypatch.setenv("PYFLOW_SIM_TIER", "threads")
     assert sim_settings._from_environment().tier == "threads"
     monkeypatch.setenv("PYFLOW_SIM_TIER", "fast")
@@ -413,4 +447,5 @@ def test_a_register_tiled_matmul_keeps_its_accumulators_on_the_stack():
         shape[0], cuda.to_device(b.reshape(-1)), shape[1], np.ones(1, np.int64), 5, 6, 7, 1)
     np.testing.assert_array_equal(out.copy_to_host(), a @ b)
     source = open(sim.explain(kernel).split("compiled (")[1].split(")")[0]).read()
-    assert "acc = cu_lo2_on_stack(); cu_rt.copy_array(acc, cu_lo2[cu_g])" in source
+    # the tile's sums, declared in the inlined device function make_matmul_tile (its names get a prefix)
+    assert re.search(r"(\w*acc) = (cu_lo\d+)_on_stack\(\); cu_rt.copy_array\(\1, \2\[cu_g\]\)", source)

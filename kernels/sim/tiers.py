@@ -27,13 +27,25 @@ interprets first and compiles what is worth compiling:
     compiled for a launch of at least ``BIG_WORK`` (its threads or its largest
     array's elements, whichever is more) or of ``BIG_THREADS`` simulated threads
     (each a Python thread in the other tier: a 128 x 8 @ 8 x 32 matmul launches
-    4,096 of them), and for a kernel whose launches so far add up to
-    ``HOT_WORK``; threaded otherwise: compiling costs about a second, which a
-    small launch does not repay (and the test suite launches thousands of small
-    kernels once or twice).  Always threaded: ``jit(debug=True)`` kernels and
-    kernels the compiled tier cannot take.  The rule counts work, not time, so
-    the same program takes the same tiers on any machine, loaded or not (the
-    tiers' float results may differ in the last bits: numba's math is not numpy's);
+    4,096 of them); for a kernel whose launches so far add up to ``HOT_WORK``, or
+    whose launch with these argument types is the ``HOT_LAUNCHES``-th; and for
+    any launch whose compiled code is ready in this process (an earlier launch
+    compiled it: nothing is left to pay).  Threaded otherwise.  A compile costs
+    0.1-1 s (numba without its disk cache, as in CI's clean clone), a small
+    threaded launch 10-15 ms, so a kernel repays its compile after some tens of
+    launches, as a training loop's kernels do (an SGD step of a tiny MLP: 65 times
+    cpu's time threaded, twice compiled), and a kernel launched a few times does
+    not.  ``HOT_LAUNCHES`` is 32, from the test suite: in its boxing and
+    simulator tests 20 (kernel, argument types) pairs reach 16 launches, 11 reach
+    32, and the launches past the 32nd are 95% of the threaded time past the 16th;
+    at 16, hypothesis's 20 examples of a barrier kernel paid its compile for
+    4 launches (``tests/test_sim_grid.py``: 5 s to 118 s).  Always threaded:
+    ``jit(debug=True)`` kernels and kernels the compiled tier cannot take.  The
+    rule counts work and launches, not time, so the same program takes the same
+    tiers on any machine, loaded or not (the tiers' float results may differ in
+    the last bits: numba's math is not numpy's); a test that needs the threaded
+    tier's checks (races, barrier tables, pdb) asks for ``threads``, not for a
+    small launch;
 ``threads``
     always threaded: the simulator as it was before the compiled tier;
 ``compiled``
@@ -51,13 +63,14 @@ import numpy as np
 
 from .compiled import CompiledKernel, Unsupported
 
-__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "compiled_for", "argument_key", "operation_work",
-           "explain"]
+__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "HOT_LAUNCHES", "compiled_for", "argument_key",
+           "operation_work", "explain"]
 
 TIERS = ("auto", "threads", "compiled")
 BIG_WORK = 1 << 15      # in auto: threads or array elements that make one launch worth compiling
 BIG_THREADS = 1 << 11   # in auto: simulated threads that make one launch worth compiling (each a Python thread)
 HOT_WORK = 1 << 19      # in auto: the work of a kernel's launches so far that makes it worth compiling
+HOT_LAUNCHES = 32       # in auto: launches of a kernel with the same argument types that make it worth compiling
 _operation = threading.local()   # .work: the operation the launches of this thread belong to (operation_work)
 
 
@@ -98,11 +111,14 @@ def compiled_for(kernel, threads: int, args, settings):
     kernel.work_so_far = getattr(kernel, "work_so_far", 0) + work
     if settings.tier == "threads" or kernel.debug:
         return None
-    if settings.tier == "auto" and work < BIG_WORK and threads < BIG_THREADS and kernel.work_so_far < HOT_WORK:
-        return None
-    compiled = _compiled(kernel)
     key = argument_key(args, settings.boundscheck)
     by_key = kernel.__dict__.setdefault("_prepared_by_key", {})   # argument_key -> prepared launch, or None
+    launches = kernel.__dict__.setdefault("_launches_by_key", {})  # argument_key -> launches so far
+    launches[key] = launches.get(key, 0) + 1
+    if settings.tier == "auto" and key not in by_key and not _worth_compiling(work, threads, kernel.work_so_far,
+                                                                              launches[key]):
+        return None
+    compiled = _compiled(kernel)
     if key in by_key:
         found = by_key[key]
     else:
@@ -113,6 +129,17 @@ def compiled_for(kernel, threads: int, args, settings):
         if key is not None:
             by_key[key] = found
     return None if found is None else (compiled, found)
+
+
+def _worth_compiling(work: int, threads: int, work_so_far: int, launches: int) -> bool:
+    """``auto``'s rule for a launch whose compiled code is not prepared yet (the module docstring).
+
+    >>> _worth_compiling(64, 64, 64, 1), _worth_compiling(64, 64, 64 * HOT_LAUNCHES, HOT_LAUNCHES)
+    (False, True)
+    >>> _worth_compiling(BIG_WORK, 64, BIG_WORK, 1), _worth_compiling(64, BIG_THREADS, 64, 1)
+    (True, True)
+    """
+    return work >= BIG_WORK or threads >= BIG_THREADS or work_so_far >= HOT_WORK or launches >= HOT_LAUNCHES
 
 
 def argument_key(args, boundscheck: bool = True):
