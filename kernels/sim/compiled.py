@@ -231,6 +231,8 @@ class CompiledKernel:
             seen = (int(where[:, 0].sum()), tuple(where[:, 2]))
             if seen != last:   # a node run, or the next thread, in some range of blocks: progress
                 last, since = seen, now
+            elif _compiling(worker):   # numba compiling a function the launch calls first: not the kernel's time
+                since = now
             elif hang_timeout is not None and now - since > hang_timeout:
                 doing = _doing(worker)
                 stopped = workers.stop(future, cancel)
@@ -364,6 +366,17 @@ def _doing(worker: list) -> str:
         lines.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} {frame.f_code.co_name}")
         frame = frame.f_back
     return "; its worker was at " + " <- ".join(lines)
+
+
+def _compiling(worker: list) -> bool:
+    """Is the launch's worker thread inside numba's compiler (a function of the generated module or the
+    grid machine compiled at its first call: seconds on a loaded machine, and no hang)?"""
+    frame = sys._current_frames().get(worker[0]) if worker else None
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith(("numba.core.", "llvmlite.")):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _coords(linear, dims) -> tuple:
