@@ -43,11 +43,9 @@ from pyflow.errors import DistributedError, RankAbortedError
 __all__ = ["CommNet", "Operation", "mpi", "pack", "unpack"]
 
 _IDLE_SECONDS = 0.02    # the thread's poll period with nothing in flight
-_SPIN_SECONDS = 0.001   # after progress, poll this long, yielding the core between polls (a peer may need it);
-#                         short: a rank's peer is usually still computing, and on a machine with as many cores
-#                         as ranks a longer spin takes the core that peer (or this rank's own VM) computes on
+_SPIN_SECONDS = 0.02    # after progress, poll this long, yielding the core between polls (a peer may need it)
 _NAP_SECONDS = 0.0005   # ... then sleep this long between polls
-_LINGER_SECONDS = 0.0005  # with nothing in flight, keep polling this long before blocking on the inbox
+_LINGER_SECONDS = 0.002  # with nothing in flight, keep polling this long before blocking on the inbox
 _CHORE_SECONDS = 0.001  # while operations are in flight, serve the control channel this often (not every poll)
 _WATCH_SECONDS = 0.05   # how often the watchdog looks at the operations in flight
 
