@@ -109,7 +109,7 @@ class Runtime:
         self._next_call = 0
         self._lock = threading.Lock()
         self.changed, self.notifications = threading.Condition(), 0   # a waiting caller's wake-ups (``_notify``)
-        self._progress, self._callbacks, self._exited = time.monotonic(), 0, 0
+        self._progress, self._callbacks, self._exited = time.perf_counter(), 0, 0
         self._all_built, self._all_exited = threading.Event(), threading.Event()
         self.regst_mgr = RegstMgr(self.plan, [t.task_id for t in mine], self.rank)
         self.frontier = frontier_tasks(self.plan, mine)   # see call.py: what a call must issue before returning
@@ -171,7 +171,7 @@ class Runtime:
             if handle.started:
                 return
             handle.started = True
-            self._progress = time.monotonic()
+            self._progress = time.perf_counter()
         self.bus.send(cmd_msg(self.source_id, "launch", handle.index))
 
     def launch(self, inputs) -> CallHandle:
@@ -209,7 +209,7 @@ class Runtime:
     def activity(self) -> tuple:
         """(calls in flight?, seconds since an actor last acted, device work pending?): the watchdog's view."""
         with self._lock:
-            return (any(h.started for h in self._calls.values()), time.monotonic() - self._progress,
+            return (any(h.started for h in self._calls.values()), time.perf_counter() - self._progress,
                     self._callbacks > 0)
 
     # --- what actors report -----------------------------------------------------------------------
@@ -225,7 +225,7 @@ class Runtime:
     def on_actor_exit(self, actor) -> None:
         with self._lock:
             self._exited += 1
-            self._progress = time.monotonic()
+            self._progress = time.perf_counter()
             if self._exited != self._task_count:
                 return
             self._all_exited.set()
@@ -234,7 +234,7 @@ class Runtime:
     def record_act(self, actor, piece: tuple, start: float, end: float, consumed: list, produced: list) -> None:
         """An actor acted: progress for the watchdog, the call's frontier, a record for the timeline and for
         ``flow.trace()``."""
-        self._progress = time.monotonic()
+        self._progress = end   # (the acts' clock is perf_counter, as is every _progress: no call per act)
         if actor.actor_id in self.frontier and actor.acts == (piece[0] + 1) * actor.acts_per_call:
             with self._lock:   # its last act of this call: its ops on the caller's memory are issued
                 handle = self._calls.get(piece[0])
@@ -263,7 +263,7 @@ class Runtime:
     def callback_finished(self) -> None:
         with self._lock:
             self._callbacks -= 1
-            self._progress = time.monotonic()
+            self._progress = time.perf_counter()
 
     def fail_from_device(self, actor, failure) -> None:
         """A kernel an act issued failed (seen by its device callback)."""

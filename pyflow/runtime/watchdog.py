@@ -117,14 +117,14 @@ def wait_until(runtime, predicate, what: str) -> None:
     """Block until ``predicate()`` (read under ``runtime.changed``, which every change it may depend on
     notifies); raise the runtime's error if it stopped, or stop it with a ``RuntimeHangError`` naming ``what``
     if no actor acted for ``runtime.hang_timeout`` seconds while no device work was pending."""
-    started, mark = time.monotonic(), vm_mark(runtime)
+    started, mark = time.perf_counter(), vm_mark(runtime)
     with runtime.changed:
         while not predicate():
             if runtime.error is not None:
                 raise runtime.error
             if vm_mark(runtime) != mark:     # the VM moved: progress too
-                started, mark = time.monotonic(), vm_mark(runtime)
-            idle = time.monotonic() - max(runtime._progress, started)   # _progress: when an actor last acted
+                started, mark = time.perf_counter(), vm_mark(runtime)
+            idle = time.perf_counter() - max(runtime._progress, started)   # _progress: when an actor last acted
             if idle < runtime.hang_timeout:     # wake at a notify, or when the hang timeout would be reached
                 timeout = runtime.hang_timeout - idle
             elif runtime._callbacks > 0:        # device work pending (a long kernel is no hang): look again later
@@ -159,14 +159,14 @@ class Watchdog:
     def _watch(self) -> None:
         runtime = self.runtime
         interval = max(min(1.0, runtime.hang_timeout / 4), 0.01)
-        mark, moved = vm_mark(runtime), time.monotonic()
+        mark, moved = vm_mark(runtime), time.perf_counter()
         while not self._stop.wait(interval):
             if runtime.error is not None:
                 return
             if vm_mark(runtime) != mark:     # the VM moved: progress too
-                mark, moved = vm_mark(runtime), time.monotonic()
+                mark, moved = vm_mark(runtime), time.perf_counter()
             busy, idle, device_work = runtime.activity()
-            idle = min(idle, time.monotonic() - moved)
+            idle = min(idle, time.perf_counter() - moved)
             if device_work or idle <= runtime.hang_timeout:
                 continue
             what = "running calls" if busy else handovers_pending(runtime)   # (the module docstring's hand-overs)

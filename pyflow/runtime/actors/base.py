@@ -121,6 +121,8 @@ class Actor:
         self.process_msg = self.handler_plain if plain else self.handler_normal
         # an act that issues no VM instruction runs without the timeline's issuer (``Runtime.quiet``)
         self.quiet = self.actor_id in runtime.quiet
+        # and calls its task's act itself, ``(ins, outs, j, call) -> results``, not through the runtime's table
+        self.quiet_act = runtime._act_fn.acts[task.task_id] if self.quiet else None   # (``act.act_table``)
 
     # --- messages ---------------------------------------------------------------------------
 
@@ -282,8 +284,9 @@ class Actor:
             outs.append(slot.current.tensor)
         start = time.perf_counter()
         try:
-            act_fn = self.runtime._act_fn if self.quiet else self.runtime.act_fn
-            results = act_fn(self.plan, self.task, ins, outs, j, call)
+            quiet_act = self.quiet_act
+            results = (quiet_act(ins, outs, j, call) if quiet_act is not None
+                       else self.runtime.act_fn(self.plan, self.task, ins, outs, j, call))
         except Exception as error:
             raise OpError(f"actor {self.actor_id} ({self.kind} actor of op {self.op_name!r}, task kind "
                           f"{self.task.kind}) failed at piece {(n, j)}: {type(error).__name__}: {error}",
