@@ -198,3 +198,35 @@ def test_a_second_ctrl_c_at_exit_abandons_the_queued_work_and_exits_130():
     assert status == 130, stderr
     assert ended - sent < 20   # far above the expected fraction of a second
     assert "KeyboardInterrupt" in stderr and "abandoned" in stderr
+
+
+def test_ctrl_c_that_the_os_gives_another_thread_still_reaches_a_waiting_graph_caller(monkeypatch):
+    """The OS may deliver a process's SIGINT to any thread that does not block it; then CPython only sets a flag
+    that the main thread reads when it runs again.  The main thread here blocks SIGINT, so an actor thread gets
+    it: the caller, waiting for its call, still raises within the bound (it used to sleep out the hang timeout)."""
+    monkeypatch.setenv("PYFLOW_HANG_TIMEOUT", "30")
+    armed, release, sent = threading.Event(), threading.Event(), []
+
+    class G(nn.Graph):
+        def build(self, x):
+            return (x * 2.0).relu() + 1.0
+
+    def stuck_relu(plan, task, ins, outs, j, call):
+        if plan.op_attrs[task.op_name][0] == "relu" and armed.is_set() and not release.is_set():
+            sent.append(_ctrl_c())
+            release.wait(60)
+        return act(plan, task, ins, outs, j, call)
+
+    g = G()
+    g.act_fn = stuck_relu
+    np.testing.assert_array_equal(g(flow.ones(2, 2)).numpy(), np.full((2, 2), 3.0, np.float32))   # threads made
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})   # (threads made from now on would block it too)
+    try:
+        armed.set()
+        with pytest.raises(KeyboardInterrupt):
+            g(flow.ones(2, 2))
+        assert sent and time.monotonic() - sent[0] < BOUND
+    finally:
+        release.set()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    g.act_fn = None

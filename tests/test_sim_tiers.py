@@ -23,7 +23,8 @@ from pyflow.errors import DeadlockError, DivergentBarrierError, GridSyncExitErro
 from pyflow.kernels.backend import cuda, is_simulator
 from pyflow.kernels.jit import jit
 
-pytestmark = pytest.mark.skipif(not is_simulator(), reason="the simulator's tiers exist only without a GPU")
+pytestmark = [pytest.mark.skipif(not is_simulator(), reason="the simulator's tiers exist only without a GPU"),
+              pytest.mark.hot_launches]   # the tier rule as users get it (tests/conftest.py)
 
 if is_simulator():
     import importlib

@@ -113,6 +113,13 @@ def vm_mark(runtime):
     return (vm.launched, vm.engine.released) if vm is not None else None
 
 
+_SIGNAL_LOOK = 0.25   # seconds: how often a caller waiting on the main thread looks for a pending Ctrl-C
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 def wait_until(runtime, predicate, what: str) -> None:
     """Block until ``predicate()`` (read under ``runtime.changed``, which every change it may depend on
     notifies); raise the runtime's error if it stopped, or stop it with a ``RuntimeHangError`` naming ``what``
@@ -132,7 +139,9 @@ def wait_until(runtime, predicate, what: str) -> None:
             else:
                 error = RuntimeHangError(hang_report(runtime, idle, what))
                 break
-            runtime.changed.wait(min(max(timeout, 0.01), 3600.0))   # (a bounded wait: the timeout may be inf)
+            # a bounded wait (the timeout may be inf); on the main thread a short one: a Ctrl-C that the OS gave
+            # another thread only sets a flag, which the main thread reads when it runs again
+            runtime.changed.wait(min(max(timeout, 0.01), _SIGNAL_LOOK if _on_main_thread() else 3600.0))
         else:
             return
     runtime.fail(error)
