@@ -6,7 +6,9 @@ what the count tests of the actor runtime (issue 31) measure a compiled call aga
   (the actors on the caller's thread, so cProfile sees all of its work), both already called twice with equal
   losses (the first graph call compiles, the second prepares each task's first act);
 * ``profiled(step, calls)`` -> the ``pstats.Stats`` of ``calls`` calls of ``step``;
-* ``calls_of(stats, file_end, name)`` -> how many calls of function ``name`` of a file ending in ``file_end``.
+* ``calls_of(stats, file_end, name)`` -> how many calls of function ``name`` of a file ending in ``file_end``;
+* ``assert_trains_like_eager(g, model, eager_model, eager_opt, loss_fn, data)``: ``g``'s loss on each ``(x, y)``
+  equals the same step's eagerly, bit for bit, and so do the parameters after the last step.
 """
 
 from __future__ import annotations
@@ -75,3 +77,15 @@ def profiled(step, calls: int) -> pstats.Stats:
 def calls_of(stats: pstats.Stats, file_end: str, name: str) -> int:
     return sum(entry[1] for (file, _, function), entry in stats.stats.items()
                if file.endswith(file_end) and function == name)
+
+
+def assert_trains_like_eager(g, model, eager_model, eager_opt, loss_fn, data) -> None:
+    for x, y in data:
+        got = g(x, y).numpy()
+        eager_opt.zero_grad()
+        loss = loss_fn(eager_model(x), y)
+        loss.backward()
+        eager_opt.step()
+        np.testing.assert_array_equal(got, loss.numpy())
+    for p, q in zip(model.parameters(), eager_model.parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())

@@ -23,6 +23,7 @@ import pyflow as flow
 from pyflow import nn
 from pyflow.runtime import Runtime
 from pyflow.runtime.pipeline import linear_pipeline_plan
+from tests.helpers_training import assert_trains_like_eager
 
 
 OUTPUT_COPY = 1   # the output task's value for the caller: a fresh tensor, one ``contiguous`` (clone) per call
@@ -104,15 +105,7 @@ def test_a_training_step_copies_no_view_records_no_autograd_and_equals_eager(exe
              flow.tensor(rng.integers(0, 3, size=4).astype(np.int64))) for _ in range(3)]
     g, model, _, _ = _train_step(executor)
     _, eager_model, eager_opt, loss_fn = _train_step("sequential")
-    for x, y in data:
-        got = g(x, y).numpy()
-        eager_opt.zero_grad()
-        loss = loss_fn(eager_model(x), y)
-        loss.backward()
-        eager_opt.step()
-        np.testing.assert_array_equal(got, loss.numpy())
-    for p, q in zip(model.parameters(), eager_model.parameters()):
-        np.testing.assert_array_equal(p.numpy(), q.numpy())
+    assert_trains_like_eager(g, model, eager_model, eager_opt, loss_fn, data)
     if executor is None:
         return   # (the actor threads' instructions are not this thread's to trace)
     views = [t for t in g.plan.tasks.values() if t.op_type == "view"]

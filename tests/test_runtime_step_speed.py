@@ -20,6 +20,7 @@ from pyflow import nn
 from pyflow.runtime.act import make_act
 from pyflow.runtime.call import CallContext
 from pyflow.runtime.timeline import ActRecord
+from tests.helpers_training import assert_trains_like_eager
 
 
 class _Train(nn.Graph):
@@ -99,15 +100,7 @@ def test_kept_views_see_every_update_of_their_parameters(widths, seed, executor)
     g = _Train(model, opt, loss_fn)
     g.executor = executor
     eager_model, eager_opt, _ = _mlp(widths, seed)
-    for x, y in data:
-        got = g(x, y).numpy()
-        eager_opt.zero_grad()
-        loss = loss_fn(eager_model(x), y)
-        loss.backward()
-        eager_opt.step()
-        np.testing.assert_array_equal(got, loss.numpy())
-    for p, q in zip(model.parameters(), eager_model.parameters()):
-        np.testing.assert_array_equal(p.numpy(), q.numpy())
+    assert_trains_like_eager(g, model, eager_model, eager_opt, loss_fn, data)
 
 
 def test_recording_an_act_makes_no_act_record_until_the_timeline_is_read(monkeypatch):
