@@ -177,31 +177,19 @@ def test_three_siblings_share_fewer_groups_when_the_grid_is_small(blocks):
     np.testing.assert_array_equal(compiled(*args), want)     # with 2 blocks, group 0 runs calls 0 and 2
 
 
-def _wrong_without(program, args, good, sites, blocks: int) -> int:
-    """How many of 4 shuffled simulator runs of ``program`` compiled without the barriers at ``sites`` give
-    other values than ``good``."""
-    wrong = 0
-    for seed in range(4):
-        with sim.configure(seed=seed, start_order="shuffle"):
+def _first_wrong_seed(program, args, good, sites, blocks: int, tries: int = 32):
+    """The first seed of up to ``tries`` shuffled threaded runs of ``program`` compiled without the barriers at
+    ``sites`` that gives other values than ``good``; None if every run gave ``good``.
+
+    Whether a missing barrier shows is up to when the OS switches the blocks' threads: in a fresh process the
+    first few runs often give the right values (CI saw 0 of 4 wrong; here 2 of 30 fresh starts did), later ones
+    almost always the wrong ones, so the check runs until one is wrong, not a fixed few times."""
+    for seed in range(tries):
+        with sim.configure(seed=seed, start_order="shuffle", tier="threads"):
             broken = Compiled(program, "compiled", Options(threads=2, blocks=blocks), drop_barriers=frozenset(sites))
-            wrong += not np.array_equal(broken(*args), good)
-    return wrong
-
-
-def test_the_critical_path_shrinks_on_a_balanced_tree():
-    rng = np.random.default_rng(1)
-    args = tree_args(*balanced(8), 4, rng)
-    program = ck.trace(tree_program(4), *args, chunk=2, tile=2)
-    unrolled = unroll_recursion(program).program
-    barriers = {}
-    for name, prog in (("original", program), ("unrolled", unrolled)):
-        compiled = ck.compile(prog, mode="compiled", threads=2, blocks=4)
-        compiled(*args)
-        barriers[name] = compiled.last_stats.barriers
-    # block 0 walks only the left subtree (3 of the 7 inner nodes' frames, 4 of 8 leaves)
-    assert barriers["unrolled"] < 0.6 * barriers["original"], barriers
-    grid = ck.compile(unrolled, mode="compiled", threads=2).kernels[0]
-    assert grid.max_utasks == 2 * grid.max_utasks // 2 >= 4   # blocks=None: room for both groups' uTasks
+            if not np.array_equal(broken(*args), good):
+                return seed
+    return None
 
 
 @SIMULATED_BLOCK_ORDER   # a mutation check: only the simulator starts blocks in the orders that expose it
@@ -214,8 +202,8 @@ def test_removing_a_group_barrier_breaks_the_result():
     inside = {id(s) for f in program.functions[1:] for s in walk(f.body)}
     sites = [k for k in kernel.writer.barrier_sites if isinstance(k, int) and k in inside]
     assert sites and "group_barrier(status, gslot1, gblocks1)  # before" in kernel.source
-    assert _wrong_without(program, args, good, sites, blocks=4), \
-        "dropping the group barriers inside the subtrees went unnoticed"
+    assert _first_wrong_seed(program, args, good, sites, blocks=4) is not None, \
+        "dropping the group barriers inside the subtrees went unnoticed in 32 runs"
 
 
 # ---- the stack, errors, what is not unrolled -------------------------------------------------
