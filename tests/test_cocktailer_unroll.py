@@ -346,8 +346,8 @@ def test_removing_the_group_barriers_of_a_nested_lane_breaks_the_result():
     inside = {id(s) for lane in lanes for s in walk(lane.body)}
     sites = [k for k in kernel.writer.barrier_sites if isinstance(k, int) and k in inside]
     assert sites and "group_barrier(status, gslot1, gblocks1)  # before" in kernel.source
-    assert _wrong_without(program, args, good, sites, blocks=8), \
-        "dropping the group barriers of the unrolled lanes went unnoticed"
+    assert _first_wrong_seed(program, args, good, sites, blocks=8) is not None, \
+        "dropping the group barriers of the unrolled lanes went unnoticed in 32 runs"
 
 
 @pytest.mark.parametrize("blocks", [1, 3, 8])
