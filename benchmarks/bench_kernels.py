@@ -369,7 +369,7 @@ class Bench:
             bw = 2 * side * side * 4 / stat.best
             self.out(f"   {'relu(x.T)':<10}{side * side * 4 / MB:>10.3g} {ms(stat)} {bw / 1e9:8.1f} "
                      f"{copy_bw / 1e9:10.1f} {bw / copy_bw:6.2f} {stat.host * 1e6:8.1f}  (strided kernel)")
-            del xs, out, tx, tout, square, dense
+            xs = out = tx = tout = square = dense = None   # free the device arrays before the next size
         self.out(f"   worst contiguous op / copy = {worst:.2f} ({self._verdict(worst >= BANDWIDTH_TARGET)} the "
                  f">= {BANDWIDTH_TARGET:.2f} target)")
 
@@ -446,7 +446,7 @@ class Bench:
                 worst = max(worst, ratio)
                 err = float(np.abs(out.copy_to_host() - tout.cpu().numpy()).max() / np.abs(tout.cpu().numpy()).max())
                 row += f" {tstat.best * 1e3:11.3f} {flops / tstat.best / 1e12:8.2f} {ratio:11.2f}"
-                del ta, tb, tout
+                ta = tb = tout = None   # free the device arrays before the next size
             else:
                 err = float(np.abs(out.copy_to_host() - ha @ hb).max() / np.abs(ha @ hb).max())
                 row += f" {'':>11} {'':>8} {'':>11}"
@@ -455,13 +455,13 @@ class Bench:
                 cout = cp.empty((n, n), dtype=cp.float32)
                 cstat = measure(lambda: cp.matmul(ca, cb, out=cout), CupyEventTimer(cp), self.sizes)
                 row += f" {cstat.best * 1e3:9.3f} {stat.best / cstat.best:7.2f}"
-                del ca, cb, cout
+                ca = cb = cout = None   # free the device arrays before the next size
             else:
                 row += f" {'':>9} {'':>7}"
             if err > 1e-3:
                 raise AssertionError(f"matmul {n}: max relative error {err:.2e} against the reference")
             self.out(row + f" {err:12.1e}")
-            del a, b, out
+            a = b = out = None   # free the device arrays before the next size
         if self.torch is not None:
             self.out(f"   worst pyflow/{t} = {worst:.2f} ({self._verdict(worst <= MATMUL_TARGET)} the "
                      f"<= {MATMUL_TARGET:g}x target)")

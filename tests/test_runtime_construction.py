@@ -88,3 +88,17 @@ def test_an_interrupted_or_failed_construction_leaves_no_actor_thread(monkeypatc
     with Runtime(linear_pipeline_plan(["a", "b", "c"]), name=name) as runtime:   # and a new one works
         runtime.launch([]).result()
     assert not _gone(name)
+
+
+def test_a_task_whose_act_cannot_be_made_raises_its_own_error_when_it_acts(monkeypatch):
+    """``make_act`` defers a failure to the act (the runtime names the actor then): the act raises the error
+    ``_make_act`` raised, not a NameError (Python unbinds an ``except ... as`` name when its block ends)."""
+    from pyflow.runtime import act as act_module
+
+    def refuse(plan, task):
+        raise ValueError("no kernel for this task")
+
+    monkeypatch.setattr(act_module, "_make_act", refuse)
+    deferred = act_module.make_act(None, None)
+    with pytest.raises(ValueError, match="no kernel for this task"):
+        deferred({}, [], 0, None)

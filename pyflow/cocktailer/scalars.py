@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:   # ir imports this module: the name is for readers and type checkers only
+    from .ir import TensorRef
 
 __all__ = ["Scalar", "Const", "Var", "Load", "BinOp", "as_scalar", "is_int_scalar", "scalar_loads", "scalar_vars",
            "py_op"]

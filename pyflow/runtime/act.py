@@ -125,8 +125,10 @@ def make_act(plan, task):
     try:
         return _make_act(plan, task)
     except Exception as error:  # noqa: BLE001 - raised by the act, as before acts were made up front
+        failed = error   # Python unbinds ``error`` when the except block ends: the act keeps its own name
+
         def failing(ins, outs, j, call):
-            raise error
+            raise failed
         return failing
 
 
