@@ -7,18 +7,33 @@ the typing step its "shadow" (``shadow_types.py``), into the cache directory
 module's name is made from a hash of its text, so the same text is the same file in
 every run and every process: numba's ``cache=True`` keeps the machine code beside it
 between runs, and a student can open the file a launch ran.
+
+The directory is bounded (``PYFLOW_SIM_CACHE_MB``, default 2048): every new kernel text
+is a new module, and property tests make thousands (one developer's cache reached 3 GB
+and 120,000 files).  The first time a process writes a module, and the cache was not
+looked at in the last hour (``.last-trim``: reading 120,000 files' sizes takes seconds),
+``trim`` deletes the oldest-written modules and numba's files for them until the cache
+is under 80% of its bound; a module written in the last hour stays (another process
+may be running it).
+A deleted module is written and compiled again when a launch needs it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import sys
 import tempfile
 import threading
+import time
 
-__all__ = ["cache_dir", "load_module"]
+__all__ = ["cache_dir", "load_module", "trim"]
+
+_PREFIX = "pyflow_sim_"
+_KEEP_SECONDS = 3600.0   # trim never deletes a module written more recently (another process may run it)
+_trimmed = False         # trim runs once per process, at its first write
 
 
 def cache_dir() -> str:
@@ -45,6 +60,7 @@ def load_module(source: str, stem: str):
         return found
     path = os.path.join(cache_dir(), name + ".py")
     if not os.path.exists(path):
+        _trim_once()
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "w") as f:
             f.write(source)
@@ -58,3 +74,57 @@ def load_module(source: str, stem: str):
         del sys.modules[name]
         raise
     return module
+
+
+def _trim_once() -> None:
+    global _trimmed
+    if not _trimmed:
+        _trimmed = True
+        try:
+            folder = cache_dir()
+            marker = os.path.join(folder, ".last-trim")   # its time: when a process last looked (at most hourly)
+            if os.path.exists(marker) and time.time() - os.path.getmtime(marker) < _KEEP_SECONDS:
+                return
+            open(marker, "w").close()
+            limit_mb = float(os.environ.get("PYFLOW_SIM_CACHE_MB", "2048"))
+            trim(folder, int(limit_mb * (1 << 20)))
+        except (OSError, ValueError):   # a cache that cannot be trimmed still serves
+            pass
+
+
+def trim(directory: str, limit_bytes: int, now: float | None = None) -> list:
+    """Delete the oldest-written modules of ``directory`` (and numba's ``__pycache__`` files for them) until it
+    holds under 80% of ``limit_bytes``; nothing if it holds less than ``limit_bytes``.  Modules written within
+    the last hour before ``now`` stay.  The names of the modules deleted, oldest first.
+
+    Oldest written, not least recently used: a module's modification time is the one stamp a load may not
+    change (numba's cache checks it and would compile again).
+    """
+    now = time.time() if now is None else now
+    modules = {}   # module name -> [bytes, when written, files]
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.startswith(_PREFIX) and entry.name.endswith(".py"):
+                stat = entry.stat()
+                modules[entry.name[:-3]] = [stat.st_size, stat.st_mtime, [entry.path]]
+    pycache = os.path.join(directory, "__pycache__")
+    if os.path.isdir(pycache):
+        with os.scandir(pycache) as entries:
+            for entry in entries:
+                owner = modules.get(entry.name.split(".", 1)[0])
+                if owner is not None:
+                    owner[0] += entry.stat().st_size
+                    owner[2].append(entry.path)
+    total = sum(size for size, _, _ in modules.values())
+    if total <= limit_bytes:
+        return []
+    deleted = []
+    for name, (size, written, files) in sorted(modules.items(), key=lambda item: item[1][1]):
+        if total <= 0.8 * limit_bytes or now - written < _KEEP_SECONDS:
+            break
+        for path in files:
+            with contextlib.suppress(FileNotFoundError):   # another process trimming too
+                os.remove(path)
+        total -= size
+        deleted.append(name)
+    return deleted
