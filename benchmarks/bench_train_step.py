@@ -18,8 +18,9 @@ Its last section asks whether compiling pays off: the training step of an MLP of
 -> 10) and of an MLP 784 -> 256 -> 10 as a compiled ``nn.Graph`` against the same step eager (the steps
 alternate, so the machine's load hits both alike), the same Plan on the sequential interpreter (no
 actors: what the Plan itself costs), the Python calls one graph call and one eager step make (cProfile),
-and the actor runtime's own rate: acts per second of a 16-stage pipeline Plan whose acts cost nothing (the
-best of three runs).  It prints ratios only; nothing is asserted about times.
+the VM instructions each has run (``flow.trace()``: an act's ops keep their stream's order, so the VM
+fuses a run of them into one instruction), and the actor runtime's own rate: acts per second of a 16-stage
+pipeline Plan whose acts cost nothing (the best of three runs).  It prints ratios only; nothing is asserted about times.
 
     python benchmarks/bench_train_step.py [--steps 50] [--warmup 10] [--batch 64] [--hidden 128] [--graph-only]
 """
@@ -234,6 +235,19 @@ def python_calls_per_graph_call(graph, x, y, calls: int = 5) -> tuple[int, int]:
     return pstats.Stats(profile).total_calls // calls, len(graph.plan.tasks)
 
 
+def vm_instructions_per_step(step, calls: int = 3) -> int:
+    """VM instructions one ``step()`` (a graph call or an eager step, ending with ``loss.item()``) had run, as
+    ``flow.trace()`` records them: a fused run of in-order ops counts once, as the VM schedules, dispatches and
+    releases it once (the actors' own records, "act ...", are not instructions)."""
+    step()
+    counts = []
+    for _ in range(calls):
+        with flow.trace() as tracer:
+            step()
+        counts.append(sum(1 for r in tracer.records if not r.stream.startswith("actor ")))
+    return min(counts)
+
+
 def zero_cost_acts_per_second(calls: int = 300, stages: int = 16) -> dict[str, float]:
     """Acts per second of the actor runtime itself: a hand-made linear pipeline Plan (``pipeline.py``) of
     ``stages`` tick tasks whose acts cost nothing, run deterministically (every actor on one thread, the
@@ -266,7 +280,7 @@ def graph_report(steps: int, batch: int) -> None:
     print(f"\nnn.Graph vs eager, one training step (batch {batch}, SGD momentum, each step ends with loss.item()), "
           f"median of {steps} steps")
     print(f"  {'model':16} {'graph ms':>9} {'eager ms':>9} {'graph/eager':>12} {'sequential/eager':>17} {'tasks':>6} "
-          f"{'Python calls: graph call':>25} {'eager step':>11}")
+          f"{'Python calls: graph call':>25} {'eager step':>11} {'VM instructions: graph / eager':>31}")
     for case in GRAPH_CASES:
         graph_times, sequential_times, eager_times, graph, eager_step = graph_and_eager_steps(case, batch, steps)
         g_ms, e_ms = statistics.median(graph_times) * 1e3, statistics.median(eager_times) * 1e3
@@ -276,12 +290,15 @@ def graph_report(steps: int, batch: int) -> None:
         y = flow.tensor(rng.integers(0, case[3], size=batch).astype(np.int64))
         calls, tasks = python_calls_per_graph_call(graph, x, y)
         eager_calls = python_calls_per_eager_step(eager_step, x, y)
+        g_vm = vm_instructions_per_step(lambda: graph(x, y).item())
+        e_vm = vm_instructions_per_step(lambda: eager_step(x, y))
         graph._close_runtime()
         print(f"  {case[0]:16} {g_ms:9.2f} {e_ms:9.2f} {g_ms / e_ms:12.2f} {s_ms / e_ms:17.2f} {tasks:6} {calls:25,} "
-              f"{eager_calls:11,}")
+              f"{eager_calls:11,} {f'{g_vm} / {e_vm}':>31}")
     print("  (targets: graph/eager <= 0.8, stretch 0.5; sequential: the same Plan on the sequential interpreter, no "
           "actors: the floor the runtime can reach;\n   Python calls counted by cProfile with the graph's actors "
-          "on the caller's thread, executor='deterministic', and the eager step's on the same thread)")
+          "on the caller's thread, executor='deterministic', and the eager step's on the same thread;\n   VM "
+          "instructions: those flow.trace() records per step, a fused run of in-order ops once)")
     for mode, rate in zero_cost_acts_per_second().items():
         print(f"  actor runtime, zero-cost acts, {mode:28}: {rate:10,.0f} acts/s  (target >= 100,000 on one thread)")
 

@@ -42,7 +42,10 @@ def _instructions(g, *xs) -> collections.Counter:
     """The VM instructions of one call of ``g`` (made on this thread: sequential or deterministic)."""
     with flow.trace() as tracer:
         g(*xs).numpy()
-    return collections.Counter(r.name for r in tracer.records)
+    # (the VM fuses consecutive in-order ops, an act's among them: "fuse[a,b]" counts as a and b)
+    return collections.Counter(name for r in tracer.records
+                               for name in (r.name[len("fuse["):-1].split(",") if r.name.startswith("fuse[")
+                                            else [r.name]))
 
 
 @pytest.mark.parametrize("executor", ["sequential", "deterministic"])
@@ -117,7 +120,7 @@ def test_a_training_step_copies_no_view_records_no_autograd_and_equals_eager(exe
     # transposed gradient (they copy in eager too), out of 27 view tasks
     assert counts["contiguous"] <= OUTPUT_COPY + 3 < len(views) and counts["index_add"] == 0, counts
     if executor == "sequential":   # (the actor runtime adds its own callbacks: an access per act)
-        assert sum(counts.values()) <= 60, counts   # 125 before
+        assert sum(counts.values()) <= 65, counts   # 125 before (each op of a fused run counted since)
 
 
 def test_zero_cost_acts_make_few_python_calls():

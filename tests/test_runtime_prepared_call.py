@@ -5,7 +5,8 @@ signature look-up per act: ``act.PreparedOpCall``), with values bit for bit thos
 a depth-8 MLP as a graph then makes fewer Python calls than the same step eager; a prepared call whose inputs
 do not have the signature it was prepared for issues nothing and leaves the op to ``apply``; an input that
 overlaps the memory an op writes is still copied first, however often its layout repeats; an actor thread's
-poll loop hands a message to its actor without a call of its own.
+poll loop hands a message to its actor without a call of its own; a fed value new at every call (the step
+count) is filled without ``apply``; an act's ops keep their stream's order, so the VM fuses runs of them.
 """
 
 from __future__ import annotations
@@ -89,3 +90,48 @@ def test_an_actor_thread_hands_a_message_to_its_actor_without_a_call_of_its_own(
         threading.setprofile(None)
     actor_threads = {name: n for name, n in handled.items() if name.startswith("pyflow-actor")}
     assert actor_threads and sum(actor_threads.values()) <= len(plan.tasks), handled   # one per construct
+
+
+def test_a_fed_value_new_at_every_call_is_filled_without_apply():
+    """The optimizer's step count, a feed with a new value at every call, is filled through the first call's
+    prepared ``fill`` with its own value (``act._refill``), as the learning rate is: no ``fill_`` through
+    ``apply`` per call, and the step variable holds this call's count."""
+    graph_step, eager_step, g, (model, eager) = training_steps(6, [8], 3, seed=3)
+    losses = []
+    stats = profiled(lambda: losses.append(graph_step()), 4)
+    assert calls_of(stats, "inplace.py", "fill_") == 0   # 4 before: the step count's, at every call
+    for loss in losses:
+        np.testing.assert_array_equal(loss, eager_step())
+    steps = [t for t, _ in g.job.feeds if t.dtype == flow.int64]
+    assert len(steps) == 1 and steps[0].item() == g._optimizers[0][0]._graph_steps == 6
+    for p, q in zip(model.parameters(), eager.parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+
+
+def test_an_acts_ops_keep_their_streams_order_so_the_vm_fuses_runs_of_them():
+    """A prepared act's OpCall is in its stream's order (``sequential``): with the VM's scheduler held while a call
+    issues, its acts' ops are fused into a few instructions (each one dispatch, one run, one release), and the
+    call's loss and parameters still equal eager's bit for bit."""
+    graph_step, eager_step, g, (model, eager) = training_steps(5, [8, 8], 3, seed=5)
+    runtime = Runtime(g.plan, g.job, deterministic=True, max_calls_in_flight=1)
+    try:
+        x, y = (flow.tensor(a) for a in _batch(5, 3, seed=5))
+        runtime.launch([x, y]).result()   # each task's first act (through apply), then prepared ones
+        vm = flow.vm.get_vm()
+        with flow.trace() as tracer:
+            with vm._schedule_lock:   # every instruction of the call waits in the VM's pending list
+                (loss,) = runtime.launch([x, y]).result()
+            loss.numpy()
+    finally:
+        runtime.close()
+    fused = [r for r in tracer.records if r.name.startswith("fuse[")]
+    compute = sum(1 for t in g.plan.tasks.values() if t.kind == "compute" and t.op_type != "view")
+    assert sum(r.count for r in fused) >= compute - 4, (compute, [r.name for r in tracer.records])
+    assert len(fused) <= compute // 5, [r.name for r in fused]   # (the engine fuses up to 10 at a time)
+    assert any("matmul" in r.name for r in fused)
+
+
+def _batch(features: int, classes: int, seed: int):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((4, features)).astype(np.float32),
+            rng.integers(0, classes, size=4).astype(np.int64))

@@ -356,10 +356,12 @@ def copy_overlapping_inputs(op, inputs: list, written: list) -> None:
             inputs[i] = apply("contiguous", [x])[0]
 
 
-def build_op_call(builder, inputs: list, outputs: list, inferred: Inferred, attrs: dict) -> None:
+def build_op_call(builder, inputs: list, outputs: list, inferred: Inferred, attrs: dict,
+                  sequential: bool = False) -> None:
     """Step 4, what PhysicalRun calls with its ``InstructionsBuilder`` (OneFlow's ``builder->Call(...)``):
     append the OpCall instruction.  It reads the inputs' blobs, writes the outputs' blobs (and the op's
-    mutable inputs), and runs on ``inferred.stream``, whose worker launches the op's kernel."""
+    mutable inputs), and runs on ``inferred.stream``, whose worker launches the op's kernel; ``sequential``:
+    in that stream's order (an nn.Graph act's op, ``pyflow/runtime/act.py``)."""
     op, kernel, kernel_attrs = inferred.op, inferred.kernel, inferred.kernel_attrs
 
     def run(out_arrays, in_arrays, native_stream):   # what the worker calls
@@ -367,7 +369,7 @@ def build_op_call(builder, inputs: list, outputs: list, inferred: Inferred, attr
 
     on_failed = None if op.on_failed_inputs is None else (lambda failure: op.on_failed_inputs(attrs, failure))
     builder.call(op.name, run, [t._blob for t in inputs], [t._blob for t in outputs], inferred.stream,
-                 op.mutable_inputs, on_failed_inputs=on_failed)
+                 op.mutable_inputs, sequential, on_failed_inputs=on_failed)
 
 
 def apply(name: str, inputs, *, out=None, **attrs) -> list:

@@ -312,13 +312,15 @@ class Graph:
         """The tensors the call returns (made now, written by the output critical sections) and the sections:
         ``(index, blob, fetch)`` per output piece this rank holds.  A global output is this rank's piece
         wrapped (an empty piece where the rank holds none)."""
-        plan, context = self._plan, handle.context
-        pieces = {}
-        for task in plan.tasks.values():
-            if task.kind == "output" and task.rank == runtime.rank:
-                desc = plan.regsts[task.produced["out_0"]]
-                pieces[plan.op_attrs[task.op_name][2]["index"]] = empty(tuple(desc.shape), dtype=desc.dtype,
-                                                                        device=desc.device)
+        context = handle.context
+        # (index, regst desc) of each output task of this rank: found in the Plan once, not at every call
+        plan, specs = self._plan, self.__dict__.get("_output_specs")
+        if specs is None or specs[0] is not plan or specs[1] != runtime.rank:
+            found = [(plan.op_attrs[t.op_name][2]["index"], plan.regsts[t.produced["out_0"]])
+                     for t in plan.tasks.values() if t.kind == "output" and t.rank == runtime.rank]
+            specs = (plan, runtime.rank, found)
+            object.__setattr__(self, "_output_specs", specs)
+        pieces = {index: empty(tuple(desc.shape), dtype=desc.dtype, device=desc.device) for index, desc in specs[2]}
         outputs = []
         for i in range(context.output_count):
             layout = context.output_layouts.get(i)

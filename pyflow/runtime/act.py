@@ -42,6 +42,8 @@ timing.)
 
 from __future__ import annotations
 
+import copy
+
 from pyflow.autograd import no_grad
 from pyflow.compiler.boxing_tasks import run_boxing_task
 from pyflow.distributed.global_tensor import make_global, to_local
@@ -151,10 +153,9 @@ def _make_act(plan, task):
             tensor = to_local(call.variables[name])   # a global variable: this rank's piece
             if name in call.feeds:   # a learning rate, a step count: this call's value
                 value = call.feeds[name]
-                fill = fills.get(value) if is_scalar(value) else None
-                if fill is None or fill([], [tensor]) is None:
-                    tensor.fill_(value)   # (checked: the first call with this value, or one not prepared)
-                    if is_scalar(value) and len(fills) < _FILLS_KEPT:
+                if not (is_scalar(value) and _fill_prepared(fills, tensor, value)):
+                    tensor.fill_(value)   # (checked: the first call, a value that is no number, or one not prepared)
+                    if is_scalar(value) and not fills:
                         fills[value] = _prepared_fill(tensor, value, site)
             return [tensor]
         return variable
@@ -261,6 +262,38 @@ def _prepared_fill(tensor: Tensor, value, site: tuple):
     return PreparedOpCall.of(get_op("fill"), [], [tensor], attrs, site)
 
 
+def _fill_prepared(fills: dict, tensor: Tensor, value) -> bool:
+    """Fill ``tensor`` with the number ``value`` through a ``PreparedOpCall`` of ``fill`` (``fills``: value -> the
+    prepared fill, the first made by ``_prepared_fill`` after one checked ``fill_``); False where none applies
+    (nothing issued: ``fill_`` does it).  A value not seen before takes the first one's call with its own value
+    (``_refill``): a step count, new at every call, is issued as a learning rate is, not through ``apply``."""
+    fill = fills.get(value)
+    if fill is None:
+        first = next(iter(fills.values()), None)
+        if first is None:
+            return False
+        fill = _refill(first, tensor, value)
+        if fill is None:
+            return False
+        if len(fills) < _FILLS_KEPT:
+            fills[value] = fill
+    return fill([], [tensor]) is not None
+
+
+def _refill(prepared: "PreparedOpCall", tensor: Tensor, value):
+    """``prepared`` (a ``fill`` of ``tensor``) with ``value`` instead: a fill's inference depends on its value only
+    through the kernel's ``value`` attribute (the output is ``tensor``'s shape, dtype and device), so the first
+    value's inference serves, with ``value`` converted as ``fill_`` converts it.  None: ``value`` does not convert
+    (``fill_`` raises the error)."""
+    try:
+        value = to_scalar(value, tensor.dtype, "fill_")
+    except Exception:  # noqa: BLE001 - fill_ raises it, with its own message
+        return None
+    inferred = copy.copy(prepared.inferred)
+    inferred.kernel_attrs = dict(inferred.kernel_attrs, value=value)
+    return PreparedOpCall(prepared.op, inferred, dict(prepared.attrs, value=value), prepared.signature, prepared.site)
+
+
 _LAYOUTS_KEPT = 64   # layouts of one task's inputs and outputs remembered (cleared when full: a cache)
 
 
@@ -277,6 +310,14 @@ class PreparedOpCall:
     it makes itself (no regst to write).  Its ops are issued, never traced (as on an actor thread): a Plan's call is
     the runtime's work, not part of a ``build`` or a Cocktailer trace around it.  A failure of its op names
     ``site`` (its task), known when it is made: no walk of the stack for the user's line at every act.
+
+    Its OpCall keeps its stream's order (``sequential``), as an in-place op's does: the acts of one stream's
+    tasks are issued by one actor thread in an order the Plan's regsts already impose, so the order costs
+    nothing, and the VM fuses consecutive ones into one instruction (one dispatch, one run on the worker, one
+    release for a run of acts' ops instead of one each: ``pyflow/vm/engine.py``).  An op issued later by
+    the caller on that stream that waits for the call can hold back no op the call's outputs need: those
+    are issued before ``nn.Graph`` returns (the call's frontier, ``call.py``), and a later act's op only ever
+    waits for ops issued before it.
     """
 
     def __init__(self, op, inferred, attrs: dict, signature: list, site: tuple = ("<pyflow>", 0)):
@@ -325,7 +366,7 @@ class PreparedOpCall:
             outputs = targets
         else:
             outputs = make_outputs(inferred)
-        vm.run(lambda builder: build_op_call(builder, inputs, outputs, inferred, attrs), self.site)
+        vm.run(lambda builder: build_op_call(builder, inputs, outputs, inferred, attrs, sequential=True), self.site)
         for o in targets:
             o._bump_version()
         return outputs

@@ -31,7 +31,9 @@ op the caller issues next could otherwise be ordered before them:
   keeps its stream in order (``y.zero_()``, and the stream waits the VM inserts between two
   streams of one device, for the caller's ops as for the actors') holds back every later
   stream-ordered op of that stream.  Were one the output depends on issued later, the two
-  would wait for each other.  Issued earlier, it runs first.
+  would wait for each other.  Issued earlier, it runs first.  (An act's own ops keep their stream
+  in order too, so that the VM fuses runs of them, ``act.PreparedOpCall``: one issued after the
+  caller's op waits for it, and the caller's op waits for nothing issued after it.)
 """
 
 from __future__ import annotations

@@ -31,12 +31,16 @@ from __future__ import annotations
 
 import collections
 import time
+import weakref
 
 from pyflow.device import ep
 from pyflow.device.stream import StreamType, allocator_stream_type
 from pyflow.vm.dependence import LocalDepObject
 
 __all__ = ["VmStream", "TracedWork"]
+
+
+_where: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # ep stream -> "device/stream", for ``ran``
 
 
 class TracedWork:
@@ -48,12 +52,14 @@ class TracedWork:
     __slots__ = ("vm", "name", "serial", "stream", "received", "issuer")
 
     def __init__(self, vm, instruction, stream_name: str, issuer=None):
-        self.vm, self.name, self.serial, self.stream = vm, instruction.name, instruction.serial, stream_name
-        self.received = instruction.times.get("received")
+        self.vm, self.name, self.serial, self.stream = vm, instruction.policy.name, instruction.serial, stream_name
+        self.received = instruction.received_at   # (``instruction.times["received"]``, without building the dict)
         self.issuer = issuer
 
     def ran(self, ep_stream, task: str, started: float, finished: float) -> None:
-        where = f"{ep_stream.device.device}/{ep_stream.name}"
+        where = _where.get(ep_stream)   # (one name per ep stream, made once: every traced task asks)
+        if where is None:
+            where = _where[ep_stream] = f"{ep_stream.device.device}/{ep_stream.name}"
         for tracer in list(self.vm.tracers):
             tracer.on_device_work(self, where, task, started, finished)
         if self.issuer is not None:
