@@ -71,8 +71,15 @@ def flat(array):
     """(storage, element strides) of a numpy or device array; see the module docstring.
 
     Strides must be non-negative multiples of the item size (every view pyflow
-    makes is).  A 0-d array is seen as shape (1,) with stride 0.
+    makes is).  A 0-d array is seen as shape (1,) with stride 0.  A C-contiguous
+    array (most operands) takes a short way, ``reshape(-1)``: its storage is its
+    elements in row-major order, its strides ``contiguous_strides`` (a few us less
+    per operand than ``as_strided``, on every launch).
     """
+    host = _host(array)
+    if not _is_gpu_array(array) and host.flags.c_contiguous:
+        storage = host.reshape(-1)
+        return (storage if host is array else _FakeCUDAArray(storage)), contiguous_strides(host.shape) or (0,)
     itemsize = array.dtype.itemsize
     shape = tuple(array.shape)
     byte_strides = tuple(array.strides) if shape else (0,)

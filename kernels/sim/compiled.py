@@ -11,12 +11,13 @@ Pipeline (one ``CompiledKernel`` per ``SimKernel``):
    cache directory under a name made from its text (``module_cache.py``:
    ``PYFLOW_SIM_CACHE``, default ``~/.cache/pyflow/sim``), so numba's ``cache=True``
    keeps the machine code between runs, and a student can open the file;
-5. a launch runs ``_drive`` on a worker thread while the caller watches (``cu_launch``:
-   blocks one after another, or, when the blocks never meet, ranges of blocks on several
-   cores at once; with grid barriers, the compiled control machine stepping through the
-   nodes for the whole grid): an
-   exception names the block and thread (``where``), Ctrl-C and a kernel making no
-   progress for ``hang_timeout`` seconds stop it (``cancel``), and the result code
+5. a launch runs ``_drive`` (``cu_launch``: blocks one after another, or, when the blocks
+   never meet, ranges of blocks on several cores at once; with grid barriers, the compiled
+   control machine stepping through the nodes for the whole grid), on the caller's thread
+   watched by ``workers``' hang watch, or, called from the main thread, on a worker thread
+   while the caller watches (``workers.py`` says why): an exception names the block and
+   thread (``where``), Ctrl-C and a kernel making no progress for ``hang_timeout``
+   seconds stop it (``cancel``), and the result code
    becomes the threaded tier's error (``DivergentBarrierError``, ``GridSyncExitError``...).
 
 ``Unsupported`` from steps 1-4 means "run this launch threaded"; it is raised before
@@ -28,8 +29,6 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import inspect
-import os
-import sys
 import threading
 import time
 
@@ -46,6 +45,7 @@ from .module_cache import load_module
 from .shadow_types import var_types
 from .translate import translate
 from .translation import Unsupported
+from .workers import thread_compiling as _compiling, thread_doing as _doing
 from .writer import write_module
 
 __all__ = ["CompiledKernel", "Unsupported"]
@@ -189,7 +189,9 @@ class CompiledKernel:
     # ---- a launch ---------------------------------------------------------------
 
     def launch(self, prepared: _Prepared, grid, block, dynshared: int, args, hang_timeout, cores: int = 1) -> None:
-        """Run the launch (``cores``: how many CPU cores its blocks may use, ``block_ranges``)."""
+        """Run the launch (``cores``: how many CPU cores its blocks may use, ``block_ranges``): on this
+        thread, watched by ``workers``' hang watch, unless this is the main thread, which hands it to a
+        worker and watches it itself (``_watch``), so that Ctrl-C reaches it (``workers.py``)."""
         threads, blocks = block[0] * block[1] * block[2], grid[0] * grid[1] * grid[2]
         work = max([blocks * threads] + [a.size for a in args if isinstance(a, np.ndarray)])
         ranges = block_ranges(blocks, work, prepared.independent and not prepared.module.COOPERATIVE, cores)
@@ -205,13 +207,18 @@ class CompiledKernel:
                 return 0, _drive(prepared.module, grid, block, dynshared, args, report[0], where[0], cancel)
             return _drive_ranges(prepared.module, ranges, grid, block, dynshared, args, report, where, cancel)
 
-        future = workers.launch_submit(work)
+        progress = workers.Progress(self.name, where, cancel, hang_timeout, worker)
         try:
-            part, code = self._watch(future, where, cancel, hang_timeout, worker)
-        except KernelHangError:
-            raise
-        except KeyboardInterrupt:
-            workers.stop(future, cancel)
+            if threading.current_thread() is not threading.main_thread() and workers.watch(progress):
+                part, code = self._run_inline(work, progress)
+            else:   # the main thread stays free for Ctrl-C (workers.py)
+                future = workers.launch_submit(work)
+                try:
+                    part, code = self._watch(future, where, cancel, hang_timeout, worker)
+                except KeyboardInterrupt:
+                    workers.stop(future, cancel)
+                    raise
+        except (KernelHangError, KeyboardInterrupt):
             raise
         except _PartFailed as failed:
             raise self._located(failed.error, prepared, grid, block, where[failed.part]) from failed.error
@@ -220,28 +227,33 @@ class CompiledKernel:
         if code != cpu_runtime.OK:
             raise self._failure(code, prepared, grid, block, report[part])
 
+    @staticmethod
+    def _run_inline(work, progress):
+        """Run the launch on this thread, watched by ``workers``' hang watch; ``KernelHangError`` if the
+        watch stopped it."""
+        try:
+            outcome = work()
+        except Exception as error:
+            if progress.doing is not None:
+                raise KernelHangError(progress.message(stopped=True)) from error
+            raise
+        finally:
+            workers.unwatch(progress)
+        if progress.doing is not None:
+            raise KernelHangError(progress.message(stopped=True))
+        return outcome
+
     def _watch(self, future, where, cancel, hang_timeout, worker):
-        last, since = None, time.monotonic()
+        """Wait for a launch running on a worker; stop it and raise ``KernelHangError`` if it hangs."""
+        progress = workers.Progress(self.name, where, cancel, hang_timeout, worker)
         while True:
             try:
                 return future.result(timeout=_POLL_SECONDS)
             except concurrent.futures.TimeoutError:
                 pass
-            now = time.monotonic()
-            seen = (int(where[:, 0].sum()), tuple(where[:, 2]))
-            if seen != last:   # a node run, or the next thread, in some range of blocks: progress
-                last, since = seen, now
-            elif _compiling(worker):   # numba compiling a function the launch calls first: not the kernel's time
-                since = now
-            elif hang_timeout is not None and now - since > hang_timeout:
-                doing = _doing(worker)
-                stopped = workers.stop(future, cancel)
-                raise KernelHangError(
-                    f"kernel {self.name!r} made no progress for {hang_timeout:g} s (compiled tier; "
-                    f"last in block number {where[0, 1]}, thread number {where[0, 2]}); "
-                    "PYFLOW_SIM_TIMEOUT / configure(hang_timeout=...) sets the limit"
-                    + ("" if stopped else "; its worker thread did not stop (a loop the tier cannot "
-                       "interrupt, in a device function) and keeps running") + doing)
+            if progress.hung(time.monotonic()):
+                progress.doing = _doing(worker)
+                raise KernelHangError(progress.message(stopped=workers.stop(future, cancel)))
 
     def _located(self, error, prepared, grid, block, where) -> KernelError:
         """An exception in compiled code, with the block, thread and region it happened in."""
@@ -354,29 +366,6 @@ def _drive_ranges(module, ranges, grid, block, dynshared, args, report, where, c
         if outcome != cpu_runtime.OK:
             return i, outcome
     return 0, cpu_runtime.OK
-
-
-def _doing(worker: list) -> str:
-    """Where a launch's worker thread is: the last Python lines it runs ('' if it has not started)."""
-    frame = sys._current_frames().get(worker[0]) if worker else None
-    if frame is None:
-        return "; the launch had not started (every worker thread of the compiled tier was busy)"
-    lines = []
-    while frame is not None and len(lines) < 4:
-        lines.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} {frame.f_code.co_name}")
-        frame = frame.f_back
-    return "; its worker was at " + " <- ".join(lines)
-
-
-def _compiling(worker: list) -> bool:
-    """Is the launch's worker thread inside numba's compiler (a function of the generated module or the
-    grid machine compiled at its first call: seconds on a loaded machine, and no hang)?"""
-    frame = sys._current_frames().get(worker[0]) if worker else None
-    while frame is not None:
-        if frame.f_globals.get("__name__", "").startswith(("numba.core.", "llvmlite.")):
-            return True
-        frame = frame.f_back
-    return False
 
 
 def _coords(linear, dims) -> tuple:

@@ -154,8 +154,11 @@ def argument_key(args, boundscheck: bool = True):
     >>> argument_key([a.T]) == argument_key([a]), argument_key([1 << 70])
     (False, None)
     """
-    keys = tuple(_value_key(a) for a in args)
-    return None if any(k is None for k in keys) else keys + (boundscheck,)
+    keys = [_value_key(a) for a in args]
+    return None if None in keys else (*keys, boundscheck)
+
+
+_INT64_MIN, _INT64_END = -(1 << 63), 1 << 63   # the ints numba.typeof calls int64 (beyond: uint64, or an error)
 
 
 def _value_key(value):
@@ -163,15 +166,17 @@ def _value_key(value):
     if kind is np.ndarray:   # numba.typeof: Array(dtype, ndim, C / F / A layout, readonly)
         flags = value.flags
         return "array", value.dtype, value.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable
-    if kind is int:          # int64, or uint64 / an error beyond it
-        return ("int",) if -(1 << 63) <= value < (1 << 63) else None
+    if kind is int:
+        return ("int",) if _INT64_MIN <= value < _INT64_END else None
     if kind is float or kind is bool:
         return (kind.__name__,)
     if isinstance(value, np.number | np.bool_):
         return "scalar", value.dtype
     if kind is tuple:
-        keys = tuple(_value_key(v) for v in value)
-        return None if any(k is None for k in keys) else ("tuple",) + keys
+        if value and set(map(type, value)) == {int} and _INT64_MIN <= min(value) and max(value) < _INT64_END:
+            return "ints", len(value)   # shapes and strides: UniTuple(int64, n), said at C speed
+        keys = [_value_key(v) for v in value]
+        return None if None in keys else ("tuple", *keys)
     return None
 
 
