@@ -19,28 +19,50 @@ rank still issues every op of the step: the Python per op (interpreter, VM, SBP 
 does not shrink with the batch, and the ranks add the gradients' all-reduce.  As threads, the
 ranks share one GIL, so only the time numpy spends outside it (BLAS, elementwise loops) can
 overlap; as processes they overlap fully but pay the copies of the transport.  So 2 ranks can only
-win where the step is compute-bound: a large batch and one BLAS thread per rank
-(``--blas-threads 1``, the default: numpy's OpenBLAS takes one thread per core, 2 here, so the
-1-rank step already uses both cores for its matmuls, and two ranks would run four threads on two
-cores).  The BLAS thread count is set through ``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` /
-``MKL_NUM_THREADS`` before numpy is imported and, under the MPI launcher (which imported numpy
-already), through OpenBLAS's own call; the count in use is printed.  In numbers: with ``F`` the
-fixed cost of a step (its Python) and ``C`` its compute, 1 rank takes ``F1 + C`` and 2 threaded
-ranks at best ``2 F2 + C/2`` (one GIL: their Python runs one after the other; ``F2 > F1``, the
-global ops' own work), so they break even only once ``C/2 > 2 F2 - F1``; 2 processes at best
-``F2 + C/2`` plus the collectives' latency, on 2 cores that other work shares.  The benchmark fits
-``F`` and ``C`` per sample to its own smallest and largest batch and prints the batch where the
-two lines cross (2 ranks never catch up when their time grows as fast as 1 rank's, as when the
-cores are busy).  A small batch (64) is printed beside the large one: there the Python dominates.
-In-process, 2 ranks break even at about 3,000-3,600 samples (the line two runs printed, on a machine
-loaded 10-14 on its 2 cores, 3 collectives per step: 2 ranks / 1 rank 0.81-0.88 at 4,096, 1.8-2.1 at
-1,024).  By the CPU columns of those runs F1 is about 13 ms, F2 about 19.5 ms (CPU, so an upper
-bound on the part one GIL serialises) and C about 9.4 ms per 1,000 samples: at batch 1024 C/2 is
-about 4.8 ms against 2 F2 - F1 of up to 26 ms, so one GIL cannot break even there.  Under mpiexec the ranks' fixed costs overlap: a rank costs ``F2 + C/2`` plus the 3
-collectives' latency against ``F1 + C``, so it needs ``C/2 > F2 - F1`` (about 6.5 ms by those numbers:
-from about 1,400 samples, latency aside; at 1024, C/2 is about 4.8 ms).
+win where the step is compute-bound.
+
+**BLAS threads, each side its own.**  numpy's OpenBLAS takes one thread per core (2 here); two
+ranks with 2 each would run four on two cores.  So each of the 2 ranks gets cores / 2
+(``--blas-threads``; under mpiexec the launcher gives its ranks that already,
+``launch.blas_environment``), while the 1-rank step runs *twice*, on two models trained alike: with
+numpy's default (``--one-rank-blas-threads``, the cores) and with 1 thread, and the ratio is
+against the faster of the two (on busy cores the second BLAS thread waits for a core on every call:
+runs on this machine loaded 6-10 measured 37-67 ms for 1 rank with 2 threads against 14-30 ms with
+1).  An OpenBLAS thread spins about 0.11 s after its last call before it sleeps (measured: 6-9 ms
+of CPU per 10 ms), so after the 2-thread step rank 0 pauses 0.15 s: the spin would take a core
+from the 2-rank step.  The comm-net thread (``mpi_commnet.py``) sleeps between its polls with a
+back-off; it spun (``sched_yield``) for 20 ms after each progress before, 4-14 ms of CPU per 2-rank
+step on rank 0 (``time.pthread_getcpuclockid`` per thread), 1.6-4.5 now.  The counts are set
+through ``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` before numpy is
+imported and at run time through OpenBLAS's own call; the counts in use are printed.
+
+**Where a rank's time goes** (CPU per step and thread, batch 1024, under mpiexec, 1 BLAS thread):
+1 rank: user thread 3.8-4.5 ms, VM scheduler 1.1-1.4, VM worker 12.8-15.3 (about 9 of it the
+matmuls); each of 2 ranks: user thread 6.7-8.5 (the global ops: SBP, boxing, the bucket), scheduler
+1.8-2.3, worker 9.2-11.0, ccl worker 0.6-0.8, comm-net 1.6-4.5.  So a rank of 2 spends about what 1
+rank spends (18-20 ms) on half the samples: the compute it saves, the global ops' Python adds back,
+and most of it holds the rank's GIL, so its threads cannot overlap it.
+
+**In numbers.**  With ``F`` the fixed cost of a step (its Python) and ``C`` its compute, 1 rank takes
+``F1 + C`` and 2 threaded ranks at best ``2 F2 + C/2`` (one GIL: their Python runs one after the other;
+``F2 > F1``, the global ops' own work), so they break even only once ``C/2 > 2 F2 - F1``; 2 processes at
+best ``F2 + C/2`` plus the collectives' latency, on 2 cores that other work shares.  The benchmark fits
+``F`` and ``C`` per sample to its own smallest and largest batch and prints the batch where the two
+lines cross (2 ranks never catch up when their time grows as fast as 1 rank's, as when the cores are
+busy).  A small batch (64) is printed beside the large one: there the Python dominates.  In-process, 2
+ranks break even at about 3,000-3,600 samples (the line two runs printed, on a machine loaded 10-14 on
+its 2 cores, 3 collectives per step: 2 ranks / 1 rank 0.81-0.88 at 4,096, 1.8-2.1 at 1,024).  By the CPU
+columns of those runs F1 is about 13 ms, F2 about 19.5 ms (CPU, so an upper bound on the part one GIL
+serialises) and C about 9.4 ms per 1,000 samples: at batch 1024 C/2 is about 4.8 ms against 2 F2 - F1 of
+up to 26 ms, so one GIL cannot break even there.  Under mpiexec the ranks' fixed costs overlap: a rank
+costs ``F2 + C/2`` plus the 3 collectives' latency against ``F1 + C``, so it needs ``C/2 > F2 - F1``
+(about 6.5 ms by those numbers: from about 1,400 samples, latency aside; at 1024, C/2 is about 4.8 ms).
+With the 1-rank reference at its best BLAS setting and the machine loaded 6-10 (issue 31, the session
+that made these changes), no batch up to 8,192 broke even in-process, and under mpiexec the ratio at
+1024 was 1.9-3.1: two ranks need both cores at once, which a loaded machine rarely gives them.
 
     python benchmarks/bench_data_parallel.py [--batches 64,1024] [--steps 10] [--warmup 2] [--blas-threads 1]
+        [--one-rank-blas-threads 2]
 """
 
 from __future__ import annotations
@@ -52,18 +74,24 @@ import sys
 import time
 
 
-def _blas_threads_from_argv(default: str = "1") -> str:
-    """``--blas-threads``, read before numpy is imported (BLAS reads its thread count once, at load)."""
+WORLD = 2
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _flag_from_argv(flag: str, default: str) -> str:
+    """``flag``'s value, read before numpy is imported (BLAS reads its thread count once, at load)."""
     argv = sys.argv[1:]
     for i, arg in enumerate(argv):
-        if arg == "--blas-threads" and i + 1 < len(argv):
+        if arg == flag and i + 1 < len(argv):
             return argv[i + 1]
-        if arg.startswith("--blas-threads="):
+        if arg.startswith(flag + "="):
             return arg.split("=", 1)[1]
     return default
 
 
-BLAS_THREADS = _blas_threads_from_argv()
+BLAS_THREADS = _flag_from_argv("--blas-threads", str(max(1, CORES // WORLD)))   # each of the 2 ranks: C/N
+ONE_RANK_BLAS_THREADS = int(_flag_from_argv("--one-rank-blas-threads", str(CORES)))   # 1 rank: numpy's default
+OPENBLAS_IDLE_SPIN = 0.15   # s: OpenBLAS's idle threads spin ~0.11 s (2**28 cycles) after a call before they sleep
 NUMPY_LOADED_BEFORE = "numpy" in sys.modules   # under pyflow.distributed.launch: the launcher imported it
 for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_name] = BLAS_THREADS
@@ -76,8 +104,9 @@ def _openblas_threads(wanted: int) -> str:
     """numpy's OpenBLAS thread count after setting it to ``wanted`` at run time (through ctypes).
 
     The environment variables act only when BLAS loads; a script run by the MPI launcher finds numpy
-    (and its BLAS, 2 threads on 2 cores) already loaded, so each rank would run 2 BLAS threads, 4 on 2
-    cores, their spin-waits eating the other rank's core.  Returns the count read back, or why not.
+    loaded already (with the launcher's C/N threads per rank, ``launch.blas_environment``), and the
+    1-rank step of this benchmark runs with more threads than the 2-rank step in the same process.
+    Returns the count read back, or why not.
     """
     import ctypes
     import glob
@@ -94,6 +123,7 @@ def _openblas_threads(wanted: int) -> str:
     return "unknown (no bundled OpenBLAS found)"
 
 
+ONE_RANK_BLAS_IN_USE = _openblas_threads(ONE_RANK_BLAS_THREADS)   # read back: can it be raised at run time?
 BLAS_IN_USE = _openblas_threads(int(BLAS_THREADS))
 
 import pyflow as flow  # noqa: E402
@@ -102,7 +132,6 @@ from pyflow.distributed import CollectiveDesc  # noqa: E402
 
 FEATURES, HIDDEN, CLASSES = 784, 256, 10
 LR, MOMENTUM = 0.05, 0.9
-WORLD = 2
 
 
 def mlp() -> nn.Module:
@@ -130,8 +159,10 @@ def per_rank(batch: int, steps: int, warmup: int) -> dict:
     parallel_opt = flow.optim.SGD(replica.parameters(), lr=LR, momentum=MOMENTUM)
     x = flow.tensor(data, placement=ranks, sbp=flow.sbp.split(0))
     y = flow.tensor(labels, placement=ranks, sbp=flow.sbp.split(0))
-    alone = mlp() if env.get_rank() == 0 else None
-    alone_opt = flow.optim.SGD(alone.parameters(), lr=LR, momentum=MOMENTUM) if alone is not None else None
+    # rank 0 alone, one model per BLAS thread count: with 1 thread, and with numpy's default (one per core)
+    counts = sorted({1, ONE_RANK_BLAS_THREADS}) if env.get_rank() == 0 else []
+    alone = {n: mlp() for n in counts}
+    alone_opt = {n: flow.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM) for n, model in alone.items()}
     x_all, y_all = flow.tensor(data), flow.tensor(labels)
 
     def step(model, optimizer, inputs, targets) -> float:
@@ -141,14 +172,19 @@ def per_rank(batch: int, steps: int, warmup: int) -> dict:
         optimizer.step()
         return loss.item()
 
-    one, two, one_cpu, two_cpu, one_losses, two_losses = [], [], [], [], [], []
+    one, one_cpu, one_losses = ({n: [] for n in counts} for _ in range(3))
+    two, two_cpu, two_losses = [], [], []
     for _ in range(warmup + steps):
         barrier()
-        if alone is not None:
+        for n in counts:
+            _openblas_threads(n)   # process-wide: in-process, the other rank waits at the barrier meanwhile
             start, cpu = time.perf_counter(), time.process_time()
-            one_losses.append(step(alone, alone_opt, x_all, y_all))
-            one.append(time.perf_counter() - start)
-            one_cpu.append(time.process_time() - cpu)
+            one_losses[n].append(step(alone[n], alone_opt[n], x_all, y_all))
+            one[n].append(time.perf_counter() - start)
+            one_cpu[n].append(time.process_time() - cpu)
+            _openblas_threads(int(BLAS_THREADS))
+            if n > 1:
+                time.sleep(OPENBLAS_IDLE_SPIN)   # its idle BLAS threads would spin on the 2-rank step's cores
         barrier()
         start, cpu = time.perf_counter(), time.process_time()
         two_losses.append(step(replica, parallel_opt, x, y))
@@ -157,8 +193,9 @@ def per_rank(batch: int, steps: int, warmup: int) -> dict:
     with flow.trace() as tracer:   # what one 2-rank step sends: its collectives (after the timed steps)
         step(replica, parallel_opt, x, y)
     collectives = sum(record.name == "collective" for record in tracer.records)
-    return {"one": one[warmup:], "two": two[warmup:], "one_cpu": one_cpu[warmup:], "two_cpu": two_cpu[warmup:],
-            "one_losses": one_losses, "two_losses": two_losses, "collectives": collectives}
+    return {"one": {n: t[warmup:] for n, t in one.items()}, "one_cpu": {n: t[warmup:] for n, t in one_cpu.items()},
+            "two": two[warmup:], "two_cpu": two_cpu[warmup:], "one_losses": one_losses, "two_losses": two_losses,
+            "collectives": collectives}
 
 
 def break_even(batches: list, one_ms: dict, two_ms: dict, under_mpi: bool) -> list:
@@ -183,8 +220,8 @@ def break_even(batches: list, one_ms: dict, two_ms: dict, under_mpi: bool) -> li
                      f"{' (at or below ' + str(small) + ')' if even <= small else ''}")
     why = ("as threads, every rank's Python runs under one GIL: 2 ranks pay their fixed cost one after the other "
            "and overlap only the kernels that release it (BLAS)") if not under_mpi else \
-          ("as processes, the ranks' Python overlaps, but each rank's comm-net thread and the copies of the "
-           "transport take CPU of the same 2 cores")
+          ("as processes, the ranks' Python overlaps, but a rank of 2 spends about what 1 rank spends on the "
+           "whole step (the global ops' Python adds back the compute it saves), and needs both cores at once")
     lines.append(f"  what 2 cores allow: splitting the batch halves each rank's compute, not its fixed cost; {why}")
     return lines
 
@@ -194,35 +231,46 @@ def main() -> None:
     parser.add_argument("--batches", default="64,1024", help="global batch sizes, comma-separated")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--blas-threads", default="1", help="BLAS threads per rank (set before numpy loads)")
+    parser.add_argument("--blas-threads", default=BLAS_THREADS, help="BLAS threads of each of the 2 ranks "
+                        "(default: cores / 2; set before numpy loads)")
+    parser.add_argument("--one-rank-blas-threads", type=int, default=ONE_RANK_BLAS_THREADS, help="BLAS threads of the "
+                        "1-rank step (default: the cores, as numpy takes; set at run time)")
     args = parser.parse_args()
     under_mpi = env.process_context().transport is not None and env.process_context().world_size > 1
     how = f"{WORLD} MPI processes (mpiexec)" if under_mpi else f"{WORLD} in-process ranks (threads, one GIL)"
     lines = [f"data parallel, MLP {FEATURES}-{HIDDEN}-{CLASSES}, SGD momentum, {how}; 1 rank: the same step "
              "eager on the whole batch, alternating with the 2-rank step in the same run",
-             f"BLAS threads per rank: {BLAS_IN_USE} (asked {BLAS_THREADS}: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = "
-             f"MKL_NUM_THREADS{', and set at run time: the launcher had loaded numpy' if NUMPY_LOADED_BEFORE else ''}; "
-             f"numpy's default here: {os.cpu_count()}, one per core), "
-             f"{os.cpu_count()} cores; median of {args.steps} steps after {args.warmup}, each ending with loss.item()",
-             f"  {'global batch':>12} {'per rank':>9} {'1 rank ms':>10} {'2 ranks ms':>11} {'2 ranks / 1 rank':>17} "
-             f"{'1 rank CPU ms':>14} {'2 ranks CPU ms':>15} {'largest loss difference':>24} {'collectives / step':>19}"]
+             f"BLAS threads: 1 rank {ONE_RANK_BLAS_IN_USE} (numpy's default here: one per core), each of the 2 "
+             f"ranks {BLAS_IN_USE} (asked {BLAS_THREADS}: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = MKL_NUM_THREADS"
+             f"{', the launcher' + chr(39) + 's C/N' if NUMPY_LOADED_BEFORE else ''}); both set at run time (OpenBLAS "
+             f"call), the 2-rank step after a {OPENBLAS_IDLE_SPIN} s pause that lets idle BLAS threads stop spinning; "
+             f"{CORES} cores; median of {args.steps} steps after {args.warmup}, each ending with loss.item()",
+             f"  {'global batch':>12} {'per rank':>9} {'1 rank ms':>10} {'1 rank, 1 BLAS':>15} {'2 ranks ms':>11} "
+             f"{'2 ranks / 1 rank':>17} {'1 rank CPU ms':>14} {'2 ranks CPU ms':>15} {'largest loss difference':>24} "
+             f"{'collectives / step':>19}"]
     batches, one_by_batch, two_by_batch = [int(b) for b in args.batches.split(",")], {}, {}
     for batch in batches:
         results = flow.distributed.run(per_rank, world_size=WORLD, args=(batch, args.steps, args.warmup))
         first = results[0]
-        one_ms = statistics.median(first["one"]) * 1e3
+        ms = {n: statistics.median(times) * 1e3 for n, times in first["one"].items()}
+        best = min(ms, key=ms.get)   # the 1 rank's faster BLAS setting in this run: the reference
+        one_ms, one_alone_ms = ms[ONE_RANK_BLAS_THREADS], ms[1]
         two_ms = statistics.median(max(times) for times in zip(*(r["two"] for r in results))) * 1e3
-        difference = float(np.abs(np.array(first["one_losses"]) - np.array(first["two_losses"])).max())
+        difference = max(float(np.abs(np.array(losses) - np.array(first["two_losses"])).max())
+                         for losses in first["one_losses"].values())
         assert difference < 1e-4, f"1 rank and {WORLD} ranks trained differently ({difference})"
-        one_cpu, two_cpu = statistics.median(first["one_cpu"]) * 1e3, statistics.median(first["two_cpu"]) * 1e3
-        one_by_batch[batch], two_by_batch[batch] = one_ms, two_ms
-        lines.append(f"  {batch:12} {batch // WORLD:9} {one_ms:10.2f} {two_ms:11.2f} {two_ms / one_ms:17.2f} "
-                     f"{one_cpu:14.2f} {two_cpu:15.2f} {difference:24.1e} {first['collectives']:19}")
-    lines.append("  (target: 2 ranks / 1 rank <= 1.0 at batch 1024; 2 ranks: the slowest rank's step; CPU: the "
-                 "process's CPU time over the step, all its threads\n   (in-process: both ranks'; under mpiexec: rank "
-                 "0's process); collectives: those one 2-rank step issues on rank 0: the 4 gradients' all-reduce as one"
-                 "\n   bucket (Optimizer._gradients), the mean's denominator P -> B (once: the backward reuses the "
-                 "forward's boxing) and the loss's for item())")
+        one_cpu, two_cpu = statistics.median(first["one_cpu"][best]) * 1e3, statistics.median(first["two_cpu"]) * 1e3
+        one_by_batch[batch], two_by_batch[batch] = ms[best], two_ms
+        lines.append(f"  {batch:12} {batch // WORLD:9} {one_ms:10.2f} {one_alone_ms:15.2f} {two_ms:11.2f} "
+                     f"{two_ms / ms[best]:17.2f} {one_cpu:14.2f} {two_cpu:15.2f} {difference:24.1e} "
+                     f"{first['collectives']:19}")
+    lines.append(f"  (target: 2 ranks / 1 rank <= 1.0 at batch 1024; 1 rank: with {ONE_RANK_BLAS_THREADS} BLAS threads "
+                 "and with 1, the ratio against the faster (on busy cores more BLAS threads can be slower);\n"
+                 "   2 ranks: the slowest rank's step; CPU: the process's CPU time over the step (1 rank: the faster), "
+                 "all its threads\n   (in-process: both ranks'; under mpiexec: rank 0's process); collectives: "
+                 "those one 2-rank step issues on rank 0: the 4 gradients' all-reduce as one\n   bucket "
+                 "(Optimizer._gradients), the mean's denominator P -> B (once: the backward reuses the forward's "
+                 "boxing) and the loss's for item())")
     lines += break_even(batches, one_by_batch, two_by_batch, under_mpi)
     if env.get_rank() == 0:
         print("\n".join(lines))

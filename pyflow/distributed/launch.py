@@ -23,7 +23,10 @@ every machine's processes from here.  Like OneFlow's launcher, and MPICH's
 of cores, and leaves them unbound (its own defaults refuse more processes than
 cores and bind each to a core, which pyflow's threads would share).
 ``--mpiexec_args`` passes more options to ``mpiexec``; ``--dry_run`` prints the
-command.
+command.  N ranks on a machine of C cores get C/N BLAS threads each
+(``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, unless set:
+``blas_environment``; ``torchrun`` sets ``OMP_NUM_THREADS=1`` so): numpy's BLAS
+takes one thread per core, so N ranks would run N*C threads on C cores.
 
 Each of mpiexec's processes is a small **supervisor** (this file run as a
 script: it imports nothing from pyflow) that starts the rank itself, ``python
@@ -73,7 +76,10 @@ import socket  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 
-__all__ = ["parse", "command", "main", "mpi_flavor", "local_job", "job_environment", "openmpi_flags"]
+__all__ = ["parse", "command", "main", "mpi_flavor", "local_job", "job_environment", "openmpi_flags",
+           "blas_environment"]
+
+BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def parse(argv: list) -> argparse.Namespace:
@@ -154,6 +160,23 @@ def job_environment(flavor: str, environ: dict | None = None) -> dict:
         environment.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         environment.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     return environment
+
+
+def blas_environment(per_node: int, environ: dict | None = None, cores: int | None = None) -> dict:
+    """The BLAS thread counts for ``per_node`` ranks on a machine of ``cores`` cores (default: the ones this
+    process may run on): ``cores // per_node`` (at least 1) in each of ``BLAS_VARIABLES`` that ``environ``
+    (default ``os.environ``) does not set.  BLAS reads them once, when it loads (``import numpy``).
+
+    >>> blas_environment(2, environ={}, cores=2)
+    {'OPENBLAS_NUM_THREADS': '1', 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1'}
+    >>> blas_environment(4, environ={"OMP_NUM_THREADS": "3"}, cores=16)
+    {'OPENBLAS_NUM_THREADS': '4', 'MKL_NUM_THREADS': '4'}
+    """
+    environ = os.environ if environ is None else environ
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    each = str(max(1, cores // max(1, per_node)))
+    return {name: each for name in BLAS_VARIABLES if name not in environ}
 
 
 def local_job(nproc: int, argv: list, mpiexec: str | None = None, flavor: str | None = None,
@@ -241,7 +264,7 @@ def main(argv: list | None = None) -> int:
     given = os.environ.get("PYFLOW_LAUNCH_DIR")   # a caller that wants the ranks' records (the tests)
     run_folder = given if given and os.path.isdir(given) else tempfile.mkdtemp(prefix="pyflow-launch-")
     environment = dict(os.environ, MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port),
-                       PYFLOW_LAUNCH_DIR=run_folder)
+                       PYFLOW_LAUNCH_DIR=run_folder, **blas_environment(args.nproc_per_node))
     proc = subprocess.Popen(line, env=environment)
     try:
         while True:
