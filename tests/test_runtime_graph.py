@@ -91,6 +91,45 @@ def test_the_call_is_a_launch_lazy_job_instruction_in_flow_trace():
     assert any(r.stream.startswith("actor ") and r.name.startswith("act copy_0") for r in tracer.records)
 
 
+def test_the_vm_scheduler_hands_the_call_to_the_actors_itself_no_launcher_thread_in_between():
+    """One thread hand-off less per call (issue 31): LaunchLazyJob's ``launch()`` only sends the source tick a
+    message, so it runs where the scheduler dispatches it, not on a lazy-job launcher worker of its own (the
+    caller's thread in step-through mode); still after the writer of its input."""
+    g = _two_stage()
+    x = flow.randn(2, 3)
+    g(x).numpy()
+    runtime, threads = g.runtime, []
+    start = runtime.start
+    runtime.start = lambda handle: (threads.append(threading.current_thread()), start(handle))[1]
+    x.add_(1.0)   # a writer of the input: the launch waits for it
+    want = ((x.numpy() * 2.0).clip(0) + 1.0)
+    for _ in range(3):
+        np.testing.assert_array_equal(g(x).numpy(), want)
+    scheduler = threading.current_thread() if flow.vm.get_vm().sync_mode else flow.vm.get_vm()._scheduler
+    assert threads == [scheduler] * 3, [t.name for t in threads]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_call_puts_nothing_on_the_launcher_or_critical_section_streams_but_its_launch_and_sections(device):
+    """The launch touches no input's memory, a section writes a fresh tensor and syncs its stream before it is
+    done: no record_event for them, per input the actors read, before the launch or the section, or per read of an
+    output (issue 31: 5 of the 17 VM instructions of a 784-256-10 training step, and their hand-offs)."""
+    g = _graph(lambda x, y: (x * 2.0 + y).relu())
+    x, y = flow.randn(2, 3, device=device), flow.randn(2, 3, device=device)
+    g(x, y).numpy()
+    for _ in range(2):
+        with flow.trace() as tracer:
+            out = g(x, y)
+            x.add_(1.0)                 # the caller's own op on an input after the call
+            value = out.numpy()
+            again = (out + 1.0).numpy()
+        np.testing.assert_allclose(again, value + 1.0)
+        side = [r.name for r in tracer.records if "lazy_job_launcher" in r.stream or "critical_section" in r.stream]
+        assert sorted(side) == ["launch_lazy_job[G]", "output_critical_section[G][0]"], side
+        if device == "cpu":   # (on cuda, numpy()'s copy to the host waits for the compute stream: its own sync)
+            assert not [r for r in tracer.records if r.name == "record_event"], [r.name for r in tracer.records]
+
+
 def test_inputs_of_the_wrong_shape_dtype_or_count_are_clear_errors_before_anything_runs():
     g = _two_stage()
     g(flow.randn(2, 3)).numpy()

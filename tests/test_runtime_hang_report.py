@@ -23,6 +23,7 @@ import pytest
 
 import pyflow as flow
 from pyflow import nn, vm
+from pyflow.device.stream import Stream
 from pyflow.errors import OpError, RuntimeHangError
 from pyflow.runtime.act import act
 from pyflow.runtime.call import CallHandle
@@ -42,8 +43,8 @@ def _blocking_output_act(graph, order: str, section_waits: threading.Event):
 
     * "worker first": the act returns only once the worker blocked, so the critical section (issued when
       ``g(x)`` returns) is queued behind it and never starts its wait;
-    * "section first": the blocking callback writes the value after a reader of it on another worker (the
-      lazy-job launcher's) that returns only once the critical section waits for the hand-over.
+    * "section first": the blocking callback writes the value after a reader of it on another worker (a cpu
+      stream's own, thread uid 3) that returns only once the critical section waits for the hand-over.
     """
     def act_fn(plan, task, ins, outs, j, call):
         results = act(plan, task, ins, outs, j, call)
@@ -57,8 +58,8 @@ def _blocking_output_act(graph, order: str, section_waits: threading.Event):
                     time.sleep(0.01)
             blob = results[0]._blob
             if order == "section first":
-                gate = lambda: section_waits.wait(BOUND)   # noqa: E731
-                vm.run(lambda builder: builder.launch_lazy_job("gate", gate, [blob]))
+                gate = lambda outs, ins, native: section_waits.wait(BOUND)   # noqa: E731
+                vm.run(lambda builder: builder.call("gate", gate, [blob], [], Stream.new("cpu", thread_uid=3)))
             vm.run(lambda builder: builder.access_blob_by_callback(blob, block, "mut", name="stuck"))
             if order == "worker first":
                 assert blocking.wait(BOUND)

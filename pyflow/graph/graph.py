@@ -289,9 +289,9 @@ class Graph:
         handle = runtime.register(args)   # checks the inputs first: an error here runs nothing
         try:
             outputs, sections = self._output_tensors(runtime, handle)
-            # every input, a global one's piece too: the call starts once their writers are done (were a global
-            # input's writer an output critical section, the actors' first read of it would otherwise queue a wait
-            # on that critical-section stream, behind this call's own output critical section)
+            # every input, a global one's piece too: the call starts once their writers are done (an output critical
+            # section among them leaves nothing on its stream for the actors' first read to wait for, which could be
+            # queued behind this call's own section: ``InstructionsBuilder.launch_lazy_job``)
             inputs = [a._blob for a in args]
             vm.run(lambda builder: builder.launch_lazy_job(self.name, lambda: runtime.start(handle), inputs))
             if runtime.deterministic or vm.get_vm().sync_mode:

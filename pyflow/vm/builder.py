@@ -177,16 +177,22 @@ class InstructionsBuilder:
         ``launch()`` hands it to the actor runtime, on the lazy-job-launcher stream, reading ``inputs``
         (EagerBlobObjects); ``launch`` None: none.  Then, per ``(index, blob, fetch)`` of ``outputs``, an
         output critical section on the blob's device's critical-section stream, writing the blob with
-        ``fetch()``'s tensor (it waits for the call to make it)."""
+        ``fetch()``'s tensor (it waits for the call to make it).  Each such blob must be fresh, made for this call
+        and never touched by device work (nn.Graph's output tensors: ``empty``, which launches nothing), so the
+        section needs no sync with its stream.  Neither instruction leaves work on its stream that a later user
+        of the blobs must be synced with (the launch touches no memory; a section syncs its ep stream before it is
+        done), so neither is any blob's ``last_used_stream``: no record_event per call on any stream for them."""
         from pyflow.vm.policies.launch_lazy_job import OutputCriticalSection
 
-        if launch is not None:
+        if launch is not None:   # (no soft sync: the launch touches no input's memory, it only comes after the
+            #                       inputs' writers; the acts' ops that read them sync with their streams themselves)
             stream = StreamSymbol.new(Device("cpu"), StreamType.lazy_job_launcher)
-            self.soft_sync_stream(list(inputs), stream)
             self._append(stream, LaunchLazyJob(job_name, launch, inputs))
         for index, blob, fetch in outputs:
+            # (no soft sync either way: a fresh blob has no device work to wait for, and the section syncs its ep
+            # stream before it is done; a record_event on the blob's stream would be queued behind every kernel
+            # issued so far, one on the critical-section stream would cost its worker two more hand-offs)
             stream = StreamSymbol.new(blob.device, StreamType.critical_section)
-            self.soft_sync_stream([blob], stream)
             self._append(stream, OutputCriticalSection(job_name, index, blob, fetch))
 
     def launch_program(self, name: str, run, inputs, outputs, scratch, stream) -> None:

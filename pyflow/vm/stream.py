@@ -5,7 +5,7 @@ knows:
 
 * its **worker**: the ``ThreadCtx`` shared by every stream of one device type
   and thread uid (OneFlow: one ThreadCtx per device type), or the scheduler
-  thread itself for barrier streams;
+  thread itself for barrier streams and the lazy-job launcher's (``on_scheduler_thread``);
 * its **ep stream**, created lazily on first use (OneFlow's
   ``GetOrCreateEpStream``): an asynchronous one normally, an inline one in the
   VM's step-through mode;
@@ -76,7 +76,12 @@ class VmStream:
         self.stream_type = symbol.stream_type
         self.name = f"{self.device}/{self.stream_type.name}" + (f"/t{symbol.thread_uid}" if symbol.thread_uid else "")
         self.thread_ctx = thread_ctx
-        self.on_scheduler_thread = self.stream_type is StreamType.barrier
+        # A barrier runs where the scheduler stands.  So does ``LaunchLazyJob`` (an nn.Graph call handed to the
+        # actor runtime, ``policies/launch_lazy_job.py``): OneFlow gives it a thread of its own because there it
+        # lasts as long as the call; pyflow's only sends the source tick a message and returns, so a worker
+        # thread of its own would only add a thread hand-off per graph call (caller -> scheduler -> launcher ->
+        # actor: the scheduler sends the message itself).
+        self.on_scheduler_thread = self.stream_type in (StreamType.barrier, StreamType.lazy_job_launcher)
         # Every instruction of a copy stream records an event, so the host knows when
         # the copy is over: device2host (the data has landed) and host2device (the
         # host source may be freed or read again).  OneFlow's event-recorded policy.

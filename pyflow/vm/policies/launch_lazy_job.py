@@ -1,7 +1,7 @@
 """Seed 002: ``LaunchLazyJob`` and the output critical section: one call of a compiled graph in the eager VM.
 
 OneFlow runs a static graph's call through the eager VM too: ``nn.Graph.__call__`` issues a
-LaunchLazyJob instruction on the *lazy job launcher* stream (its own worker thread), and
+LaunchLazyJob instruction on the *lazy job launcher* stream (there its own worker thread), and
 critical-section instructions that hand the call its inputs and take its outputs, so the
 ordinary dependence rules place the call among eager ops.  pyflow's two instructions
 (``InstructionsBuilder.launch_lazy_job`` issues them):
@@ -10,6 +10,8 @@ ordinary dependence rules place the call among eager ops.  pyflow's two instruct
   them.  Its ``compute`` hands the call to the actor runtime (a callback ``launch()``, so
   the VM knows nothing of actors) and returns.  It runs even when an input failed
   (``handles_failed_inputs``): the call goes ahead and its outputs carry the failure.
+  ``launch()`` must not wait: it runs on the VM scheduler's thread (``VmStream.on_scheduler_thread``;
+  OneFlow's launcher has a thread of its own because its instruction lasts as long as the call).
 * ``OutputCriticalSection``, one per output tensor the caller holds, on the critical-section
   stream of the tensor's device: it *writes* that tensor, so every eager op issued later
   that reads it (``numpy()``, ``y + 1``) comes after it.  Its ``compute`` waits until the
@@ -73,4 +75,4 @@ class OutputCriticalSection(InstructionPolicy):
         value = self.fetch()   # waits for the call's output actor; raises what stopped the call
         stream = instruction.stream.ep_stream
         stream.memcpy_d2d(self.blob.array(), value._blob.array())
-        stream.sync()
+        stream.sync()   # (done means copied: the blob's later users need no sync with this stream, ``builder.py``)
