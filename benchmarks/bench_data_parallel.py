@@ -37,11 +37,15 @@ through ``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` bef
 imported and at run time through OpenBLAS's own call; the counts in use are printed.
 
 **Where a rank's time goes** (CPU per step and thread, batch 1024, under mpiexec, 1 BLAS thread):
-1 rank: user thread 3.8-4.5 ms, VM scheduler 1.1-1.4, VM worker 12.8-15.3 (about 9 of it the
-matmuls); each of 2 ranks: user thread 6.7-8.5 (the global ops: SBP, boxing, the bucket), scheduler
-1.8-2.3, worker 9.2-11.0, ccl worker 0.6-0.8, comm-net 1.6-4.5.  So a rank of 2 spends about what 1
-rank spends (18-20 ms) on half the samples: the compute it saves, the global ops' Python adds back,
-and most of it holds the rank's GIL, so its threads cannot overlap it.
+1 rank: user thread 3.6-4.1 ms, VM scheduler 1.1-1.2, VM worker 12.5-13.3 (about 9 of it the
+matmuls); each of 2 ranks: user thread 5.6-5.9 (the global ops, boxing, the collectives, the
+bucket), scheduler 1.7, worker 8.7-8.9, ccl worker 0.6, comm-net 1.5-1.7.  The user thread was
+6.6-8.5 before each kind of global call was decided once (``global_ops._Call``: about 9 Python calls
+per global op besides its local op, against 32-35; 7,960 per step on a rank, against 9,930, and 5,430
+for 1 rank).  So a rank of 2 spends about what 1 rank spends (17-18 ms) on half the samples: the
+compute it saves, the global ops, the bucket and the collectives' instructions (84 a step against
+63 for 1 rank: 3 collectives, 3 allocations and 11 stream events for them, the bucket's cat) add
+back, and most of it holds the rank's GIL, so its threads cannot overlap it.
 
 **In numbers.**  With ``F`` the fixed cost of a step (its Python) and ``C`` its compute, 1 rank takes
 ``F1 + C`` and 2 threaded ranks at best ``2 F2 + C/2`` (one GIL: their Python runs one after the other;

@@ -59,6 +59,17 @@ class Layout:
 
     placement: Placement
     sbp: tuple
+    _hash: int = dataclasses.field(default=None, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        """Worked out once (a boxing plan and a boxed input are looked up by layouts every step)."""
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((self.placement, self.sbp)))
+        return self._hash
+
+    def __reduce__(self):
+        """Pickled as its fields: another process works out its own hash (a placement's differs there)."""
+        return Layout, (self.placement, self.sbp)
 
     @property
     def ranks(self) -> tuple:
@@ -167,6 +178,8 @@ def run_node(node, args: list, ctx: BoxingContext):
     Every rank calls this in plan order, so the sequence numbers of the collectives agree across ranks.
     """
     transport, kind, attrs = ctx.transport, node.kind, node.attrs
+    if kind == "slice" and args[0].device is Device(node.device):   # one instruction: no empty output first
+        return apply("contiguous", [_region(args[0], attrs["region"])])[0]
     if kind in LOCAL_KINDS:
         out = empty(*node.shape, dtype=ctx.dtype, device=Device(node.device))
         return write_piece(kind, args, out, attrs)

@@ -24,6 +24,7 @@ at once (the local shapes of a local -> global conversion): it waits.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -41,8 +42,9 @@ __all__ = ["CCL_THREAD_UID", "ccl_stream", "collective", "exchange", "describe_c
 CCL_THREAD_UID = 3  # the rank's collective worker (uids 0-2 are taken: see pyflow/device/stream.py)
 
 
+@functools.cache
 def ccl_stream() -> Stream:
-    """The stream every collective of a rank runs on."""
+    """The stream every collective of a rank runs on (an interned symbol, so looked up once)."""
     return Stream.new(Device("cpu"), StreamType.ccl, thread_uid=CCL_THREAD_UID)
 
 

@@ -27,6 +27,7 @@ rank that skips one is reported, never a hang.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -41,23 +42,45 @@ from pyflow.framework.placement import placement as Placement
 from pyflow.framework.sbp import SbpParallel, checked_layout, piece_shape
 from pyflow.framework.tensor import Tensor
 
-__all__ = ["GlobalInfo", "make_global", "to_global", "to_local", "global_numpy", "global_tensor", "layout_of"]
+__all__ = ["GlobalInfo", "empty_piece", "make_global", "to_global", "to_local", "global_numpy", "global_tensor",
+           "layout_of"]
 
 
 @dataclasses.dataclass(frozen=True)
 class GlobalInfo:
-    """What makes a tensor global: where its pieces live, how they map to the logical tensor, its shape."""
+    """What makes a tensor global: where its pieces live, how they map to the logical tensor, its shape.
+
+    Its hash and its ``Layout`` are worked out once, when first asked for: every global op's cache key
+    hashes its inputs' infos (``global_ops._call_key``), and a boxing plan is looked up by layouts.
+    """
 
     placement: Placement
     sbp: tuple
     shape: tuple
+    _hash: int = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    _layout: Layout = dataclasses.field(default=None, init=False, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((self.placement, self.sbp, self.shape)))
+        return self._hash
+
+    def __reduce__(self):
+        """Pickled as its fields: another process works out its own hash (a placement's differs there)."""
+        return GlobalInfo, (self.placement, self.sbp, self.shape)
+
+    @property
+    def layout(self) -> Layout:
+        if self._layout is None:
+            object.__setattr__(self, "_layout", Layout(self.placement, self.sbp))
+        return self._layout
 
 
 def layout_of(x: Tensor) -> Layout:
-    return Layout(x._global.placement, x._global.sbp)
+    return x._global.layout
 
 
-def _empty_piece(dtype, placement: Placement):
+def empty_piece(dtype, placement: Placement):
     """The piece of a rank outside the placement: empty, and made without any instruction."""
     return Tensor._empty(Device("cpu"), (0,), dtype)
 
@@ -65,7 +88,7 @@ def _empty_piece(dtype, placement: Placement):
 def make_global(piece: Tensor | None, placement: Placement, sbp: tuple, shape: tuple, dtype) -> Tensor:
     """Wrap this rank's ``piece`` (None off the placement) as the global tensor it is part of."""
     if piece is None:
-        piece = _empty_piece(dtype, placement)
+        piece = empty_piece(dtype, placement)
     result = Tensor._wrap(piece._blob, piece._handle, piece._versions)
     result._global = GlobalInfo(placement, tuple(sbp), tuple(shape))
     return result
@@ -203,9 +226,20 @@ def _flat_index(coords: tuple, hierarchy: tuple) -> int:
 
 def global_numpy(x: Tensor) -> np.ndarray:
     """The whole logical value of global ``x``, on every rank (every rank must call it)."""
-    everywhere = Layout(Placement.all("cpu"), (SbpParallel("broadcast"),))
-    whole = box(x, everywhere, f"numpy() of {x.dtype}{list(x.shape)} ({layout_of(x).short()})")
+    whole = box(x, _everywhere(env.get_world_size()), _numpy_call(x._global, x.dtype))
     return to_local(whole).numpy()
+
+
+@functools.lru_cache(maxsize=64)
+def _everywhere(world_size: int) -> Layout:
+    """B on every rank's cpu: where ``numpy()`` boxes a tensor (made once per world size)."""
+    return Layout(Placement.all("cpu"), (SbpParallel("broadcast"),))
+
+
+@functools.lru_cache(maxsize=1024)
+def _numpy_call(info: GlobalInfo, dtype) -> str:
+    """What ``numpy()`` of a tensor of ``info`` and ``dtype`` calls its boxing (``loss.item()`` every step)."""
+    return f"numpy() of {dtype}{list(info.shape)} ({info.layout.short()})"
 
 
 def global_tensor(data, dtype=None, placement=None, sbp=None) -> Tensor:

@@ -49,7 +49,7 @@ from pyflow.framework.view_ops import apply_view
 from pyflow.kernels.layout import contiguous_strides
 from pyflow.kernels.registry import get_kernel
 
-__all__ = ["apply", "get_default_device", "kernel_target", "describe", "global_interpreter",
+__all__ = ["apply", "apply_local", "get_default_device", "kernel_target", "describe", "global_interpreter",
            "LogicalInference", "infer_device_and_stream", "infer_logical", "infer", "check_out", "convert_inputs",
            "make_outputs", "copy_overlapping_inputs", "build_op_call", "has_internal_overlap", "same_view",
            "may_overlap"]
@@ -395,9 +395,15 @@ def apply(name: str, inputs, *, out=None, **attrs) -> list:
         if recording:
             _recorder.after(name, op.backward, saved, results, attrs)
         return results
+    return apply_local(op, inputs, len(tensors), out, attrs, recording)
+
+
+def apply_local(op, inputs: list, tensors: int, out, attrs: dict, recording: bool = False) -> list:
+    """The local interpreter on a routed call (``tensors`` inputs are local tensors, the rest numbers; or on pieces)."""
+    name = op.name
     if op.view is not None:   # a view op: a new layout over the input's storage, no instruction
         return [apply_view(op, inputs[0], attrs, _recorder if recording else None)]
-    for x in inputs if len(tensors) != len(inputs) else ():
+    for x in inputs if tensors != len(inputs) else ():
         if not isinstance(x, Tensor) and not is_scalar(x):
             raise ArgumentTypeError(f"op {name!r}: expects tensors (or numbers), got {type(x).__name__}: {x!r:.60}")
     if "device" in attrs:
