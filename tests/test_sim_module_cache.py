@@ -1,8 +1,9 @@
-"""The compiled tier's module cache stays bounded (kernels/sim/module_cache.trim)."""
+"""The compiled tier's module cache stays bounded (kernels/sim/module_cache.trim), least recently used first."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,7 +28,7 @@ def _module(folder, name: str, written: float, size: int, numba_files: int) -> l
 @settings(max_examples=25, deadline=None)
 @given(ages=st.lists(st.floats(0, 10 * HOUR), min_size=1, max_size=12), size=st.integers(1, 400),
        numba_files=st.integers(0, 3), limit=st.integers(0, 8000))
-def test_trim_deletes_the_oldest_modules_with_their_numba_files_and_spares_the_last_hours(
+def test_trim_deletes_the_least_recently_used_modules_with_their_numba_files_and_spares_the_last_hours(
         tmp_path_factory, ages, size, numba_files, limit):
     folder = tmp_path_factory.mktemp("sim")
     os.makedirs(folder / "__pycache__")
@@ -41,7 +42,7 @@ def test_trim_deletes_the_oldest_modules_with_their_numba_files_and_spares_the_l
     deleted = module_cache.trim(str(folder), limit, now=now)
 
     age = dict((f"pyflow_sim_k{i}", a) for i, a in enumerate(ages))
-    assert deleted == sorted(deleted, key=lambda name: -age[name]), "oldest first"
+    assert deleted == sorted(deleted, key=lambda name: -age[name]), "least recently used first"
     if total <= limit:
         assert deleted == []
     kept = total - module_bytes * len(deleted)
@@ -75,3 +76,25 @@ def test_a_process_trims_at_its_first_write_only(tmp_path, monkeypatch):
     monkeypatch.setattr(module_cache, "_trimmed", False)    # one more than an hour later: it looks again
     module_cache.load_module("A = 4\n", "trim_probe")
     assert calls == [(str(tmp_path), 0)] * 2
+
+
+def test_loading_a_module_marks_it_used_and_keeps_the_time_numba_checks(tmp_path, monkeypatch):
+    """A load from disk sets the file's access time to now (trim's 'last used') and leaves its modification
+    time (numba's cache compares it): a module written long ago but loaded now is not the one trim deletes."""
+    monkeypatch.setenv("PYFLOW_SIM_CACHE", str(tmp_path))
+    monkeypatch.setattr(module_cache, "_trimmed", True)
+    old, new = "B = 1\n", "B = 2\n"
+    for source in (old, new):
+        module_cache.load_module(source, "lru_probe")
+    paths = sorted(tmp_path.glob("pyflow_sim_lru_probe_*.py"))
+    reloaded = next(p for p in paths if p.read_text() == old)   # (read before the times are set: a read sets atime)
+    long_ago = 1e9
+    for path in paths:
+        os.utime(path, (long_ago, long_ago))
+    for name in [n for n in list(sys.modules) if n.startswith("pyflow_sim_lru_probe_")]:
+        del sys.modules[name]   # as in a new process
+    module_cache.load_module(old, "lru_probe")
+    assert os.stat(reloaded).st_mtime == long_ago
+    assert os.stat(reloaded).st_atime > long_ago + 10 * HOUR
+    other = next(p for p in paths if p != reloaded)
+    assert module_cache.trim(str(tmp_path), 1, now=long_ago + 2 * HOUR) == [other.stem]

@@ -12,9 +12,11 @@ The directory is bounded (``PYFLOW_SIM_CACHE_MB``, default 2048): every new kern
 is a new module, and property tests make thousands (one developer's cache reached 3 GB
 and 120,000 files).  The first time a process writes a module, and the cache was not
 looked at in the last hour (``.last-trim``: reading 120,000 files' sizes takes seconds),
-``trim`` deletes the oldest-written modules and numba's files for them until the cache
-is under 80% of its bound; a module written in the last hour stays (another process
-may be running it).
+``trim`` deletes the least recently used modules and numba's files for them until the
+cache is under 80% of its bound; a module used in the last hour stays (another process
+may be running it).  A module's last use is its file's access time, which
+``load_module`` sets when it imports the file; its modification time never changes
+(numba's cache compares it, and would compile again).
 A deleted module is written and compiled again when a launch needs it.
 """
 
@@ -32,7 +34,7 @@ import time
 __all__ = ["cache_dir", "load_module", "trim"]
 
 _PREFIX = "pyflow_sim_"
-_KEEP_SECONDS = 3600.0   # trim never deletes a module written more recently (another process may run it)
+_KEEP_SECONDS = 3600.0   # trim never deletes a module used more recently (another process may run it)
 _trimmed = False         # trim runs once per process, at its first write
 
 
@@ -59,7 +61,9 @@ def load_module(source: str, stem: str):
     if found is not None:
         return found
     path = os.path.join(cache_dir(), name + ".py")
-    if not os.path.exists(path):
+    if os.path.exists(path):
+        _used(path)
+    else:
         _trim_once()
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "w") as f:
@@ -74,6 +78,13 @@ def load_module(source: str, stem: str):
         del sys.modules[name]
         raise
     return module
+
+
+def _used(path: str) -> None:
+    """Mark the module at ``path`` used now: its access time (``trim`` keeps the recently used), not its
+    modification time (numba's cache checks that one)."""
+    with contextlib.suppress(OSError):   # a read-only cache still serves
+        os.utime(path, (time.time(), os.stat(path).st_mtime))
 
 
 def _trim_once() -> None:
@@ -93,20 +104,18 @@ def _trim_once() -> None:
 
 
 def trim(directory: str, limit_bytes: int, now: float | None = None) -> list:
-    """Delete the oldest-written modules of ``directory`` (and numba's ``__pycache__`` files for them) until it
-    holds under 80% of ``limit_bytes``; nothing if it holds less than ``limit_bytes``.  Modules written within
-    the last hour before ``now`` stay.  The names of the modules deleted, oldest first.
-
-    Oldest written, not least recently used: a module's modification time is the one stamp a load may not
-    change (numba's cache checks it and would compile again).
+    """Delete the least recently used modules of ``directory`` (and numba's ``__pycache__`` files for them)
+    until it holds under 80% of ``limit_bytes``; nothing if it holds less than ``limit_bytes``.  Modules used
+    (written or loaded: the later of the file's access and modification times) within the last hour before
+    ``now`` stay.  The names of the modules deleted, least recently used first.
     """
     now = time.time() if now is None else now
-    modules = {}   # module name -> [bytes, when written, files]
+    modules = {}   # module name -> [bytes, last used, files]
     with os.scandir(directory) as entries:
         for entry in entries:
             if entry.name.startswith(_PREFIX) and entry.name.endswith(".py"):
                 stat = entry.stat()
-                modules[entry.name[:-3]] = [stat.st_size, stat.st_mtime, [entry.path]]
+                modules[entry.name[:-3]] = [stat.st_size, max(stat.st_atime, stat.st_mtime), [entry.path]]
     pycache = os.path.join(directory, "__pycache__")
     if os.path.isdir(pycache):
         with os.scandir(pycache) as entries:
@@ -119,8 +128,8 @@ def trim(directory: str, limit_bytes: int, now: float | None = None) -> list:
     if total <= limit_bytes:
         return []
     deleted = []
-    for name, (size, written, files) in sorted(modules.items(), key=lambda item: item[1][1]):
-        if total <= 0.8 * limit_bytes or now - written < _KEEP_SECONDS:
+    for name, (size, used, files) in sorted(modules.items(), key=lambda item: item[1][1]):
+        if total <= 0.8 * limit_bytes or now - used < _KEEP_SECONDS:
             break
         for path in files:
             with contextlib.suppress(FileNotFoundError):   # another process trimming too
