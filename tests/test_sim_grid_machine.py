@@ -85,7 +85,8 @@ def test_both_drivers_report_a_grid_sync_after_an_exit_and_a_group_miscount(monk
     assert groups_of_the_wrong_size.last_tier == "compiled"
 
 
-@settings(max_examples=3, deadline=None)   # each program is a kernel of its own: a compile each
+@pytest.mark.slow   # each random program is a kernel of its own, compiled cold: 50-250 s; CI runs it (-m slow)
+@settings(max_examples=3, deadline=None)
 @given(desc=cocktailer_programs(2, ops=2), blocks=st.integers(1, 4), seed=st.integers(0, 2**16))
 def test_cocktailer_programs_are_bit_equal_under_both_drivers(desc, blocks, seed):
     import pyflow.cocktailer as ck
