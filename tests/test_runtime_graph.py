@@ -244,6 +244,12 @@ def test_a_garbage_collected_graph_closes_its_runtime():
     assert not any(t.is_alive() for t in threads)
 
 
+def _lasting_threads() -> set:
+    """The names of the running threads, less the compiled tier's hang watch, which ends after a second with
+    nothing to watch and starts again at the next launch (``kernels/sim/workers.py``): it comes and goes."""
+    return {t.name for t in threading.enumerate() if t.name != "pyflow-sim-hang-watch"}
+
+
 def test_500_calls_of_a_two_stage_graph_neither_hang_nor_grow():
     """cpu stage -> cuda stage, 500 calls: same threads, same number of live tensors, flat memory."""
     g = _two_stage()
@@ -259,7 +265,7 @@ def test_500_calls_of_a_two_stage_graph_neither_hang_nor_grow():
     settle(g.runtime)
     g.runtime.set_timeline_limit(0)
     gc.collect()
-    threads = {t.name for t in threading.enumerate()}
+    threads = _lasting_threads()
     tensors = sum(issubclass(type(o), Tensor) for o in gc.get_objects())   # type(): reads nothing of a foreign object
     tracemalloc.start()
     try:
@@ -277,7 +283,7 @@ def test_500_calls_of_a_two_stage_graph_neither_hang_nor_grow():
     np.testing.assert_array_equal(out.numpy(), expected)
     del out
     gc.collect()
-    assert {t.name for t in threading.enumerate()} == threads
+    assert _lasting_threads() == threads
     assert sum(issubclass(type(o), Tensor) for o in gc.get_objects()) == tensors
     assert grown < 64 * 1024, f"{grown} bytes more after 350 more calls"
 
