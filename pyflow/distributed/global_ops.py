@@ -40,7 +40,7 @@ import numpy as np
 
 from pyflow import env
 from pyflow.distributed.boxing_steps import Layout
-from pyflow.distributed.global_tensor import (GlobalInfo, empty_piece, box, global_numpy, global_tensor, layout_of,
+from pyflow.distributed.global_tensor import (GlobalInfo, as_global, box, global_numpy, global_tensor, layout_of,
                                               make_global, to_global, to_local)
 from pyflow.distributed.signatures import choose_signature
 from pyflow.errors import DeviceError, ShapeError
@@ -253,20 +253,12 @@ class GlobalInterpreter:
         _latest.call = (weakref.ref(ctx), name, call.signature)
         for i, dst in call.boxings:
             inputs[i] = _boxed(inputs[i], dst, name)
-        results = []
         if ctx.rank in call.members:
-            pieces = interpreter.apply_local(call.op, [Tensor._wrap(x._blob, x._handle, x._versions)   # to_local
-                                                       if isinstance(x, Tensor) else x for x in inputs],
+            pieces = interpreter.apply_local(call.op, [to_local(x) if isinstance(x, Tensor) else x for x in inputs],
                                              call.tensors, None, dict(attrs))
-            for piece, (info, _) in zip(pieces, call.outputs):   # make_global, the info made once
-                result = Tensor._wrap(piece._blob, piece._handle, piece._versions)
-                result._global = info
-                results.append(result)
         else:
-            for info, dtype in call.outputs:
-                result = empty_piece(dtype, info.placement)
-                result._global = info
-                results.append(result)
+            pieces = [None] * len(call.outputs)
+        results = [as_global(piece, info, dtype) for piece, (info, dtype) in zip(pieces, call.outputs)]
         if out is None:
             return results
         return [self._write(o, r) for o, r in zip(out, results)]

@@ -42,7 +42,7 @@ from pyflow.framework.placement import placement as Placement
 from pyflow.framework.sbp import SbpParallel, checked_layout, piece_shape
 from pyflow.framework.tensor import Tensor
 
-__all__ = ["GlobalInfo", "empty_piece", "make_global", "to_global", "to_local", "global_numpy", "global_tensor",
+__all__ = ["GlobalInfo", "empty_piece", "make_global", "as_global", "to_global", "to_local", "global_numpy", "global_tensor",
            "layout_of"]
 
 
@@ -87,10 +87,15 @@ def empty_piece(dtype, placement: Placement):
 
 def make_global(piece: Tensor | None, placement: Placement, sbp: tuple, shape: tuple, dtype) -> Tensor:
     """Wrap this rank's ``piece`` (None off the placement) as the global tensor it is part of."""
+    return as_global(piece, GlobalInfo(placement, tuple(sbp), tuple(shape)), dtype)
+
+
+def as_global(piece: Tensor | None, info: GlobalInfo, dtype) -> Tensor:
+    """``make_global`` with the ``GlobalInfo`` made already (the global interpreter reuses one per kind of call)."""
     if piece is None:
-        piece = empty_piece(dtype, placement)
+        piece = empty_piece(dtype, info.placement)
     result = Tensor._wrap(piece._blob, piece._handle, piece._versions)
-    result._global = GlobalInfo(placement, tuple(sbp), tuple(shape))
+    result._global = info
     return result
 
 
