@@ -18,6 +18,7 @@ import pytest
 from pyflow.errors import DivergentBarrierError, KernelError, KernelHangError
 from pyflow.kernels.backend import cuda, is_simulator
 from pyflow.kernels.jit import jit
+from tests.test_sim_tiers import add_many_times, spin_until_set, store_past_the_end   # the tier tests' kernels
 
 pytestmark = pytest.mark.skipif(not is_simulator(), reason="the simulator's compiled tier")
 
@@ -36,32 +37,11 @@ def add_index(x):
 
 
 @jit
-def store_past_the_end(x, n):
-    i = cuda.grid(1)
-    if i < n + 3:
-        x[i] = 1.0
-
-
-@jit
 def barrier_in_one_branch(x):
     t = cuda.threadIdx.x
     if t < 2:
         cuda.syncthreads()
     x[t] = t
-
-
-@jit
-def spin_until_set(flag):
-    count = 0
-    while flag[0] == 0:
-        count += 1
-
-
-@jit
-def add_many_times(x, times):
-    i = cuda.grid(1)
-    for _ in range(times):
-        x[i] += 1.0
 
 
 def on_a_thread(launch, *args, **setting):
