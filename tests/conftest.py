@@ -23,6 +23,8 @@
   cold cache their compiles cost more than their threaded launches (five kernel test files: 33 s without the
   count, 62 s with it, 13 compiles); the boxing tests, which repeat the same small launches hundreds of
   times, keep it (276 -> 162 s).  ``tests/test_sim_tiers.py`` tests the rule itself.
+* a test that leaves a ``configure`` block of the simulator open (a thread still inside it) errors, and its
+  changes are taken away: they would otherwise hold for every later test (``kernels/sim/settings.py``).
 * ``PYFLOW_REQUIRE_EXTRAS=1`` (``.ci/run`` sets it after installing every extra):
   a test that skips fails instead, unless it skips for want of a GPU.  So
   nothing that needs an extra (torch, matplotlib, the PTX toolkit) is silently
@@ -116,6 +118,29 @@ def _one_simulator_tier(request):
 
     with configure(tier=mark.args[0]):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _no_simulator_setting_left_behind():
+    """A ``configure`` block a test leaves open (a thread still inside one, a generator never closed) would set
+    the simulator for every later test (``kernels/sim/settings.py``): the test errors, naming what it left, and
+    the block's changes are taken away."""
+    if is_gpu():
+        yield
+        return
+    import importlib
+
+    sim_settings = importlib.import_module("pyflow.kernels.sim.settings")
+    before = list(sim_settings._open)
+    yield
+    with sim_settings._lock:
+        left = [changes for entry, changes in sim_settings._open if all(entry is not e for e, _ in before)]
+        if left:
+            sim_settings._open[:] = before
+            sim_settings._current = sim_settings._with_open_changes()
+    if left:
+        pytest.fail(f"the test left simulator settings changed for the tests after it: configure(...) blocks "
+                    f"still open with {left}")
 
 
 def pytest_runtest_setup(item):

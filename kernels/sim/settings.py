@@ -93,7 +93,9 @@ def _from_environment() -> SimSettings:
     )
 
 
-_current = _from_environment()
+_base = _from_environment()   # the environment's settings, in force outside every ``configure`` block
+_open: list = []   # (token, changes) of each ``configure`` block open now, in the order they were entered
+_current = _base
 _lock = threading.Lock()
 
 
@@ -109,16 +111,40 @@ def configure(**changes):
     >>> with configure(multiprocessor_count=1, hang_timeout=2.0):
     ...     settings().multiprocessor_count
     1
+
+    Blocks may be open on several threads at once and close in any order: the settings in force are the
+    environment's with the changes of every block still open applied in the order they were entered, so a
+    block that ends takes away its own changes and nobody else's.  (Restoring "the settings before me" would
+    not do: of two blocks that overlap on two threads, the second to close would bring back the first one's
+    changes for the rest of the process.)
+
+    >>> first, second = configure(tier="threads"), configure(cores=1)
+    >>> _ = first.__enter__(); _ = second.__enter__()
+    >>> _ = first.__exit__(None, None, None); settings().tier == _base.tier, settings().cores
+    (True, 1)
+    >>> _ = second.__exit__(None, None, None); settings() == _base
+    True
     """
     global _current
+    token = object()
     with _lock:
-        previous = _current
-        _current = dataclasses.replace(previous, **changes)
+        dataclasses.replace(_current, **changes)   # a bad value raises here, before anything changes
+        _open.append((token, changes))
+        _current = _with_open_changes()
     try:
         yield _current
     finally:
         with _lock:
-            _current = previous
+            _open[:] = [entry for entry in _open if entry[0] is not token]
+            _current = _with_open_changes()
+
+
+def _with_open_changes() -> SimSettings:
+    """The environment's settings with the changes of every open ``configure`` block, oldest first."""
+    found = _base
+    for _, changes in _open:
+        found = dataclasses.replace(found, **changes)
+    return found
 
 
 def max_coresident_blocks(threads_per_block: int, dynamic_shared_bytes: int = 0,
