@@ -31,6 +31,7 @@ def _environment(**extra) -> dict:
     return environment
 
 
+@pytest.mark.slow   # ~35 s on a fresh machine (every section's kernels compiled cold); CI's slow stage runs it
 def test_bench_kernels_tiny_runs_every_section_in_the_simulator(tmp_path):
     table = tmp_path / "kernels.txt"
     result = subprocess.run([sys.executable, str(BENCH), "--tiny", "--write", str(table)], cwd=ROOT,
@@ -132,6 +133,7 @@ def test_the_session_knobs_the_tests_clear_are_the_ones_the_script_reads():
     assert all(k in header for k in knobs), "a knob the header does not document"
 
 
+@pytest.mark.slow   # it spends its 25 s budget's first 10 s by design; CI's slow stage runs it
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils' timeout")
 def test_gpu_session_runs_its_steps_in_order_within_its_budget(tmp_path):
     # 25 s in all, 15 s of it kept as a margin: a few seconds per step, and bench_cocktailer.py outlasts its own

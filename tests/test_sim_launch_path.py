@@ -98,7 +98,9 @@ def test_row_kernels_get_narrow_blocks_on_both_tiers():
         assert launch.rows_config(1024, 1024) == (launch.SIM_MAX_BLOCKS, 8)
 
 
-@pytest.mark.parametrize("op", ["reduce_sum", "reduce_max", "argmax"])
+# reduce_max and argmax compile two kernels of their own each (5-7 s apiece on a fresh machine): CI's slow stage
+@pytest.mark.parametrize("op", ["reduce_sum", pytest.param("reduce_max", marks=pytest.mark.slow),
+                                pytest.param("argmax", marks=pytest.mark.slow)])
 def test_a_long_reduction_gives_the_same_value_on_both_tiers_with_the_compiled_grid(op, monkeypatch):
     """A 40,000-element row (two passes): the compiled tier's pass 1 has ``SIM_PARTIALS`` blocks."""
     x = np.random.default_rng(5).standard_normal(40_000).astype(np.float32)

@@ -436,6 +436,7 @@ def test_local_arrays_worked_on_from_the_stack_keep_their_values_across_barriers
     np.testing.assert_array_equal(results[1], results[0])
 
 
+@pytest.mark.slow   # a cold compile of the tiled matmul of its own (~10 s on a fresh machine): CI's slow stage
 def test_a_register_tiled_matmul_keeps_its_accumulators_on_the_stack():
     """The matmul's per-thread tiles are worked on as stack arrays (where LLVM keeps them in registers)."""
     from pyflow.kernels.matmul import make_matmul_kernel
