@@ -548,3 +548,33 @@ def test_inline_emulated_stream_runs_work_on_the_caller_and_keeps_errors_for_syn
         stream.sync()
     stream.sync()  # the error was reported once
     device.destroy_stream(stream)
+
+
+def test_emulation_blocks_overlapping_on_threads_take_away_only_their_own_settings():
+    """Ranks of one process may each open an ``emulation`` block: closed in the order they were opened, the
+    last used to bring back the first one's delay for the rest of the process."""
+    base = emulation_settings()
+    delays = [0.001, 0.002, 0.003]
+    entered = [threading.Event() for _ in delays]
+    leave = [threading.Event() for _ in delays]
+
+    def block(i):
+        with emulation(max_delay=delays[i], seed=i):
+            entered[i].set()
+            leave[i].wait(10)
+
+    threads = [threading.Thread(target=block, args=(i,), name=f"test-emulation-{i}") for i in range(len(delays))]
+    for thread, event in zip(threads, entered):
+        thread.start()
+        assert event.wait(10)
+    assert emulation_settings().max_delay == delays[-1] and emulation_settings().seed == 2
+    leave[0].set()
+    threads[0].join(10)
+    assert emulation_settings().max_delay == delays[-1]
+    for thread, event in zip(threads[1:], leave[1:]):
+        event.set()
+        thread.join(10)
+    assert not any(thread.is_alive() for thread in threads)
+    assert emulation_settings() == base
+    with emulation(seed=5):   # a block that sets only the seed keeps the delay in force
+        assert emulation_settings() == type(base)(max_delay=base.max_delay, seed=5)

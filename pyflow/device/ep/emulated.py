@@ -66,7 +66,9 @@ def _settings_from_env() -> EmulationSettings:
 
 # Process-wide, not thread-local: the VM creates ep streams lazily on its own threads,
 # and those must see the settings the test (on the main thread) chose.
-_settings = _settings_from_env()
+_base = _settings_from_env()   # in force outside every ``emulation`` block
+_open: list = []               # (token, changes) of each block open now, in the order entered
+_settings = _base
 _settings_lock = threading.Lock()
 
 
@@ -79,23 +81,32 @@ def emulation_settings() -> EmulationSettings:
 def emulation(max_delay: float | None = None, seed: int | None = None) -> Iterator[EmulationSettings]:
     """Within the block, new emulated streams use these settings (None: keep current).
 
-    Process-wide (every thread sees them); nested blocks restore on exit.
+    Process-wide (every thread sees them).  Blocks may overlap on several threads (ranks of one process)
+    and close in any order: each takes away only its own changes (the environment's settings with those
+    of every block still open, oldest first), as the simulator's ``configure`` does.
     """
     global _settings
     if max_delay is not None and not (isinstance(max_delay, (int, float)) and 0 <= max_delay < float("inf")):
         raise ValueError(f"max_delay must be a finite number of seconds >= 0, got {max_delay!r}")
+    changes = {k: v for k, v in (("max_delay", None if max_delay is None else float(max_delay)),
+                                 ("seed", seed)) if v is not None}
+    token = object()
     with _settings_lock:
-        previous = _settings
-        _settings = EmulationSettings(
-            max_delay=previous.max_delay if max_delay is None else float(max_delay),
-            seed=previous.seed if seed is None else seed,
-        )
-        current = _settings
+        _open.append((token, changes))
+        _settings = current = _with_open_changes()
     try:
         yield current
     finally:
         with _settings_lock:
-            _settings = previous
+            _open[:] = [entry for entry in _open if entry[0] is not token]
+            _settings = _with_open_changes()
+
+
+def _with_open_changes() -> EmulationSettings:
+    found = _base
+    for _, changes in _open:
+        found = dataclasses.replace(found, **changes)
+    return found
 
 
 # --- events and streams --------------------------------------------------------------------
