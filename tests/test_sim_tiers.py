@@ -259,6 +259,9 @@ def test_a_kernel_that_never_finishes_is_reported_as_hung():
 
 
 def test_ctrl_c_stops_a_compiled_launch():
+    # compiled first, with the flag already set (it returns at once): on a fresh machine the compile takes seconds,
+    # and the Ctrl-C must reach the launch, not the compile (this test alone, -k compiled, failed that way once)
+    assert run("compiled", spin_until_set, (1, 2), np.ones(1)) == "compiled"
     timer = threading.Timer(0.5, _thread.interrupt_main)
     timer.start()
     try:
