@@ -13,6 +13,19 @@ it is installed as:
 
 tests/test_packaging.py checks that every module with ``>>>`` is collected, under its real name,
 except those in ``DOCTEST_EXCLUDED``.
+
+It also sets the simulator's ``auto`` tier (``kernels/sim/tiers.py``) alike for every test and doctest:
+
+* each starts ``auto``'s counts afresh (``tiers.forget_counts``), as a script in a new process would: summed
+  over a whole run, the library's elementwise kernels passed ``HOT_WORK`` half-way and every new argument
+  type after that compiled (49 compiles, 36 s on a fresh machine), and which tests compiled depended on
+  which ran before them;
+* the launch count (``HOT_LAUNCHES``: a kernel compiles at its 32nd launch with the same argument types,
+  which a training loop repays) is off, except in modules marked ``@pytest.mark.hot_launches``: the suite
+  launches hundreds of kernels a few dozen times each, and on CI's cold cache their compiles cost more than
+  their threaded launches (five kernel test files: 33 s without the count, 62 s with it, 13 compiles); the
+  boxing tests, which repeat the same small launches hundreds of times, keep it (276 -> 162 s).  A doctest
+  that launched one kernel 50 times compiled it (6 s cold).  ``tests/test_sim_tiers.py`` tests the rule.
 """
 
 from __future__ import annotations
@@ -37,6 +50,24 @@ DOCTEST_EXCLUDED = {
                           "`if __name__ == '__main__'`)",
 }
 collect_ignore = list(DOCTEST_EXCLUDED)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "hot_launches: keep auto's launch count (tiers.HOT_LAUNCHES) on in this test "
+                                       "(conftest.py: off elsewhere in the suite)")
+
+
+@pytest.fixture(autouse=True)
+def _auto_tier_counts_per_test(request, monkeypatch):
+    from pyflow.kernels.backend import is_gpu
+
+    if not is_gpu():
+        from pyflow.kernels.sim import tiers
+
+        tiers.forget_counts()
+        if request.node.get_closest_marker("hot_launches") is None:
+            monkeypatch.setattr(tiers, "HOT_LAUNCHES", 1 << 62)
+    yield
 
 
 def installed_name(path: Path) -> str | None:

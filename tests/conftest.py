@@ -17,12 +17,8 @@
   host and compiled executors) need one tier, because ``auto`` may run one kernel threaded
   and the other compiled, and the tiers can round floats differently in the last bit
   (numpy's scalar rules against numba's).
-* ``auto``'s launch count (``tiers.HOT_LAUNCHES``: a kernel compiles at its 32nd launch with the same
-  argument types, which a training loop repays) is off in the suite, except in modules marked
-  ``@pytest.mark.hot_launches``: the suite launches hundreds of kernels a few dozen times each, and on CI's
-  cold cache their compiles cost more than their threaded launches (five kernel test files: 33 s without the
-  count, 62 s with it, 13 compiles); the boxing tests, which repeat the same small launches hundreds of
-  times, keep it (276 -> 162 s).  ``tests/test_sim_tiers.py`` tests the rule itself.
+* ``auto``'s counts (``conftest.py`` at the root, for the doctests too): each test starts them afresh, and its
+  launch count (``HOT_LAUNCHES``) is off except in modules marked ``@pytest.mark.hot_launches``.
 * a test that leaves a ``configure`` block of the simulator open (a thread still inside it) errors, and its
   changes are taken away: they would otherwise hold for every later test (``kernels/sim/settings.py``).
 * ``PYFLOW_REQUIRE_EXTRAS=1`` (``.ci/run`` sets it after installing every extra):
@@ -91,21 +87,10 @@ def pytest_configure(config):
                                        "cuda:<rank>); skipped on a machine with fewer (tests/helpers_devices.py)")
     config.addinivalue_line("markers", "sim_tier(name): run the test's simulated launches on one tier of the "
                                        "simulator unless PYFLOW_SIM_TIER chooses (tests/conftest.py)")
-    config.addinivalue_line("markers", "hot_launches: keep auto's launch count (tiers.HOT_LAUNCHES) on in this test "
-                                       "(tests/conftest.py: off elsewhere in the suite)")
     config.addinivalue_line("markers", "emulated_streams: a check that needs the simulator's emulated, randomly "
                                        "delayed CUDA streams; skipped on a GPU (tests/helpers_devices.py)")
     config.addinivalue_line("markers", "simulated_block_order: a check that needs the simulator's order of "
                                        "starting blocks; skipped on a GPU (tests/helpers_devices.py)")
-
-
-@pytest.fixture(autouse=True)
-def _launch_count_only_where_marked(request, monkeypatch):
-    if not is_gpu() and request.node.get_closest_marker("hot_launches") is None:
-        from pyflow.kernels.sim import tiers
-
-        monkeypatch.setattr(tiers, "HOT_LAUNCHES", 1 << 62)
-    yield
 
 
 @pytest.fixture(autouse=True)

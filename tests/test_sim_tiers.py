@@ -300,6 +300,25 @@ def test_auto_compiles_a_big_launch_at_once_and_a_small_kernel_once_its_work_add
     np.testing.assert_array_equal(small, 2.0 * 5)
 
 
+def test_forget_counts_makes_a_hot_kernel_small_again_and_keeps_its_compiled_code(monkeypatch):
+    """What the test suite does before each test (conftest.py): counts start afresh, as in a new process."""
+    @jit
+    def add_four(x):
+        i = cuda.grid(1)
+        if i < x.shape[0]:
+            x[i] += 4
+
+    small, other = np.zeros(64), np.zeros(64, np.float32)   # two argument types
+    monkeypatch.setattr(tiers, "HOT_WORK", 2 * small.size)
+    assert [run("auto", add_four, (2, 32), small) for _ in range(2)] == ["threads", "compiled"]
+    tiers.forget_counts()
+    assert run("auto", add_four, (2, 32), other) == "threads"    # its work so far is this launch's only
+    assert run("auto", add_four, (2, 32), small) == "compiled"   # compiled code made before is still used
+    assert run("auto", add_four, (2, 32), other) == "compiled"   # two launches' work again: hot
+    np.testing.assert_array_equal(small, 12.0)
+    np.testing.assert_array_equal(other, 8.0)
+
+
 def test_auto_compiles_a_launch_of_many_threads_at_once():
     @jit
     def add_three(x):

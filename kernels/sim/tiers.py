@@ -63,8 +63,8 @@ import numpy as np
 
 from .compiled import CompiledKernel, Unsupported
 
-__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "HOT_LAUNCHES", "compiled_for", "argument_key",
-           "operation_work", "explain"]
+__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "HOT_LAUNCHES", "compiled_for", "forget_counts",
+           "argument_key", "operation_work", "explain"]
 
 TIERS = ("auto", "threads", "compiled")
 BIG_WORK = 1 << 15      # in auto: threads or array elements that make one launch worth compiling
@@ -105,9 +105,24 @@ def operation_work(work: int):
         _operation.work = outer
 
 
+_counts_epoch = 0   # auto's counts on a kernel (work so far, launches per argument types) belong to one epoch
+
+
+def forget_counts() -> None:
+    """Start ``auto``'s counts afresh for every kernel, as in a new process: the work and launches counted so far
+    no longer make a kernel hot (its compiled code, where made, stays ready).  The test suite calls it before each
+    test, so a test's tiers do not depend on what the tests before it launched: summed over a whole run, the
+    library's elementwise kernels passed ``HOT_WORK`` half-way and every new argument type after that compiled
+    (49 compiles, 36 s on a fresh machine, in tests that launch a few small arrays each)."""
+    global _counts_epoch
+    _counts_epoch += 1
+
+
 def compiled_for(kernel, threads: int, args, settings):
     """The kernel's prepared compiled launch for ``args``, or None to run this launch threaded."""
     work = _work(threads, args)
+    if kernel.__dict__.get("_counts_epoch") != _counts_epoch:   # (``forget_counts`` since the last launch)
+        kernel.__dict__.update(_counts_epoch=_counts_epoch, work_so_far=0, _launches_by_key={})
     kernel.work_so_far = getattr(kernel, "work_so_far", 0) + work
     if settings.tier == "threads" or kernel.debug:
         return None
@@ -134,7 +149,7 @@ def compiled_for(kernel, threads: int, args, settings):
 def _worth_compiling(work: int, threads: int, work_so_far: int, launches: int) -> bool:
     """``auto``'s rule for a launch whose compiled code is not prepared yet (the module docstring).
 
-    >>> _worth_compiling(64, 64, 64, 1), _worth_compiling(64, 64, 64 * HOT_LAUNCHES, HOT_LAUNCHES)
+    >>> _worth_compiling(64, 64, 64, 1), _worth_compiling(64, 64, HOT_WORK, 2)
     (False, True)
     >>> _worth_compiling(BIG_WORK, 64, BIG_WORK, 1), _worth_compiling(64, BIG_THREADS, 64, 1)
     (True, True)
