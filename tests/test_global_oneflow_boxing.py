@@ -51,7 +51,7 @@ import pytest
 import pyflow as flow
 from tests.helpers_devices import cuda_devices, cuda_devices_if
 
-# the same small boxing launches hundreds of times: auto's launch count pays here (tests/conftest.py)
+# the same small boxing launches hundreds of times: auto's launch count pays here (conftest.py)
 pytestmark = pytest.mark.hot_launches
 
 S0, S1, B, P = flow.sbp.split(0), flow.sbp.split(1), flow.sbp.broadcast, flow.sbp.partial_sum

@@ -24,7 +24,7 @@ from pyflow.kernels.backend import cuda, is_simulator
 from pyflow.kernels.jit import jit
 
 pytestmark = [pytest.mark.skipif(not is_simulator(), reason="the simulator's tiers exist only without a GPU"),
-              pytest.mark.hot_launches]   # the tier rule as users get it (tests/conftest.py)
+              pytest.mark.hot_launches]   # the tier rule as users get it (conftest.py)
 
 if is_simulator():
     import importlib
