@@ -25,7 +25,10 @@ It also sets the simulator's ``auto`` tier (``kernels/sim/tiers.py``) alike for 
   launches hundreds of kernels a few dozen times each, and on CI's cold cache their compiles cost more than
   their threaded launches (five kernel test files: 33 s without the count, 62 s with it, 13 compiles); the
   boxing tests, which repeat the same small launches hundreds of times, keep it (276 -> 162 s).  A doctest
-  that launched one kernel 50 times compiled it (6 s cold).  ``tests/test_sim_tiers.py`` tests the rule.
+  that launched one kernel 50 times compiled it (6 s cold).  ``tests/test_sim_tiers.py`` tests the rule;
+* machine code left in the cache directory by an earlier run (``CACHED_READY``) makes no launch compiled:
+  which tier a test's launches take, and so the last bits of its floats and the checks it gets, does not
+  depend on what ran on the machine before.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def _auto_tier_counts_per_test(request, monkeypatch):
         from pyflow.kernels.sim import tiers
 
         tiers.forget_counts()
+        monkeypatch.setattr(tiers, "CACHED_READY", False)
         if request.node.get_closest_marker("hot_launches") is None:
             monkeypatch.setattr(tiers, "HOT_LAUNCHES", 1 << 62)
     yield

@@ -19,22 +19,28 @@ ratios compare tiers measured in the same run:
    every launch asked for the compiled tier: which of their kernels ran compiled, and the same values
    as the host executor (bench_cocktailer asserts it, bit for bit);
 6. the kernel library: how many kernels (``pyflow.kernels.compile_check``'s cases) the compiled
-   tier translates, how long the compile of one case per kernel takes, and which stay threaded.
+   tier translates, how long the compile of one case per kernel takes, and which stay threaded;
+7. ``first``: what a user's training script on "cuda" costs under the default tier (``auto``) in its
+   first run on a machine and in the next: the course-sized MLP's first 40 steps, each run a new
+   process with an empty kernel cache, then with the cache the first run left.
 
 Times are the median of ``--repeats`` after one warm call (which compiles); compile times are
 printed apart.  ``--quick`` shrinks every size (a smoke run for the tests).
 
-    python benchmarks/bench_sim_tiers.py [--repeats 5] [--quick] [--sections ops,matmul,mlp,cocktailer,library]
+    python benchmarks/bench_sim_tiers.py [--repeats 5] [--quick] [--sections ops,matmul,mlp,cocktailer,library,first]
                                          [--write benchmarks/results/sim_tiers_cpu.txt]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import types as pytypes
 
@@ -47,7 +53,7 @@ import pyflow as flow  # noqa: E402
 from pyflow import nn  # noqa: E402
 from pyflow.kernels import sim  # noqa: E402
 
-SECTIONS = ("ops", "matmul", "mlp", "cocktailer", "models", "library")
+SECTIONS = ("ops", "matmul", "mlp", "cocktailer", "models", "library", "first")
 LINES: list = []
 
 
@@ -233,6 +239,44 @@ def small_mlp(args) -> None:
     ratio_row("SGD step (compiled)", {"cpu": times["cpu"], "compiled": times["compiled"]}, None)
 
 
+def first(args) -> None:
+    """A new process's first steps of the course-sized MLP on "cuda" under ``auto``, twice: with an empty kernel
+    cache (a fresh machine: small launches threaded until a kernel is hot, then compiles) and with the cache the
+    first run left (``tiers.CACHED_READY``: its machine code is loaded at the first launch)."""
+    steps = 6 if args.quick else 40
+    say(f"== a new process: its first {steps} SGD steps of the MLP 8 -> 32 -> 10, batch 128, on cuda, tier auto ==")
+    with tempfile.TemporaryDirectory() as cache:
+        for run in ("first run (an empty kernel cache)", "next run (the cache the first run left)"):
+            done = subprocess.run([sys.executable, __file__, "--first-steps", str(steps)], capture_output=True,
+                                  text=True, check=True,
+                                  env=dict(os.environ, PYFLOW_SIM_CACHE=cache, PYFLOW_SIM_TIER="auto"))
+            times = json.loads(done.stdout.strip().splitlines()[-1])
+            say(f"{run:40} all {sum(times):7.2f} s  first step {times[0]:6.2f} s  steps over 0.1 s: "
+                f"{sum(t > 0.1 for t in times):2}  median of the last 5: {statistics.median(times[-5:]) * 1e3:6.1f} ms")
+
+
+def first_steps(steps: int) -> None:
+    """(``--first-steps``, in the child process of ``first``) print the seconds of each of ``steps`` steps."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((128, 8)).astype(np.float32)
+    y = rng.integers(0, 10, size=128).astype(np.int64)
+    flow.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 10)).to("cuda")
+    opt = flow.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = nn.CrossEntropyLoss()
+    xs, ys = flow.tensor(x, device="cuda"), flow.tensor(y, device="cuda")
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        opt.zero_grad()
+        loss = loss_fn(model(xs), ys)
+        loss.backward()
+        opt.step()
+        loss.item()
+        times.append(time.perf_counter() - start)
+    print(json.dumps(times))
+
+
 # ---- 4. Cocktailer at the artifact's sizes -------------------------------------------------------
 
 
@@ -401,7 +445,11 @@ def main(argv=None) -> int:
                         help="also time the threaded tier at the full 1M size (minutes)")
     parser.add_argument("--lstm", default="10,256,64", help="the LSTM's layers,hidden,seq (default: the artifact's)")
     parser.add_argument("--write", help="also write the table to this file, with a header")
+    parser.add_argument("--first-steps", type=int, help=argparse.SUPPRESS)   # the child process of ``first``
     args = parser.parse_args(argv)
+    if args.first_steps:
+        first_steps(args.first_steps)
+        return 0
     wanted = [s for s in args.sections.split(",") if s]
     unknown = set(wanted) - set(SECTIONS)
     if unknown:

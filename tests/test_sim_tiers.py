@@ -350,6 +350,42 @@ def test_auto_compiles_a_small_kernel_at_its_nth_launch_with_the_same_argument_t
     assert run("threads", add_four, (2, 32), x) == "threads"      # compiled code ready, but threads asked for
 
 
+def _reverse_in_block():
+    """A new kernel object of the same source at every call: what a new process makes of the kernel."""
+    @jit
+    def reverse_in_block(x, out):
+        tile = cuda.shared.array(32, numba.float64)
+        t = cuda.threadIdx.x
+        i = cuda.grid(1)
+        mine = x[i]
+        tile[t] = mine
+        cuda.syncthreads()
+        out[i] = tile[31 - t] + mine   # ``mine`` lives across the barrier: its type is remembered on disk
+    return reverse_in_block
+
+
+def test_auto_compiles_at_once_what_an_earlier_run_left_compiled_in_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYFLOW_SIM_CACHE", str(tmp_path))   # an empty cache directory: nothing compiled before
+    monkeypatch.setattr(tiers, "CACHED_READY", True)        # (conftest.py turns it off for the suite)
+    x, out = np.arange(64.0), np.zeros(64)
+    expected = x.reshape(2, 32)[:, ::-1].ravel() + x
+    first = _reverse_in_block()
+    assert run("auto", first, (2, 32), x, out) == "threads"     # a small launch, nothing on disk
+    assert not tiers._compiled(first).compiled_before([x, out])
+    assert run("compiled", first, (2, 32), x, out) == "compiled"   # leaves its module and machine code
+    assert list(tmp_path.glob("pyflow_sim_reverse_in_block_types_*.txt"))
+    again = _reverse_in_block()   # a new kernel object: nothing compiled for it in this process
+    assert tiers._compiled(again).compiled_before([x, out])
+    assert run("auto", again, (2, 32), x, out) == "compiled"
+    np.testing.assert_array_equal(out, expected)
+    assert run("auto", _reverse_in_block(), (2, 32), x, out.astype(np.float32)) == "threads"   # other types
+    for index in (tmp_path / "__pycache__").glob("*reverse_in_block*cu_launch*.nbi"):
+        index.unlink()   # numba's machine code gone: a compile would start from nothing
+    assert not tiers._compiled(_reverse_in_block()).compiled_before([x, out])
+    monkeypatch.setattr(tiers, "CACHED_READY", False)
+    assert run("auto", _reverse_in_block(), (2, 32), x, out) == "threads"
+
+
 @jit(debug=True)
 def debug_add_five(x):
     x[cuda.grid(1)] += 5

@@ -41,7 +41,7 @@ from pyflow.errors import DeadlockError, DivergentBarrierError, GridSyncExitErro
 from . import cpu_runtime, grid_machine, scopes, workers
 from .blockwise import element_thread
 from .fission import Region, split, variables
-from .module_cache import load_module
+from .module_cache import compiled_before, load_module
 from .shadow_types import var_types
 from .translate import translate
 from .translation import Unsupported
@@ -149,24 +149,51 @@ class CompiledKernel:
             raise found
         return found
 
-    def _build(self, types, boundscheck: bool = True) -> _Prepared:
-        """Translate, split, type, write and compile: the module that runs this kernel for these types."""
+    def compiled_before(self, args, boundscheck: bool = True) -> bool:
+        """Did a run before this one leave this launch's machine code in the cache directory
+        (``module_cache.compiled_before``)?  Then ``prepare`` only loads it, in milliseconds: ``auto`` takes
+        the compiled tier at once (``tiers.py``).  Compiles nothing to find out: False for a kernel whose
+        threads' variable types were not remembered (that would take a compile of its own), or that the
+        compiled tier cannot take."""
+        try:
+            types = tuple(numba.typeof(a) for a in args)
+            with self.lock:
+                text = self._source(types, boundscheck, remembered_only=True)
+        except Exception:  # noqa: BLE001 - Unsupported, or numba's typeof: not compiled before, as far as we know
+            return False
+        if text is None:
+            return False
+        tr = self.translated()[0]
+        entries = (("cu_run", "cu_drive") if _COMPILED_MACHINE else ("cu_run",)) if self.cooperative else ("cu_launch",)
+        return compiled_before(text[0], tr.name, entries)
+
+    def _source(self, types, boundscheck: bool, bare: bool | None = None, remembered_only: bool = False):
+        """(the module's text for these argument types, whether it is ``bare``); None if ``remembered_only`` and
+        the threads' variable types were not remembered (``shadow_types.var_types``).  ``bare`` None: bare
+        unless a variable kept per thread needs numba's reference counts."""
         tr, sp = self.translated()
         if len(types) != len(tr.params):
             raise Unsupported(f"{len(types)} arguments for {len(tr.params)} parameters")
         param_types = dict(zip(tr.params, types))
         var = variables(sp, tr.params, param_types)
-        storage_types = var_types(tr, var, types) if var.stored else {}
+        storage_types = var_types(tr, var, types, remembered_only) if var.stored else {}
+        if storage_types is None:
+            return None
         header = (f"Kernel {tr.name!r} ({tr.where}) for the simulator's compiled tier, written by\n"
                   f"pyflow.kernels.sim.fission; runtime {_RUNTIME_STAMP}; argument types:\n"
                   + "".join(f"  {p}: {t}\n" for p, t in param_types.items()))
         if not boundscheck:
             header += "indexes unchecked (PYFLOW_SIM_BOUNDSCHECK=0)\n"
-        # per-thread code without reference counts where it can do without (cpu_runtime.BARE): typed
-        # dicts need them, and numba says so only when it compiles
-        bare = all(not t.startswith("numba.") for t in storage_types.values())
+        if bare is None:   # (per-thread code without reference counts where it can do without: cpu_runtime.BARE;
+            # typed dicts need them, and numba says so only when it compiles)
+            bare = all(not t.startswith("numba.") for t in storage_types.values())
+        return write_module(tr, sp, var, storage_types, self.cooperative, header, _IMPORTS, boundscheck, bare), bare
+
+    def _build(self, types, boundscheck: bool = True) -> _Prepared:
+        """Translate, split, type, write and compile: the module that runs this kernel for these types."""
+        tr, sp = self.translated()
+        source, bare = self._source(types, boundscheck)
         while True:
-            source = write_module(tr, sp, var, storage_types, self.cooperative, header, _IMPORTS, boundscheck, bare)
             module = load_module(source, tr.name)
             storage = tuple(numba.typeof(x) for x in module.cu_allocate(1, 1, 0))
             try:
@@ -185,6 +212,7 @@ class CompiledKernel:
                 if not bare:
                     raise
                 bare = False   # something in the kernel needs numba's runtime: count references
+                source, _ = self._source(types, boundscheck, bare)
 
     # ---- a launch ---------------------------------------------------------------
 

@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 
-__all__ = ["cache_dir", "load_module", "trim"]
+__all__ = ["cache_dir", "load_module", "compiled_before", "trim"]
 
 _PREFIX = "pyflow_sim_"
 _KEEP_SECONDS = 3600.0   # trim never deletes a module used more recently (another process may run it)
@@ -54,13 +54,18 @@ def cache_dir() -> str:
         return fallback
 
 
+def _module_path(source: str, stem: str) -> tuple:
+    """(module name, file) of ``source`` in the cache directory: the name is made from a hash of the text."""
+    name = f"{_PREFIX}{stem}_{hashlib.sha1(source.encode()).hexdigest()[:16]}"
+    return name, os.path.join(cache_dir(), name + ".py")
+
+
 def load_module(source: str, stem: str):
     """Import ``source`` as a module kept in the cache directory (named by a hash of its text)."""
-    name = f"pyflow_sim_{stem}_{hashlib.sha1(source.encode()).hexdigest()[:16]}"
+    name, path = _module_path(source, stem)
     found = sys.modules.get(name)
     if found is not None:
         return found
-    path = os.path.join(cache_dir(), name + ".py")
     if os.path.exists(path):
         _used(path)
     else:
@@ -78,6 +83,32 @@ def load_module(source: str, stem: str):
         del sys.modules[name]
         raise
     return module
+
+
+def compiled_before(source: str, stem: str, functions) -> bool:
+    """Did a run before this one compile ``source``'s module: is its file in the cache directory, with numba's
+    index of machine code beside it for each of ``functions`` (top-level ``njit`` functions of the module)?
+
+    Then ``load_module`` and numba's compile only read files (milliseconds), where a compile from nothing
+    takes 0.1-1 s.  numba keeps a function's index in ``__pycache__`` as ``<module>.<function>-<line>.pyXY.nbi``,
+    ``<line>`` the first line of its definition, decorator included (``co_firstlineno``); a function whose
+    index is missing, or a module not there, is not compiled before.  An index that no longer matches its file
+    (numba's own check, when it loads) only makes the compile happen after all.
+    """
+    name, path = _module_path(source, stem)
+    if not os.path.exists(path):
+        return False
+    lines = source.splitlines()
+    tag = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    for function in functions:
+        line = next((i for i, text in enumerate(lines, 1) if text.startswith(f"def {function}(")), None)
+        if line is None:
+            return False
+        while line > 1 and lines[line - 2].startswith("@"):   # the decorators belong to the definition
+            line -= 1
+        if not os.path.exists(os.path.join(os.path.dirname(path), "__pycache__", f"{name}.{function}-{line}.{tag}.nbi")):
+            return False
+    return True
 
 
 def _used(path: str) -> None:

@@ -27,11 +27,12 @@ from .translation import BARRIERS, CONTEXT, Unsupported
 __all__ = ["var_types"]
 
 
-def var_types(tr, var, types) -> dict:
+def var_types(tr, var, types, remembered_only: bool = False) -> dict | None:
     """numba's types of the variables kept per thread, from a compile of the body without barriers.
 
     The "shadow" module has a function per unit (``shadow_fK``) and one for the kernel; a call
     marker becomes a call of the unit's shadow, so numba types each unit once per argument types.
+    ``remembered_only``: the types only if they were remembered before (None if not): no compile.
     """
     storage = []
     for s in tr.storage:
@@ -59,6 +60,8 @@ def var_types(tr, var, types) -> dict:
             found = dict(line.rstrip("\n").split("\t", 1) for line in f if "\t" in line)
         if set(found) == set(var.stored):
             return found
+    if remembered_only:
+        return None
     module = load_module(text, f"{tr.name}_types")
     sig = tuple(types) + (nbtypes.int64,) * len(context) + tuple(t for _, t in storage)
     module.shadow.compile(sig)
