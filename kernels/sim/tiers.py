@@ -35,8 +35,8 @@ interprets first and compiles what is worth compiling:
     (``CompiledKernel.compiled_before``: loading it takes milliseconds, about one
     small threaded launch).  Threaded otherwise.  So a training script pays its
     threaded launches and its compiles in its first run only: an SGD step of an
-    MLP 784 -> 256 -> 10 on "cuda" took 0.4-1.3 s for its first 31 steps, then
-    25-30 ms; run again, 0.5 s for the first step (the loads), then 25-30 ms.  A compile costs
+    MLP 784 -> 256 -> 10 on "cuda" took 0.3-1.3 s for its first 31 steps, then
+    24-32 ms; run again, 0.7 s for the first step (the loads), then 20-30 ms.  A compile costs
     0.1-1 s (numba without its disk cache, as in CI's clean clone), a small
     threaded launch 10-15 ms, so a kernel repays its compile after some tens of
     launches, as a training loop's kernels do (an SGD step of a tiny MLP: 65 times
