@@ -30,7 +30,7 @@ import sys
 
 from pyflow.errors import BackendError
 
-__all__ = ["cuda", "MODE", "REASON", "is_simulator", "is_gpu", "describe"]
+__all__ = ["cuda", "MODE", "REASON", "is_simulator", "is_gpu", "describe", "release_threads"]
 
 _CHOICES = ("auto", "gpu", "sim")
 
@@ -106,6 +106,16 @@ def is_simulator() -> bool:
 def is_gpu() -> bool:
     """True when kernels run on a real GPU."""
     return MODE == "gpu"
+
+
+def release_threads() -> None:
+    """End the threads the simulator keeps between launches and has no work for now (its compiled tier's
+    hang watch and launch pools: ``sim/workers.py``); a later launch starts them again.  Nothing on a GPU.
+    ``pyflow.vm.shutdown`` calls it, so no pyflow thread outlives a shutdown."""
+    if MODE == "sim":
+        from pyflow.kernels.sim import workers
+
+        workers.release()
 
 
 def describe() -> str:

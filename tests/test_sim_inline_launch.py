@@ -136,6 +136,30 @@ def test_the_watch_is_one_named_thread_that_ends_when_nothing_is_left_to_watch(m
         time.sleep(0.01)
 
 
+def _simulator_threads() -> set:
+    return {t.name.rstrip("_0123456789") for t in threading.enumerate() if t.name.startswith("pyflow-sim-")}
+
+
+def test_a_vm_shutdown_ends_the_idle_watch_and_the_launch_pools_at_once():
+    """``vm.shutdown`` calls ``backend.release_threads``: the watch would otherwise linger ``_IDLE_SECONDS``, the
+    pools' workers for the whole process."""
+    from pyflow import vm
+    from pyflow.kernels.backend import release_threads
+
+    x = np.zeros(256)
+    on_a_thread(add_index[8, 32], x)   # off the main thread: the watch runs
+    with sim.configure(tier="compiled", cores=2):
+        add_index[8, 32](x)   # on the main thread: a pool's worker runs it
+    assert {"pyflow-sim-hang-watch", "pyflow-sim-compiled"} <= _simulator_threads()
+    vm.shutdown()
+    assert _simulator_threads() == set()
+    on_a_thread(add_index[8, 32], x)   # they start again when needed
+    assert "pyflow-sim-hang-watch" in _simulator_threads()
+    release_threads()
+    assert _simulator_threads() == set()
+    np.testing.assert_array_equal(x, 3 * np.arange(256.0))
+
+
 def test_a_launch_that_does_not_stop_when_told_is_reported_on_stderr(monkeypatch, capfd):
     """A loop in a device function never looks at ``cancel``; here the launch's thread is one that waits."""
     monkeypatch.setattr(workers, "_STOP_SECONDS", 0.2)

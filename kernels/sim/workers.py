@@ -29,7 +29,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor   # imported now: at exit its import is refused
 
-__all__ = ["launch_submit", "part_submit", "stop", "Progress", "watch", "unwatch", "thread_doing",
+__all__ = ["launch_submit", "part_submit", "stop", "release", "Progress", "watch", "unwatch", "thread_doing",
            "thread_compiling"]
 
 _STOP_SECONDS = 10.0   # how long a cancelled launch may take to notice
@@ -77,16 +77,18 @@ _watched: set = set()                 # the Progress of every inline launch runn
 _watch_changed = threading.Condition()
 _watch_thread: threading.Thread | None = None
 _watching = False   # the watch thread is polling: a launch adds itself without taking the lock
+_ending = False     # ``release`` asked the watch to end as soon as it has nothing to watch
 
 
 def watch(progress: Progress) -> bool:
     """Watch an inline launch until ``unwatch``; False if no watch thread can start (at interpreter exit)."""
-    global _watch_thread
+    global _watch_thread, _ending
     _watched.add(progress)   # a set's add and discard are atomic: no lock while the watch polls
     if _watching:
         return True
     with _watch_changed:     # it may be waiting for a launch to watch, or gone
         if _watch_thread is None:
+            _ending = False
             thread = threading.Thread(target=_watch_loop, name="pyflow-sim-hang-watch", daemon=True)
             try:
                 thread.start()
@@ -112,7 +114,8 @@ def _watch_loop() -> None:
                 with _watch_changed:
                     _watching = False   # from now on a launch that adds itself notifies ...
                     if not _watched:    # ... and one added before is seen here
-                        _watch_changed.wait(_IDLE_SECONDS)
+                        if not _ending:
+                            _watch_changed.wait(_IDLE_SECONDS)
                         if not _watched:
                             _watch_thread = None
                             return
@@ -132,6 +135,27 @@ def _watch_loop() -> None:
             _watching = False
             if _watch_thread is threading.current_thread():
                 _watch_thread = None
+
+
+def release() -> None:
+    """End the simulator's helper threads that have nothing to do: the hang watch (at once, not after
+    ``_IDLE_SECONDS``, unless a launch is running: another rank's, say) and the pools' workers (after their
+    launches).  A later launch starts them again.  ``vm.shutdown`` calls it (``backend.release_threads``):
+    no thread of pyflow outlives a shutdown."""
+    global _pool, _part_pool, _ending
+    with _pool_lock:
+        pools, _pool, _part_pool = (_pool, _part_pool), None, None
+    for pool in pools:
+        if pool is not None:
+            pool.shutdown(wait=True)
+    with _watch_changed:
+        thread = _watch_thread
+        if thread is None or _watched:
+            return
+        _ending = True
+        _watch_changed.notify()
+    if thread is not threading.current_thread():
+        thread.join(_IDLE_SECONDS + 1.0)
 
 
 def _report_stuck(progress: Progress) -> None:

@@ -30,6 +30,7 @@ import threading
 
 from pyflow import _exit, env
 from pyflow.device.ep.base import is_interrupt
+from pyflow.kernels.backend import release_threads
 from pyflow.vm.builder import InstructionsBuilder, no_instructions, physical_run, set_issuer
 from pyflow.vm.eager_blob_object import EagerBlobObject, TensorStorage
 from pyflow.vm.failure import Failure
@@ -156,6 +157,7 @@ def shutdown(at_exit: bool = False, release_held: bool = False) -> None:
     with _vm_lock:
         vm, ctx.vm = ctx.vm, None
     if vm is None or vm.closed:
+        release_threads()   # (kernels launched without a VM may have started the simulator's)
         return
     try:
         with _abandoned_on_ctrl_c(at_exit, "the VM's queued work"):
@@ -172,6 +174,7 @@ def shutdown(at_exit: bool = False, release_held: bool = False) -> None:
 def _stop(vm: VirtualMachine, release_held: bool, at_exit: bool) -> None:
     """Stop ``vm`` (drained, or failed while draining) and report the failures nobody saw."""
     unseen = vm.shutdown(release_held=release_held)
+    release_threads()   # the simulator's helper threads, idle now that the VM's streams are drained
     report_unseen(unseen)
     if at_exit and unseen:
         _exit.mark_unseen_failures(len(unseen))
