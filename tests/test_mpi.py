@@ -297,6 +297,18 @@ def test_graph_training_gives_the_same_numbers_as_threads_and_as_processes(launc
     assert job.returncode == 0 and job.survivors() == []
 
 
+@needs_mpi
+def test_ddp_gives_the_in_process_numbers_bit_for_bit_with_every_rank_a_process():
+    """flow.nn.parallel.DistributedDataParallel (tests/test_ddp.py): its bucket all-reduces between processes."""
+    from tests.test_ddp import ddp_numbers
+
+    want = ddp_numbers()
+    job = _job(("ddp",), [call("tests.test_ddp:ddp_numbers")], 2)
+    for rank, got in enumerate(job.values(2, 0)):
+        _same(got, want, f"DDP losses and parameters on rank {rank}")
+    assert job.returncode == 0 and job.survivors() == []
+
+
 def where_am_i() -> tuple:
     """What a launched process knows about itself, and a sum over every rank."""
     total = flow.distributed.run(lambda: flow.tensor(np.ones(8), placement=flow.placement.all("cpu"),

@@ -11,7 +11,9 @@
    as the forward (a trace shows them).  Grad mode is off while they run,
    unless ``create_graph`` asks to record them (for gradients of gradients).
 4. **Leaves**: ``AccumulateGrad`` adds the gradient into ``leaf.grad`` (in place,
-   after the first: the same tensor across backwards, as in PyTorch); a global
+   after the first: the same tensor across backwards, as in PyTorch), then calls the
+   leaf's ``register_post_accumulate_grad_hook`` hooks with the leaf (data parallel's
+   all-reduce starts there: ``pyflow/nn/parallel.py``); a global
    leaf's gradient is boxed to the *dual* SBP of the leaf (B <-> P, S stays S),
    OneFlow's convention: a broadcast parameter's gradient is a partial sum,
    all-reduced when the optimizer uses it.
@@ -70,6 +72,9 @@ def accumulate(leaf, grad) -> None:
         info.grad = info.grad + grad
     else:
         info.grad.add_(grad)   # in place: .grad stays the same tensor across backwards, as in PyTorch
+    if info.post_accumulate_hooks:
+        for hook in list(info.post_accumulate_hooks.values()):
+            hook(leaf)
 
 
 def run_backward(roots, grads, retain_graph: bool, create_graph: bool, wanted=None) -> dict:

@@ -38,7 +38,7 @@ class AutogradMeta:
     """A tensor's autograd state (``Tensor._autograd``)."""
 
     __slots__ = ("requires_grad", "grad", "grad_fn", "output_nr", "retains_grad", "accumulator", "leaf_base",
-                 "base")
+                 "base", "post_accumulate_hooks")
 
     def __init__(self, requires_grad: bool = False, grad_fn=None, output_nr: int = 0):
         self.requires_grad = requires_grad
@@ -49,6 +49,7 @@ class AutogradMeta:
         self.accumulator = None  # a leaf's AccumulateGrad, made once
         self.leaf_base = None    # a view of a leaf that requires grad: that leaf's description (no in-place)
         self.base = None         # a view of a tensor computed from others: its description (no in-place yet)
+        self.post_accumulate_hooks = None   # a leaf's hooks run after backward updated its .grad: {key: fn}
 
 
 def meta(t):

@@ -223,6 +223,12 @@ def retain_grad(self: Tensor) -> None:
     _autograd_api("retain_grad").retain_grad(self)
 
 
+def register_post_accumulate_grad_hook(self: Tensor, hook):
+    """Call ``hook(self)`` after each backward that adds a gradient into this leaf's ``.grad``; returns a handle
+    whose ``remove()`` unregisters it."""
+    return _autograd_api("register_post_accumulate_grad_hook").register_post_accumulate_grad_hook(self, hook)
+
+
 def backward(self: Tensor, gradient=None, retain_graph=None, create_graph: bool = False) -> None:
     """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (``gradient``: d(loss)/d(self), needed
     unless ``self`` has one element)."""
@@ -301,6 +307,7 @@ METHODS = {
     "grad_fn": property(grad_fn),
     "is_leaf": property(lambda self: grad_fn(self) is None),
     "requires_grad_": requires_grad_, "retain_grad": retain_grad, "backward": backward,
+    "register_post_accumulate_grad_hook": register_post_accumulate_grad_hook,
 }
 
 for _name, _method in METHODS.items():

@@ -18,6 +18,7 @@
 * ``functional`` - the same computations as functions (``F.linear``, ``F.cross_entropy``...)
 * ``init``       - in-place initialisations (``xavier_uniform_``, ``kaiming_uniform_``...)
 * ``utils``      - ``clip_grad_norm_``, ``clip_grad_value_``
+* ``parallel``   - ``DistributedDataParallel``: data parallel over local replicas, gradients averaged per bucket
 
 ``flow.nn.Graph`` (and ``flow.nn.graph``), OneFlow's spelling, is ``pyflow.graph``'s: that
 layer sits above nn, so ``import pyflow`` hands it to this package (``pyflow/__init__.py``).
@@ -35,7 +36,7 @@ backward rule in this package; autograd differentiates the ops they are made of.
 [(8, 4), (8,), (3, 8), (3,)]
 """
 
-from pyflow.nn import functional, init, utils
+from pyflow.nn import functional, init, parallel, utils
 from pyflow.nn.activation import GELU, LeakyReLU, LogSigmoid, LogSoftmax, ReLU, Sigmoid, Softmax, Softplus, Tanh
 from pyflow.nn.batchnorm import BatchNorm1d, BatchNorm2d
 from pyflow.nn.container import ModuleList, Sequential
@@ -50,7 +51,7 @@ from pyflow.nn.parameter import Parameter
 from pyflow.nn.rnn import GRU, LSTM, LSTMCell
 from pyflow.nn.sparse import Embedding
 
-__all__ = ["functional", "init", "Parameter", "Module", "Sequential", "ModuleList", "Linear", "Flatten", "Identity",
+__all__ = ["functional", "init", "parallel", "Parameter", "Module", "Sequential", "ModuleList", "Linear", "Flatten", "Identity",
            "Conv2d", "MaxPool2d", "AvgPool2d", "ReLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "BatchNorm1d",
            "BatchNorm2d", "Embedding", "LSTMCell", "LSTM", "GRU", "Dropout", "MSELoss", "CrossEntropyLoss", "NLLLoss",
            "utils", "GELU", "LeakyReLU", "Softplus", "LogSigmoid", "LayerNorm", "L1Loss", "SmoothL1Loss", "HuberLoss",
