@@ -14,6 +14,12 @@ times are medians.  Run it
 * as MPI processes:            ``python -m pyflow.distributed.launch --nproc_per_node 2
                                  benchmarks/bench_data_parallel.py``
 
+**Two ways to train data parallel**, both timed in every run: the model's parameters global with SBP B
+and the batch S(0) (the columns "2 ranks"), where every op runs through the global interpreter; and
+``flow.nn.parallel.DistributedDataParallel`` (the columns "DDP"), a local replica per rank on its own
+shard, whose gradients are averaged by one all-reduce per bucket from the backward's hooks: per op,
+a rank pays what 1 rank pays, plus one collective per step.
+
 **What 2 cores allow.**  Splitting the batch halves each rank's compute (the matmuls), but every
 rank still issues every op of the step: the Python per op (interpreter, VM, SBP inference, boxing)
 does not shrink with the batch, and the ranks add the gradients' all-reduce.  As threads, the
@@ -168,6 +174,12 @@ def per_rank(batch: int, steps: int, warmup: int) -> dict:
     alone = {n: mlp() for n in counts}
     alone_opt = {n: flow.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM) for n, model in alone.items()}
     x_all, y_all = flow.tensor(data), flow.tensor(labels)
+    # DDP: a local replica per rank (rank 0's weights: the same as the others' here), its own shard, gradients
+    # averaged by one all-reduce per bucket from the backward's hooks (pyflow/nn/parallel.py)
+    share, me = batch // WORLD, env.get_rank()
+    ddp_model = nn.parallel.DistributedDataParallel(mlp())
+    ddp_opt = flow.optim.SGD(ddp_model.parameters(), lr=LR, momentum=MOMENTUM)
+    x_mine, y_mine = flow.tensor(data[me * share:(me + 1) * share]), flow.tensor(labels[me * share:(me + 1) * share])
 
     def step(model, optimizer, inputs, targets) -> float:
         optimizer.zero_grad()
@@ -178,6 +190,7 @@ def per_rank(batch: int, steps: int, warmup: int) -> dict:
 
     one, one_cpu, one_losses = ({n: [] for n in counts} for _ in range(3))
     two, two_cpu, two_losses = [], [], []
+    ddp, ddp_cpu, ddp_losses = [], [], []
     for _ in range(warmup + steps):
         barrier()
         for n in counts:
@@ -194,12 +207,17 @@ def per_rank(batch: int, steps: int, warmup: int) -> dict:
         two_losses.append(step(replica, parallel_opt, x, y))
         two.append(time.perf_counter() - start)
         two_cpu.append(time.process_time() - cpu)
+        barrier()
+        start, cpu = time.perf_counter(), time.process_time()
+        ddp_losses.append(step(ddp_model, ddp_opt, x_mine, y_mine))   # this rank's shard's loss
+        ddp.append(time.perf_counter() - start)
+        ddp_cpu.append(time.process_time() - cpu)
     with flow.trace() as tracer:   # what one 2-rank step sends: its collectives (after the timed steps)
         step(replica, parallel_opt, x, y)
     collectives = sum(record.name == "collective" for record in tracer.records)
     return {"one": {n: t[warmup:] for n, t in one.items()}, "one_cpu": {n: t[warmup:] for n, t in one_cpu.items()},
             "two": two[warmup:], "two_cpu": two_cpu[warmup:], "one_losses": one_losses, "two_losses": two_losses,
-            "collectives": collectives}
+            "collectives": collectives, "ddp": ddp[warmup:], "ddp_cpu": ddp_cpu[warmup:], "ddp_losses": ddp_losses}
 
 
 def break_even(batches: list, one_ms: dict, two_ms: dict, under_mpi: bool) -> list:
@@ -251,7 +269,7 @@ def main() -> None:
              f"{CORES} cores; median of {args.steps} steps after {args.warmup}, each ending with loss.item()",
              f"  {'global batch':>12} {'per rank':>9} {'1 rank ms':>10} {'1 rank, 1 BLAS':>15} {'2 ranks ms':>11} "
              f"{'2 ranks / 1 rank':>17} {'1 rank CPU ms':>14} {'2 ranks CPU ms':>15} {'largest loss difference':>24} "
-             f"{'collectives / step':>19}"]
+             f"{'collectives / step':>19} {'DDP ms':>8} {'DDP / 1 rank':>13} {'DDP CPU ms':>11}"]
     batches, one_by_batch, two_by_batch = [int(b) for b in args.batches.split(",")], {}, {}
     for batch in batches:
         results = flow.distributed.run(per_rank, world_size=WORLD, args=(batch, args.steps, args.warmup))
@@ -263,18 +281,25 @@ def main() -> None:
         difference = max(float(np.abs(np.array(losses) - np.array(first["two_losses"])).max())
                          for losses in first["one_losses"].values())
         assert difference < 1e-4, f"1 rank and {WORLD} ranks trained differently ({difference})"
+        shard_mean = np.mean([r["ddp_losses"] for r in results], axis=0)   # equal shards: the whole batch's mean
+        ddp_difference = max(float(np.abs(np.array(losses) - shard_mean).max()) for losses in first["one_losses"].values())
+        assert ddp_difference < 1e-4, f"1 rank and {WORLD} DDP ranks trained differently ({ddp_difference})"
+        ddp_ms = statistics.median(max(times) for times in zip(*(r["ddp"] for r in results))) * 1e3
+        ddp_cpu = statistics.median(first["ddp_cpu"]) * 1e3
         one_cpu, two_cpu = statistics.median(first["one_cpu"][best]) * 1e3, statistics.median(first["two_cpu"]) * 1e3
         one_by_batch[batch], two_by_batch[batch] = ms[best], two_ms
         lines.append(f"  {batch:12} {batch // WORLD:9} {one_ms:10.2f} {one_alone_ms:15.2f} {two_ms:11.2f} "
                      f"{two_ms / ms[best]:17.2f} {one_cpu:14.2f} {two_cpu:15.2f} {difference:24.1e} "
-                     f"{first['collectives']:19}")
+                     f"{first['collectives']:19} {ddp_ms:8.2f} {ddp_ms / ms[best]:13.2f} {ddp_cpu:11.2f}")
     lines.append(f"  (target: 2 ranks / 1 rank <= 1.0 at batch 1024; 1 rank: with {ONE_RANK_BLAS_THREADS} BLAS threads "
                  "and with 1, the ratio against the faster (on busy cores more BLAS threads can be slower);\n"
                  "   2 ranks: the slowest rank's step; CPU: the process's CPU time over the step (1 rank: the faster), "
                  "all its threads\n   (in-process: both ranks'; under mpiexec: rank 0's process); collectives: "
                  "those one 2-rank step issues on rank 0: the 4 gradients' all-reduce as one\n   bucket "
                  "(Optimizer._gradients), the mean's denominator P -> B (once: the backward reuses the forward's "
-                 "boxing) and the loss's for item())")
+                 "boxing) and the loss's for item());\n   DDP: nn.parallel.DistributedDataParallel, a local replica per "
+                 "rank on its shard (no global tensor), its 4 gradients averaged by one all-reduce (one bucket),\n"
+                 "   each rank's loss.item() its shard's; the losses checked: the ranks' mean against 1 rank's)")
     lines += break_even(batches, one_by_batch, two_by_batch, under_mpi)
     if env.get_rank() == 0:
         print("\n".join(lines))
