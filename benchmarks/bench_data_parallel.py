@@ -141,6 +141,7 @@ from pyflow import env, nn  # noqa: E402
 from pyflow.distributed import CollectiveDesc  # noqa: E402
 
 FEATURES, HIDDEN, CLASSES = 784, 256, 10
+DDP_BUCKET_SIZE = int(_flag_from_argv("--bucket-size", "10"))   # parameters per DDP all-reduce (DDP's default)
 LR, MOMENTUM = 0.05, 0.9
 
 
@@ -177,7 +178,7 @@ def per_rank(batch: int, steps: int, warmup: int) -> dict:
     # DDP: a local replica per rank (rank 0's weights: the same as the others' here), its own shard, gradients
     # averaged by one all-reduce per bucket from the backward's hooks (pyflow/nn/parallel.py)
     share, me = batch // WORLD, env.get_rank()
-    ddp_model = nn.parallel.DistributedDataParallel(mlp())
+    ddp_model = nn.parallel.DistributedDataParallel(mlp(), bucket_size=DDP_BUCKET_SIZE)
     ddp_opt = flow.optim.SGD(ddp_model.parameters(), lr=LR, momentum=MOMENTUM)
     x_mine, y_mine = flow.tensor(data[me * share:(me + 1) * share]), flow.tensor(labels[me * share:(me + 1) * share])
 
@@ -253,6 +254,8 @@ def main() -> None:
     parser.add_argument("--batches", default="64,1024", help="global batch sizes, comma-separated")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--bucket-size", type=int, default=DDP_BUCKET_SIZE, help="DDP: parameters per all-reduce "
+                        "(default 10, DistributedDataParallel's: the MLP's 4 in one bucket)")
     parser.add_argument("--blas-threads", default=BLAS_THREADS, help="BLAS threads of each of the 2 ranks "
                         "(default: cores / 2; set before numpy loads)")
     parser.add_argument("--one-rank-blas-threads", type=int, default=ONE_RANK_BLAS_THREADS, help="BLAS threads of the "
