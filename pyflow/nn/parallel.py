@@ -15,8 +15,8 @@ this runs each rank's ops locally and adds one collective per bucket of gradient
    grouped into buckets of ``bucket_size`` parameters of one device and dtype.
 3. **All-reduce when ready.**  Each parameter's ``register_post_accumulate_grad_hook`` counts it
    in its bucket; when a bucket is complete, and every bucket before it has gone, its gradients
-   are flattened into one tensor, all-reduced (a partial sum boxed to broadcast: one collective),
-   divided by the number of ranks and written back into each ``.grad``.  Buckets go in their
+   are flattened into one tensor, all-reduced (a partial sum boxed to broadcast: one collective)
+   and divided by the number of ranks; each ``.grad`` becomes its piece of that mean (a view, no copy).  Buckets go in their
    fixed order on every rank, so the ranks' collectives match even if their backwards reach the
    parameters in another order; those of later layers run while the backward goes on.
 4. **Every parameter gets a gradient** in every backward (PyTorch's default,
@@ -125,7 +125,7 @@ class _Reducer:
             self.next = 0   # every bucket went: the next backward starts again
 
     def all_reduce(self, bucket: list) -> None:
-        """The mean over the ranks of the bucket's gradients, written into each ``.grad``: one collective."""
+        """The mean over the ranks of the bucket's gradients, each ``.grad`` a view of it: one collective."""
         grads = [p.grad for p in bucket]
         world = env.get_world_size()
         with no_grad():
@@ -133,9 +133,9 @@ class _Reducer:
             shared = make_global(flat, _placement_of(flat), _PARTIAL_SUM, tuple(flat.shape), flat.dtype)
             mean = to_local(shared.to_global(sbp=_BROADCAST)) / world
             offset = 0
-            for g in grads:
+            for p, g in zip(bucket, grads):   # each .grad a view of the mean (no copy)
                 size = g.numel()
-                g.copy_(mean.narrow(0, offset, size).reshape(tuple(g.shape)))
+                p.grad = mean.narrow(0, offset, size).reshape(tuple(g.shape))
                 offset += size
 
     def check_previous_backward(self) -> None:
