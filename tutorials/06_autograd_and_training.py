@@ -328,9 +328,14 @@ if Figure is not None:
 # 100-200 us here, `benchmarks/bench_eager_ops.py`), whatever its size, so a
 # step costs about (instructions x that): 10-20 ms for this model, whether the
 # batch has 3 points or 300.  That is why the whole data set is one batch, and
-# why the data is on cpu: in the CUDA simulator every kernel is interpreted
-# thread by thread and a step takes about a second
-# (`benchmarks/bench_train_step.py` compares a step with PyTorch's).
+# why the data is on cpu here.  On "cuda" without a GPU (the simulator) the
+# step is the same after a start-up: the default tier, `auto`, runs a small
+# kernel's first 31 launches thread by thread (0.4-1 s a step), then compiles
+# it (about 40 s for a step's kernels on a fresh machine) and runs it at 10-15
+# ms a step; a later run loads what the first compiled, and is fast from its
+# first step (`kernels/sim/tiers.py`; `benchmarks/bench_sim_tiers.py --sections
+# first` measures both runs).  `benchmarks/bench_train_step.py` compares a cpu
+# step with PyTorch's.
 
 # %% [markdown]
 # ## 4. Training, with a progress bar
