@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import pyflow as flow
 from pyflow import nn
-from pyflow.errors import ArgumentTypeError, AutogradError, DistributedError
+from pyflow.errors import ArgumentTypeError, AutogradError, DistributedError, GraphError
 
 DDP = nn.parallel.DistributedDataParallel
 
@@ -168,3 +168,22 @@ def test_one_rank_is_left_as_it_is_and_bad_arguments_are_named():
         DDP(model, bucket_size=0)
     with pytest.raises(DistributedError, match="global"):
         DDP(nn.Linear(2, 2).to_global(placement=flow.placement("cpu", [0]), sbp=flow.sbp.broadcast))
+
+
+def test_an_nn_graph_refuses_a_ddp_module_whose_gradients_it_would_never_average():
+    def rank():
+        model = DDP(nn.Sequential(nn.Linear(2, 2)))
+
+        class Step(nn.Graph):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def build(self, x):
+                return self.model(x)
+
+        with pytest.raises(GraphError, match="DistributedDataParallel.*global tensors"):
+            Step()
+        return nn.parallel.is_distributed_data_parallel(nn.Sequential(model))
+
+    assert flow.distributed.run(rank, 2) == [True, True]

@@ -86,6 +86,7 @@ from pyflow.framework.creation import empty
 from pyflow.framework.tensor import Tensor
 from pyflow.graph.inputs import check_inputs, input_layout
 from pyflow.nn.module import Module
+from pyflow.nn.parallel import is_distributed_data_parallel
 from pyflow.runtime import Runtime
 from pyflow.runtime.live import close_in_background, close_when_collected
 from pyflow.runtime.sequential import run_plan
@@ -216,6 +217,11 @@ class Graph:
 
     def __setattr__(self, name: str, value) -> None:
         if isinstance(value, Module):
+            if is_distributed_data_parallel(value):
+                raise GraphError(f"{type(self).__name__}.{name}: a DistributedDataParallel module averages its "
+                                 "gradients from eager backward hooks, which a compiled backward never runs; in an "
+                                 "nn.Graph, train data parallel with global tensors (parameters "
+                                 "to_global(placement, flow.sbp.broadcast), the batch flow.sbp.split(0))")
             self._members[name] = _ProxyModule(name, value, self)
         else:
             object.__setattr__(self, name, value)

@@ -24,7 +24,9 @@ this runs each rank's ops locally and adds one collective per bucket of gradient
    naming the parameters that got none, rather than a collective that waits for ever.
 5. **Buffers** (``broadcast_buffers``, the default) take rank 0's values again before every forward.
 
-It is meant for eager training; gradients accumulated over several backwards without
+It is meant for eager training (``nn.Graph`` refuses such a module, with a ``GraphError``: a
+compiled backward runs no hook, so its gradients would never be averaged; a graph trains data
+parallel with global tensors); gradients accumulated over several backwards without
 ``zero_grad`` are averaged at every backward (PyTorch needs ``no_sync`` for that, which this has
 not).  In a world of one rank it changes nothing.
 
@@ -51,7 +53,7 @@ from pyflow.framework.sbp import SbpParallel
 from pyflow.framework.movement import cat
 from pyflow.nn.module import Module
 
-__all__ = ["DistributedDataParallel"]
+__all__ = ["DistributedDataParallel", "is_distributed_data_parallel"]
 
 _BROADCAST, _PARTIAL_SUM = (SbpParallel("broadcast"),), (SbpParallel("partial_sum"),)
 
@@ -84,6 +86,12 @@ def DistributedDataParallel(module: Module, *, broadcast_buffers: bool = True, b
     object.__setattr__(module, "forward", forward_after_checks)   # (an instance attribute: no submodule)
     object.__setattr__(module, "_ddp_reducer", reducer)
     return module
+
+
+def is_distributed_data_parallel(module: Module) -> bool:
+    """Is ``module``, or one of its submodules, averaging its gradients through ``DistributedDataParallel``'s hooks?
+    (``nn.Graph`` refuses such a module: its compiled backward runs no hook.)"""
+    return any("_ddp_reducer" in m.__dict__ for m in module.modules())
 
 
 def _placement_of(t) -> Placement:
