@@ -36,8 +36,8 @@ interprets first and compiles what is worth compiling:
     small threaded launch).  Threaded otherwise.  So a training script pays its
     threaded launches and its compiles in its first run only: an SGD step of an
     MLP 784 -> 256 -> 10 on "cuda" took 0.3-1.3 s for its first 31 steps, then
-    24-32 ms; run again, 0.7 s for the first step (the loads), then 20-30 ms.  A compile costs
-    0.1-1 s (numba without its disk cache, as in CI's clean clone), a small
+    24-32 ms; run again, 0.7 s for the first step (the loads), then 20-30 ms.
+    A compile costs 0.1-1 s (numba without its disk cache, as in CI's clean clone), a small
     threaded launch 10-15 ms, so a kernel repays its compile after some tens of
     launches, as a training loop's kernels do (an SGD step of a tiny MLP: 65 times
     cpu's time threaded, twice compiled), and a kernel launched a few times does
@@ -72,8 +72,7 @@ import numpy as np
 from .compiled import CompiledKernel, Unsupported
 
 __all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "HOT_LAUNCHES", "CACHED_READY", "compiled_for",
-           "forget_counts",
-           "argument_key", "operation_work", "explain"]
+           "forget_counts", "argument_key", "operation_work", "explain"]
 
 TIERS = ("auto", "threads", "compiled")
 BIG_WORK = 1 << 15      # in auto: threads or array elements that make one launch worth compiling
