@@ -160,6 +160,26 @@ def test_a_vm_shutdown_ends_the_idle_watch_and_the_launch_pools_at_once():
     np.testing.assert_array_equal(x, 3 * np.arange(256.0))
 
 
+def test_a_launch_watched_just_after_a_release_is_polled_not_spun(monkeypatch):
+    """``release`` asks an idle watch to end; a launch that comes before it has ended keeps it, polling every
+    ``_POLL_SECONDS`` (a wait), not in a loop with no wait (counted: the watch looks at a launch once a poll)."""
+    looks = []
+    real_hung = workers.Progress.hung
+    monkeypatch.setattr(workers.Progress, "hung", lambda self, now: looks.append(now) or real_hung(self, now))
+    def release_came_late():   # release's request, found by the watch while it watches a launch
+        while not looks:
+            time.sleep(0.001)
+        workers._ending = True
+
+    late = threading.Thread(target=release_came_late)
+    late.start()
+    started = time.monotonic()
+    on_a_thread(add_many_times[64, 32], np.zeros(64 * 32), 100_000, cores=1)
+    polls = (time.monotonic() - started) / workers._POLL_SECONDS
+    late.join()
+    assert looks and len(looks) <= 3 * polls + 10, (len(looks), polls)
+
+
 def test_a_launch_that_does_not_stop_when_told_is_reported_on_stderr(monkeypatch, capfd):
     """A loop in a device function never looks at ``cancel``; here the launch's thread is one that waits."""
     monkeypatch.setattr(workers, "_STOP_SECONDS", 0.2)

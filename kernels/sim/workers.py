@@ -107,7 +107,7 @@ def unwatch(progress: Progress) -> None:
 def _watch_loop() -> None:
     """The hang watch: every ``_POLL_SECONDS`` while inline launches run; ends after ``_IDLE_SECONDS``
     without one (a daemon thread besides: it never holds up the interpreter's exit)."""
-    global _watch_thread, _watching
+    global _watch_thread, _watching, _ending
     try:
         while True:
             if not _watched:
@@ -119,7 +119,7 @@ def _watch_loop() -> None:
                         if not _watched:
                             _watch_thread = None
                             return
-                    _watching = True
+                    _watching, _ending = True, False   # (a launch came after ``release``: go on watching)
             now = time.monotonic()
             for progress in list(_watched):
                 if progress.doing is None and progress.hung(now):
@@ -129,7 +129,11 @@ def _watch_loop() -> None:
                 elif progress.doing is not None and not progress.reported and now - progress.since > _STOP_SECONDS:
                     progress.reported = True
                     _report_stuck(progress)
-            time.sleep(_POLL_SECONDS)
+            with _watch_changed:   # (a wait, not a sleep: ``release`` wakes it at once)
+                if _watched:
+                    _ending = False
+                if not _ending:
+                    _watch_changed.wait(_POLL_SECONDS)
     finally:   # (also if it failed: the next launch starts another)
         with _watch_changed:
             _watching = False
