@@ -116,7 +116,7 @@ def test_without_the_all_reduce_the_replicas_drift_apart():
     def rank():
         model = DDP(_model(4, 5, seed=flow.env.get_rank()))
         for p in model.parameters():
-            p._autograd.post_accumulate_hooks.clear()
+            p._autograd.post_accumulate_hooks.clear()   # (the averaging: gone)
         x = np.full((2, 4), flow.env.get_rank() + 1.0, np.float32)
         _train(model, [(x, np.zeros((2, 2), np.float32))], 0.0)
         return [p.numpy() for p in model.parameters()]
@@ -187,3 +187,21 @@ def test_an_nn_graph_refuses_a_ddp_module_whose_gradients_it_would_never_average
         return nn.parallel.is_distributed_data_parallel(nn.Sequential(model))
 
     assert flow.distributed.run(rank, 2) == [True, True]
+
+
+def test_a_ddp_model_is_freed_when_dropped_without_waiting_for_the_cycle_collector():
+    import gc
+    import weakref
+
+    def rank():
+        model = DDP(nn.Linear(2, 2))
+        model(flow.ones(1, 2)).sum().backward()
+        gone = weakref.ref(model), weakref.ref(model.weight)
+        gc.disable()
+        try:
+            del model
+            return [ref() is None for ref in gone]
+        finally:
+            gc.enable()
+
+    assert flow.distributed.run(rank, 2) == [[True, True], [True, True]]

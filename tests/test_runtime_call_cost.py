@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import cProfile
+import gc
 import itertools
 import pstats
 
@@ -36,10 +37,18 @@ def _graph(build):
 
 
 def _instructions(g, *xs) -> collections.Counter:
-    with flow.trace() as tracer:
-        out = g(*xs)
-        for y in out if isinstance(out, (list, tuple)) else [out]:
-            y.numpy()
+    """The VM instructions of one call ``g(*xs)`` and the reads of its outputs, and nothing else: the tensors that
+    died before it (some only when the cycle collector finds them) are released first, and the collector waits."""
+    gc.collect()
+    flow.zeros(1).numpy()   # (an op issues the releases of tensors that died before it)
+    gc.disable()
+    try:
+        with flow.trace() as tracer:
+            out = g(*xs)
+            for y in out if isinstance(out, (list, tuple)) else [out]:
+                y.numpy()
+    finally:
+        gc.enable()
     # (the VM fuses consecutive in-order ops, an act's among them: "fuse[a,b]" counts as a and b)
     return collections.Counter(name for r in tracer.records
                                for name in (r.name[len("fuse["):-1].split(",") if r.name.startswith("fuse[")

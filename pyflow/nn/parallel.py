@@ -44,6 +44,8 @@ not).  In a world of one rank it changes nothing.
 
 from __future__ import annotations
 
+import weakref
+
 from pyflow import env
 from pyflow.autograd import no_grad
 from pyflow.distributed.global_tensor import make_global, to_local
@@ -75,17 +77,39 @@ def DistributedDataParallel(module: Module, *, broadcast_buffers: bool = True, b
         return module
     _broadcast_from_rank_0(list(module.parameters()) + list(module.buffers()))
     reducer = _Reducer(params, bucket_size)
-    forward = module.forward
-
-    def forward_after_checks(*args, **kwargs):
-        reducer.check_previous_backward()
-        if broadcast_buffers:
-            _broadcast_from_rank_0(list(module.buffers()))
-        return forward(*args, **kwargs)
-
-    object.__setattr__(module, "forward", forward_after_checks)   # (an instance attribute: no submodule)
+    object.__setattr__(module, "forward", _Forward(module, reducer, broadcast_buffers))   # (no submodule)
     object.__setattr__(module, "_ddp_reducer", reducer)
     return module
+
+
+class _Forward:
+    """The module's forward, after the checks of the last backward and the buffers' broadcast.  It holds the
+    module weakly (the module holds it: no reference cycle, so a DDP model is freed as soon as it is dropped,
+    not whenever the cycle collector runs, with its tensors' releases at a random point of a later op)."""
+
+    def __init__(self, module: Module, reducer: "_Reducer", broadcast_buffers: bool):
+        self.module = weakref.ref(module)
+        self.own = module.__dict__.get("forward")   # a forward set on the instance before, if any
+        self.reducer, self.broadcast_buffers = reducer, broadcast_buffers
+
+    def __call__(self, *args, **kwargs):
+        module = self.module()
+        self.reducer.check_previous_backward()
+        if self.broadcast_buffers:
+            _broadcast_from_rank_0(list(module.buffers()))
+        return self.own(*args, **kwargs) if self.own is not None else type(module).forward(module, *args, **kwargs)
+
+
+class _WeakHook:
+    """``reducer.accumulated``, holding the reducer weakly (the module holds it strongly)."""
+
+    def __init__(self, reducer: "_Reducer"):
+        self.reducer = weakref.ref(reducer)
+
+    def __call__(self, p) -> None:
+        reducer = self.reducer()
+        if reducer is not None:
+            reducer.accumulated(p)
 
 
 def is_distributed_data_parallel(module: Module) -> bool:
@@ -118,8 +142,9 @@ class _Reducer:
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.ready: list = [set() for _ in self.buckets]   # per bucket: ids of the parameters accumulated
         self.next = 0   # the next bucket to all-reduce
+        hook = _WeakHook(self)   # (the parameters hold the hook, the reducer holds them: weakly, so no cycle)
         for p in params:
-            p.register_post_accumulate_grad_hook(self.accumulated)
+            p.register_post_accumulate_grad_hook(hook)
 
     def accumulated(self, p) -> None:
         """``p``'s gradient is complete for this backward: all-reduce every bucket that is now ready, in order."""
