@@ -26,20 +26,24 @@ It also sets the simulator's ``auto`` tier (``kernels/sim/tiers.py``) alike for 
   their threaded launches (five kernel test files: 33 s without the count, 62 s with it, 13 compiles); the
   boxing tests, which repeat the same small launches hundreds of times, keep it (276 -> 162 s).  A doctest
   that launched one kernel 50 times compiled it (6 s cold).  ``tests/test_sim_tiers.py`` tests the rule;
-* machine code left in the cache directory by an earlier run (``CACHED_READY``) makes no launch compiled:
-  which tier a test's launches take, and so the last bits of its floats and the checks it gets, does not
-  depend on what ran on the machine before.
+* machine code left in the cache directory by an earlier run (``CACHED_READY``) makes no launch compiled,
+  here and in the processes the tests start (``PYFLOW_SIM_REUSE_CACHE=0``): which tier a test's launches
+  take, and so the last bits of its floats and the checks it gets, does not depend on what ran on the machine
+  before (nor on what the tests before it compiled: in CI's cold cache, the subprocess tests of the second
+  half loaded what the first half compiled, 0.1-0.2 s each for numba's CPU target alone).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 import pytest
 from _pytest.doctest import DoctestModule  # pytest's collector; pytest 8 and 9 import through _getobj
 
 ROOT = Path(__file__).resolve().parent
+os.environ["PYFLOW_SIM_REUSE_CACHE"] = "0"   # (read when kernels/sim/tiers.py is imported, here and in subprocesses)
 # source directory -> the package it is installed as (pyproject.toml, [tool.setuptools])
 INSTALLED_AS = {ROOT / "pyflow": "pyflow", ROOT / "kernels": "pyflow.kernels"}
 

@@ -242,7 +242,7 @@ def small_mlp(args) -> None:
 def first(args) -> None:
     """A new process's first steps of the course-sized MLP on "cuda" under ``auto``, twice: with an empty kernel
     cache (a fresh machine: small launches threaded until a kernel is hot, then compiles) and with the cache the
-    first run left (``tiers.CACHED_READY``: its machine code is loaded at the first launch)."""
+    first run left (``tiers.CACHED_READY``: its machine code is loaded at a kernel's ``CACHED_LAUNCHES``-th launch)."""
     steps = 6 if args.quick else 40
     say(f"== a new process: its first {steps} SGD steps of the MLP 8 -> 32 -> 10, batch 128, on cuda, tier auto ==")
     with tempfile.TemporaryDirectory() as cache:

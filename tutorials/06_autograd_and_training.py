@@ -333,7 +333,7 @@ if Figure is not None:
 # kernel's first 31 launches thread by thread (0.4-1 s a step), then compiles
 # it (about 40 s for a step's kernels on a fresh machine) and runs it at 10-15
 # ms a step; a later run loads what the first compiled, and is fast from its
-# first step (`kernels/sim/tiers.py`; `benchmarks/bench_sim_tiers.py --sections
+# third step (`kernels/sim/tiers.py`; `benchmarks/bench_sim_tiers.py --sections
 # first` measures both runs).  `benchmarks/bench_train_step.py` compares a cpu
 # step with PyTorch's.
 

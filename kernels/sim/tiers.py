@@ -30,13 +30,18 @@ interprets first and compiles what is worth compiling:
     4,096 of them); for a kernel whose launches so far add up to ``HOT_WORK``, or
     whose launch with these argument types is the ``HOT_LAUNCHES``-th; for
     any launch whose compiled code is ready in this process (an earlier launch
-    compiled it: nothing is left to pay); and, with ``CACHED_READY``, for a launch
-    whose machine code a run before this one left in the cache directory
-    (``CompiledKernel.compiled_before``: loading it takes milliseconds, about one
-    small threaded launch).  Threaded otherwise.  So a training script pays its
-    threaded launches and its compiles in its first run only: an SGD step of an
-    MLP 784 -> 256 -> 10 on "cuda" took 0.3-1.3 s for its first 31 steps, then
-    24-32 ms; run again, 0.7 s for the first step (the loads), then 20-30 ms.
+    compiled it: nothing is left to pay); and, with ``CACHED_READY``, for the
+    ``CACHED_LAUNCHES``-th launch with these argument types (and later ones) whose
+    machine code a run before this one left in the cache directory
+    (``CompiledKernel.compiled_before``).  Threaded otherwise.  Loading a kernel
+    takes 20-50 ms, and the first load of a process 0.1-0.2 s more (numba's CPU
+    target), so a kernel launched once or twice stays threaded (a short script,
+    the test suite's many subprocesses), and a training script pays its threaded
+    launches and its compiles in its first run only: an SGD step of an MLP
+    784 -> 256 -> 10 on "cuda" took 0.3-1.3 s for its first 31 steps, then 24-32
+    ms; run again, 1.5, 0.8 and 0.45 s for its first three steps (threaded, then
+    the loads), then 22-26 ms.
+    ``PYFLOW_SIM_REUSE_CACHE=0`` turns ``CACHED_READY`` off.
     A compile costs 0.1-1 s (numba without its disk cache, as in CI's clean clone), a small
     threaded launch 10-15 ms, so a kernel repays its compile after some tens of
     launches, as a training loop's kernels do (an SGD step of a tiny MLP: 65 times
@@ -50,8 +55,9 @@ interprets first and compiles what is worth compiling:
     rule counts work and launches, not time, so the same program takes the same
     tiers on any machine, loaded or not, given the same cache directory (the
     tiers' float results may differ in the last bits: numba's math is not
-    numpy's; the test suite turns ``CACHED_READY`` off, so its tiers do not depend
-    on what ran on the machine before); a test that needs the threaded
+    numpy's; the test suite turns ``CACHED_READY`` off, in its processes and in
+    those it starts, so its tiers do not depend on what ran on the machine
+    before); a test that needs the threaded
     tier's checks (races, barrier tables, pdb) asks for ``threads``, not for a
     small launch;
 ``threads``
@@ -65,21 +71,34 @@ interprets first and compiles what is worth compiling:
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 
 import numpy as np
 
 from .compiled import CompiledKernel, Unsupported
 
-__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "HOT_LAUNCHES", "CACHED_READY", "compiled_for",
-           "forget_counts", "argument_key", "operation_work", "explain"]
+__all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "HOT_LAUNCHES", "CACHED_READY", "CACHED_LAUNCHES",
+           "compiled_for", "forget_counts", "argument_key", "operation_work", "explain"]
 
 TIERS = ("auto", "threads", "compiled")
 BIG_WORK = 1 << 15      # in auto: threads or array elements that make one launch worth compiling
 BIG_THREADS = 1 << 11   # in auto: simulated threads that make one launch worth compiling (each a Python thread)
 HOT_WORK = 1 << 19      # in auto: the work of a kernel's launches so far that makes it worth compiling
 HOT_LAUNCHES = 32       # in auto: launches of a kernel with the same argument types that make it worth compiling
-CACHED_READY = True     # in auto: machine code an earlier run left in the cache directory makes a launch compiled
+# in auto: machine code an earlier run left in the cache directory makes a launch compiled, from a kernel's
+# CACHED_LAUNCHES-th launch with the same argument types (a load costs about as much as 2-3 small threaded launches)
+def _reuse_cache_wanted(environ=os.environ) -> bool:
+    """``CACHED_READY``'s value: on unless ``PYFLOW_SIM_REUSE_CACHE`` says 0 (false, no, off).
+
+    >>> _reuse_cache_wanted({}), _reuse_cache_wanted({"PYFLOW_SIM_REUSE_CACHE": "0"})
+    (True, False)
+    """
+    return environ.get("PYFLOW_SIM_REUSE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+CACHED_READY = _reuse_cache_wanted()
+CACHED_LAUNCHES = 3
 _operation = threading.local()   # .work: the operation the launches of this thread belong to (operation_work)
 
 
@@ -141,7 +160,8 @@ def compiled_for(kernel, threads: int, args, settings):
     launches[key] = launches.get(key, 0) + 1
     if settings.tier == "auto" and key not in by_key and not _worth_compiling(work, threads, kernel.work_so_far,
                                                                               launches[key]):
-        if not (CACHED_READY and key is not None and _compiled_before(kernel, key, args, settings.boundscheck)):
+        if not (CACHED_READY and key is not None and launches[key] >= CACHED_LAUNCHES
+                and _compiled_before(kernel, key, args, settings.boundscheck)):
             return None
     compiled = _compiled(kernel)
     if key in by_key:
