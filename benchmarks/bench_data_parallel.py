@@ -141,7 +141,6 @@ from pyflow import env, nn  # noqa: E402
 from pyflow.distributed import CollectiveDesc  # noqa: E402
 
 FEATURES, HIDDEN, CLASSES = 784, 256, 10
-DDP_BUCKET_SIZE = int(_flag_from_argv("--bucket-size", "10"))   # parameters per DDP all-reduce (DDP's default)
 LR, MOMENTUM = 0.05, 0.9
 
 
@@ -157,7 +156,7 @@ def barrier() -> None:
     transport.barrier(group, transport.next_seq(group), CollectiveDesc("benchmark barrier"))
 
 
-def per_rank(batch: int, steps: int, warmup: int) -> dict:
+def per_rank(batch: int, steps: int, warmup: int, bucket_size: int = 10) -> dict:
     """One rank's part: alternately a 1-rank step (rank 0 alone) and a 2-rank data-parallel step."""
     rng = np.random.default_rng(0)
     data = rng.normal(size=(batch, FEATURES)).astype(np.float32)
@@ -178,7 +177,7 @@ def per_rank(batch: int, steps: int, warmup: int) -> dict:
     # DDP: a local replica per rank (rank 0's weights: the same as the others' here), its own shard, gradients
     # averaged by one all-reduce per bucket from the backward's hooks (pyflow/nn/parallel.py)
     share, me = batch // WORLD, env.get_rank()
-    ddp_model = nn.parallel.DistributedDataParallel(mlp(), bucket_size=DDP_BUCKET_SIZE)
+    ddp_model = nn.parallel.DistributedDataParallel(mlp(), bucket_size=bucket_size)
     ddp_opt = flow.optim.SGD(ddp_model.parameters(), lr=LR, momentum=MOMENTUM)
     x_mine, y_mine = flow.tensor(data[me * share:(me + 1) * share]), flow.tensor(labels[me * share:(me + 1) * share])
 
@@ -254,7 +253,7 @@ def main() -> None:
     parser.add_argument("--batches", default="64,1024", help="global batch sizes, comma-separated")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--bucket-size", type=int, default=DDP_BUCKET_SIZE, help="DDP: parameters per all-reduce "
+    parser.add_argument("--bucket-size", type=int, default=10, help="DDP: parameters per all-reduce "
                         "(default 10, DistributedDataParallel's: the MLP's 4 in one bucket)")
     parser.add_argument("--blas-threads", default=BLAS_THREADS, help="BLAS threads of each of the 2 ranks "
                         "(default: cores / 2; set before numpy loads)")
@@ -275,7 +274,7 @@ def main() -> None:
              f"{'collectives / step':>19} {'DDP ms':>8} {'DDP / 1 rank':>13} {'DDP CPU ms':>11}"]
     batches, one_by_batch, two_by_batch = [int(b) for b in args.batches.split(",")], {}, {}
     for batch in batches:
-        results = flow.distributed.run(per_rank, world_size=WORLD, args=(batch, args.steps, args.warmup))
+        results = flow.distributed.run(per_rank, world_size=WORLD, args=(batch, args.steps, args.warmup, args.bucket_size))
         first = results[0]
         ms = {n: statistics.median(times) * 1e3 for n, times in first["one"].items()}
         best = min(ms, key=ms.get)   # the 1 rank's faster BLAS setting in this run: the reference

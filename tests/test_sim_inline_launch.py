@@ -166,6 +166,7 @@ def test_a_launch_watched_just_after_a_release_is_polled_not_spun(monkeypatch):
     looks = []
     real_hung = workers.Progress.hung
     monkeypatch.setattr(workers.Progress, "hung", lambda self, now: looks.append(now) or real_hung(self, now))
+
     def release_came_late():   # release's request, found by the watch while it watches a launch
         while not looks:
             time.sleep(0.001)

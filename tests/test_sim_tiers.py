@@ -366,7 +366,7 @@ def _reverse_in_block():
     return reverse_in_block
 
 
-def test_auto_compiles_at_once_what_an_earlier_run_left_compiled_in_the_cache(monkeypatch, tmp_path):
+def test_auto_compiles_from_its_third_launch_what_an_earlier_run_left_compiled_in_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("PYFLOW_SIM_CACHE", str(tmp_path))   # an empty cache directory: nothing compiled before
     monkeypatch.setattr(tiers, "CACHED_READY", True)        # (conftest.py turns it off for the suite)
     x, out = np.arange(64.0), np.zeros(64)
