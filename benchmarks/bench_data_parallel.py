@@ -71,6 +71,18 @@ With the 1-rank reference at its best BLAS setting and the machine loaded 6-10 (
 that made these changes), no batch up to 8,192 broke even in-process, and under mpiexec the ratio at
 1024 was 1.9-3.1: two ranks need both cores at once, which a loaded machine rarely gives them.
 
+**DDP by batch, and the bound.**  The break-even lines are fitted for both 2-rank ways.  In-process
+(``--batches 1024,4096,8192 --steps 8``, a quiet machine, issue 31's last session), DDP / 1 rank was
+1.49, 1.03 and 1.14, the global way 1.91, 1.39 and 1.36; the fit puts DDP's break-even in-process at
+about 5,000-37,000 samples over two runs (the global way's beyond any batch measured).  It cannot go
+far below 1 on 2 cores at any batch: the reference is 1 rank at its *faster* BLAS setting, and with 2
+BLAS threads its matmuls already run on both cores (faster than with 1 thread at 1024 and 4096 in these
+runs: 17.6-19.2 ms against 21.6-22.5 at 1024), so the compute of 1 rank is about as parallel as that of 2
+ranks, and what the 2 ranks add (the collective, a second copy of every op's Python) has little left to
+hide behind.  Data parallel on 2
+cores wins only where one BLAS call cannot use both cores well, and its fixed cost is small beside
+that; under mpiexec that is batch 1024 (0.89-1.17, median about 1.04, in the last sessions' runs).
+
     python benchmarks/bench_data_parallel.py [--batches 64,1024] [--steps 10] [--warmup 2] [--blas-threads 1]
         [--one-rank-blas-threads 2]
 """
@@ -220,26 +232,31 @@ def per_rank(batch: int, steps: int, warmup: int, bucket_size: int = 10) -> dict
             "collectives": collectives, "ddp": ddp[warmup:], "ddp_cpu": ddp_cpu[warmup:], "ddp_losses": ddp_losses}
 
 
-def break_even(batches: list, one_ms: dict, two_ms: dict, under_mpi: bool) -> list:
+def break_even(batches: list, one_ms: dict, parallel_ms: dict, under_mpi: bool) -> list:
     """Where 2 ranks would catch up with 1, from this run's own times: each mode's step time as a fixed
-    cost plus a cost per sample, a line through the smallest and the largest batch measured."""
+    cost plus a cost per sample, a line through the smallest and the largest batch measured.  ``parallel_ms``:
+    per 2-rank mode (the global way, DDP), its times by batch."""
     small, large = min(batches), max(batches)
     if small == large:
         return ["  (give two batch sizes, e.g. --batches 64,1024, for the break-even batch)"]
-    modes = (("1", one_ms), ("2", two_ms))
-    per_sample = {mode: (times[large] - times[small]) / (large - small) for mode, times in modes}
-    fixed = {mode: times[small] - per_sample[mode] * small for mode, times in modes}
-    lines = [f"  fixed cost per step (what does not grow with the batch: the Python of every op, the collectives): "
-             f"1 rank {fixed['1']:.1f} ms, 2 ranks {fixed['2']:.1f} ms; compute per 1,000 samples of the global batch: "
-             "1 rank "
-             f"{per_sample['1'] * 1e3:.1f} ms, 2 ranks {per_sample['2'] * 1e3:.1f} ms"]
-    if per_sample["2"] >= per_sample["1"]:
-        lines.append("  2 ranks' time grows with the batch as fast as 1 rank's in this run (the two cores are busy "
-                     "elsewhere, or one GIL serialises the ranks): no batch breaks even here")
-    else:
-        even = (fixed["2"] - fixed["1"]) / (per_sample["1"] - per_sample["2"])
-        lines.append(f"  by these measurements 2 ranks break even with 1 at a global batch of about {max(even, 0):,.0f}"
-                     f"{' (at or below ' + str(small) + ')' if even <= small else ''}")
+
+    def line(times):
+        per_sample = (times[large] - times[small]) / (large - small)
+        return times[small] - per_sample * small, per_sample
+
+    fixed_1, per_sample_1 = line(one_ms)
+    lines = [f"  fixed cost per step (what does not grow with the batch: the Python of every op, the collectives) "
+             f"and compute per 1,000 samples of the global batch: 1 rank {fixed_1:.1f} ms + {per_sample_1 * 1e3:.1f} ms"]
+    for mode, times in parallel_ms.items():
+        fixed, per_sample = line(times)
+        lines.append(f"  {mode}: {fixed:.1f} ms + {per_sample * 1e3:.1f} ms per 1,000 samples; ")
+        if per_sample >= per_sample_1:
+            lines[-1] += ("its time grows with the batch as fast as 1 rank's in this run (the two cores are busy "
+                          "elsewhere, or one GIL serialises the ranks): no batch breaks even here")
+        else:
+            even = (fixed - fixed_1) / (per_sample_1 - per_sample)
+            lines[-1] += (f"by these measurements it breaks even with 1 rank at a global batch of about {max(even, 0):,.0f}"
+                          f"{' (at or below ' + str(small) + ')' if even <= small else ''}")
     why = ("as threads, every rank's Python runs under one GIL: 2 ranks pay their fixed cost one after the other "
            "and overlap only the kernels that release it (BLAS)") if not under_mpi else \
           ("as processes, the ranks' Python overlaps, but a rank of 2 spends about what 1 rank spends on the "
@@ -272,7 +289,7 @@ def main() -> None:
              f"  {'global batch':>12} {'per rank':>9} {'1 rank ms':>10} {'1 rank, 1 BLAS':>15} {'2 ranks ms':>11} "
              f"{'2 ranks / 1 rank':>17} {'1 rank CPU ms':>14} {'2 ranks CPU ms':>15} {'largest loss difference':>24} "
              f"{'collectives / step':>19} {'DDP ms':>8} {'DDP / 1 rank':>13} {'DDP CPU ms':>11}"]
-    batches, one_by_batch, two_by_batch = [int(b) for b in args.batches.split(",")], {}, {}
+    batches, one_by_batch, two_by_batch, ddp_by_batch = [int(b) for b in args.batches.split(",")], {}, {}, {}
     for batch in batches:
         results = flow.distributed.run(per_rank, world_size=WORLD, args=(batch, args.steps, args.warmup, args.bucket_size))
         first = results[0]
@@ -289,7 +306,7 @@ def main() -> None:
         ddp_ms = statistics.median(max(times) for times in zip(*(r["ddp"] for r in results))) * 1e3
         ddp_cpu = statistics.median(first["ddp_cpu"]) * 1e3
         one_cpu, two_cpu = statistics.median(first["one_cpu"][best]) * 1e3, statistics.median(first["two_cpu"]) * 1e3
-        one_by_batch[batch], two_by_batch[batch] = ms[best], two_ms
+        one_by_batch[batch], two_by_batch[batch], ddp_by_batch[batch] = ms[best], two_ms, ddp_ms
         lines.append(f"  {batch:12} {batch // WORLD:9} {one_ms:10.2f} {one_alone_ms:15.2f} {two_ms:11.2f} "
                      f"{two_ms / ms[best]:17.2f} {one_cpu:14.2f} {two_cpu:15.2f} {difference:24.1e} "
                      f"{first['collectives']:19} {ddp_ms:8.2f} {ddp_ms / ms[best]:13.2f} {ddp_cpu:11.2f}")
@@ -302,7 +319,8 @@ def main() -> None:
                  "boxing) and the loss's for item());\n   DDP: nn.parallel.DistributedDataParallel, a local replica per "
                  "rank on its shard (no global tensor), its 4 gradients averaged by one all-reduce (one bucket),\n"
                  "   each rank's loss.item() its shard's; the losses checked: the ranks' mean against 1 rank's)")
-    lines += break_even(batches, one_by_batch, two_by_batch, under_mpi)
+    lines += break_even(batches, one_by_batch, {"2 ranks, global": two_by_batch, "2 ranks, DDP": ddp_by_batch},
+                        under_mpi)
     if env.get_rank() == 0:
         print("\n".join(lines))
 
