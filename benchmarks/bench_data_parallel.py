@@ -81,7 +81,8 @@ runs: 17.6-19.2 ms against 21.6-22.5 at 1024), so the compute of 1 rank is about
 ranks, and what the 2 ranks add (the collective, a second copy of every op's Python) has little left to
 hide behind.  Data parallel on 2
 cores wins only where one BLAS call cannot use both cores well, and its fixed cost is small beside
-that; under mpiexec that is batch 1024 (0.89-1.17, median about 1.04, in the last sessions' runs).
+that.  Under mpiexec DDP breaks even at about 1,300-2,500 samples by the fit (``--batches 1024,4096``, three
+runs: 1.02-1.10 at 1,024, 0.84-0.95 at 4,096; the global way 1.40-1.65 and 1.07-1.16).
 
     python benchmarks/bench_data_parallel.py [--batches 64,1024] [--steps 10] [--warmup 2] [--blas-threads 1]
         [--one-rank-blas-threads 2]
