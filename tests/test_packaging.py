@@ -91,3 +91,20 @@ def test_default_test_command_collects_every_doctest_under_its_installed_name():
         module = ".".join(("pyflow",) + parts if parts[0] == "kernels" else parts)
         wrong = [n for n in names if n != module and not n.startswith(module + ".")]
         assert not wrong, f"{path} collected under another name than {module}: {wrong}"
+
+
+def test_ci_runs_the_readmes_two_commands_and_installs_what_they_need():
+    """`.ci/run` runs the README's set-up and test commands as written (in its own venv), and the test command's
+    plugins come with the `test` extra: `-n auto` needs pytest-xdist, or a fresh install cannot run it."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n# 1\. .*?```", readme, re.S).group(0)
+    commands = [line for line in block.splitlines() if line and not line.startswith(("#", "```"))]
+    assert len(commands) == 2, commands
+    setup, test = commands
+    ci = (ROOT / ".ci" / "run").read_text()
+    in_ci_venv = test.replace(".venv/bin/python", '"$VENV"/bin/python')
+    assert any(line.strip() == in_ci_venv for line in ci.splitlines()), f"CI does not run {test!r}"
+    assert '-e ".[test]"' in setup and '-e ".[test]"' in ci
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    if " -n " in f" {test} ":
+        assert any(req.startswith("pytest-xdist") for req in extra), extra
