@@ -86,8 +86,8 @@ BIG_WORK = 1 << 15      # in auto: threads or array elements that make one launc
 BIG_THREADS = 1 << 11   # in auto: simulated threads that make one launch worth compiling (each a Python thread)
 HOT_WORK = 1 << 19      # in auto: the work of a kernel's launches so far that makes it worth compiling
 HOT_LAUNCHES = 32       # in auto: launches of a kernel with the same argument types that make it worth compiling
-# in auto: machine code an earlier run left in the cache directory makes a launch compiled, from a kernel's
-# CACHED_LAUNCHES-th launch with the same argument types (a load costs about as much as 2-3 small threaded launches)
+
+
 def _reuse_cache_wanted(environ=os.environ) -> bool:
     """``CACHED_READY``'s value: on unless ``PYFLOW_SIM_REUSE_CACHE`` says 0 (false, no, off).
 
@@ -97,6 +97,8 @@ def _reuse_cache_wanted(environ=os.environ) -> bool:
     return environ.get("PYFLOW_SIM_REUSE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+# in auto: machine code an earlier run left in the cache directory makes a launch compiled, from a kernel's
+# CACHED_LAUNCHES-th launch with the same argument types (a load costs about as much as 2-3 small threaded launches)
 CACHED_READY = _reuse_cache_wanted()
 CACHED_LAUNCHES = 3
 _operation = threading.local()   # .work: the operation the launches of this thread belong to (operation_work)
