@@ -247,6 +247,28 @@ def test_matmul_gradients_for_vectors_matrices_and_broadcast_batches(shapes, dat
     check_gradients(flow.matmul, arrays, views)
 
 
+@settings(max_examples=8)
+@given(m=st.integers(2, 5), k=st.integers(2, 5), n=st.integers(2, 5), batch=st.sampled_from([(), (2,)]),
+       a_t=st.booleans(), b_t=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_column_major_matrix_gets_a_column_major_gradient_of_the_same_values(m, k, n, batch, a_t, b_t, seed):
+    """As PyTorch's mm backward: the gradient of a transposed matrix (``linear``'s ``w.T``) is laid out as it is,
+    so that the one reaching ``w`` is contiguous; the values are ``g @ b^T`` and ``a^T @ g`` either way."""
+    rng = np.random.default_rng(seed)
+    a_np = rng.standard_normal(batch + (m, k)) if not a_t or batch else rng.standard_normal((k, m)).T
+    b_np = rng.standard_normal((n, k)).T if b_t else rng.standard_normal((k, n))
+    g_np = rng.standard_normal(batch + (m, n))
+    a_leaf = flow.tensor(a_np.T.copy() if a_t and not batch else a_np, dtype=flow.float64, requires_grad=True)
+    b_leaf = flow.tensor(b_np.T.copy() if b_t else b_np, dtype=flow.float64, requires_grad=True)
+    a = a_leaf.T if a_t and not batch else a_leaf
+    b = b_leaf.T if b_t else b_leaf
+    grad_a, grad_b = flow.autograd.grad(a.matmul(b), [a, b], flow.tensor(g_np))
+    np.testing.assert_allclose(grad_a.numpy(), g_np @ b_np.T, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grad_b.numpy(), (np.swapaxes(a_np, -1, -2) @ g_np).reshape(-1, k, n).sum(0),
+                               rtol=1e-12, atol=1e-12)
+    assert grad_a.stride() == a.stride()   # column-major (the transpose) or row-major, as the operand
+    assert grad_b.stride() == b.stride()
+
+
 @settings(max_examples=10)
 @given(data=st.data())
 def test_movement_and_indexing_gradients(data):

@@ -2,7 +2,12 @@
 
 Backward: for ``y = a @ b``, ``grad_a = g @ b^T`` and ``grad_b = a^T @ g`` on the
 last two dims, summed over the batch dims broadcasting added; a 1-D operand is
-first made a matrix (a row for ``a``, a column for ``b``), as matmul does.
+first made a matrix (a row for ``a``, a column for ``b``), as matmul does.  A
+2-D operand laid out column-major (a transposed matrix, as ``linear``'s
+``w.T``) gets its gradient column-major too, as PyTorch's ``mm_mat2_backward``
+does: ``grad_b = (g^T @ a)^T``, the same products summed in the same order, so
+that the gradient reaching ``w`` is contiguous and accumulating it copies no
+transposed matrix.
 
 SBP (2-D): (S0, B) -> S0 (rows), (B, S1) -> S1 (columns), (S1, S0) -> P (the
 inner dim: each rank's product is one term of the sum), (P, B) -> P and
@@ -43,6 +48,20 @@ def _matmul_signatures(shapes, out_shapes, attrs) -> list:
     return found
 
 
+def _column_major(t) -> bool:
+    """Is ``t`` a 2-D matrix laid out column-major (the transpose of a contiguous one), rows > 1?
+
+    >>> import pyflow as flow
+    >>> w = flow.zeros(3, 4)
+    >>> _column_major(w), _column_major(w.T), _column_major(w.T.contiguous())
+    (False, True, False)
+    """
+    if t.ndim != 2 or t.shape[0] < 2 or t.shape[1] < 2:
+        return False
+    strides = t.stride()
+    return strides[0] == 1 and strides[1] == t.shape[0]
+
+
 def _matmul_rule(ctx, g):
     a, b = ctx.inputs
     a2 = a.unsqueeze(0) if a.ndim == 1 else a          # (..., n, k)
@@ -51,9 +70,15 @@ def _matmul_rule(ctx, g):
     g2 = g.reshape(*batch, a2.shape[-2], b2.shape[-1])  # (..., n, m)
     grads = [None, None]
     if ctx.needs_grad(0):
-        grads[0] = sum_to(g2.matmul(b2.transpose(-1, -2)), a2.shape).reshape(a.shape)
+        if _column_major(a):   # (b @ g^T)^T: a column-major gradient for a column-major a
+            grads[0] = sum_to(b2.matmul(g2.transpose(-1, -2)), a.shape[::-1]).transpose(0, 1)
+        else:
+            grads[0] = sum_to(g2.matmul(b2.transpose(-1, -2)), a2.shape).reshape(a.shape)
     if ctx.needs_grad(1):
-        grads[1] = sum_to(a2.transpose(-1, -2).matmul(g2), b2.shape).reshape(b.shape)
+        if _column_major(b):   # (g^T @ a)^T: a column-major gradient for a column-major b
+            grads[1] = sum_to(g2.transpose(-1, -2).matmul(a2), b.shape[::-1]).transpose(0, 1)
+        else:
+            grads[1] = sum_to(a2.transpose(-1, -2).matmul(g2), b2.shape).reshape(b.shape)
     return grads
 
 
