@@ -136,6 +136,39 @@ def test_the_watch_is_one_named_thread_that_ends_when_nothing_is_left_to_watch(m
         time.sleep(0.01)
 
 
+def test_a_run_of_short_inline_launches_finds_the_watch_polling(monkeypatch):
+    """A launch takes the watch's lock (and wakes its thread) only when the watch is idle.  Short launches are
+    seldom running when it polls, so it stays polling while new ones keep coming (``workers._added``); before,
+    it went idle at every poll that found none running (and never counted itself polling after it started),
+    and about 4 of 5 launches of a stream paid a lock and a wake-up, as much as the launch itself."""
+    took_lock = []
+    real_condition = workers._watch_changed
+
+    class Counted:
+        def __enter__(self):
+            if threading.current_thread().name == "test-inline-caller":
+                took_lock.append(1)
+            return real_condition.__enter__()
+
+        def __exit__(self, *exc):
+            return real_condition.__exit__(*exc)
+
+        def __getattr__(self, name):
+            return getattr(real_condition, name)
+
+    monkeypatch.setattr(workers, "_watch_changed", Counted())
+    x = np.zeros(256)
+    launch = add_index[8, 32]
+
+    def many():
+        for _ in range(200):
+            launch(x)
+
+    on_a_thread(many)
+    np.testing.assert_array_equal(x, 200 * np.arange(256.0))
+    assert len(took_lock) <= 50, f"{len(took_lock)} of 200 launches woke the watch"
+
+
 def _simulator_threads() -> set:
     return {t.name.rstrip("_0123456789") for t in threading.enumerate() if t.name.startswith("pyflow-sim-")}
 
