@@ -24,7 +24,7 @@ if is_simulator():
     from pyflow.kernels.sim.compiled import block_ranges
     from pyflow.kernels.sim.tiers import _compiled
 
-N = 1 << 13   # enough work for two ranges (compiled._MIN_PART_WORK each)
+N = 1 << 17   # enough work for two ranges (compiled._MIN_PART_WORK each)
 
 
 @jit
@@ -101,7 +101,7 @@ def _launch(kernel, grid, block, *args, cores):
 def test_block_ranges_cover_the_grid_once_in_order():
     for blocks in (1, 2, 3, 7, 64):
         for cores in (1, 2, 3, 16):
-            ranges = block_ranges(blocks, 1 << 20, True, cores)
+            ranges = block_ranges(blocks, 1 << 24, True, cores)
             assert [b for lo, hi in ranges for b in range(lo, hi)] == list(range(blocks))
             assert len(ranges) == min(blocks, cores)
     assert block_ranges(64, 100, True, 4) == [(0, 64)]   # too little work to pay for a second core

@@ -64,15 +64,21 @@ from pyflow.kernels.sim.scopes import (
 _RUNTIME_STAMP = hashlib.sha1((inspect.getsource(cpu_runtime) + inspect.getsource(scopes)
                                 + inspect.getsource(grid_machine)).encode()).hexdigest()[:12]
 _POLL_SECONDS = 0.02
-_MIN_PART_WORK = 4096   # a core is worth its hand-off for a range of blocks with this much work (threads, elements)
+# A core is worth its hand-off for a range of blocks with this much work (threads, elements, or the operation's
+# own measure: a matmul's multiply-adds).  The hand-off is a pool thread that must take the GIL to start, and on a
+# VM's stream the main thread and the VM's threads hold it in turns: for an MLP step's 16k-50k element launches
+# (its bias add, ReLU and its gradient, a weight's copy) a second range made them 1.5-3 times slower, and its two
+# 12.8M multiply-add matmuls 1.4 times faster.  At 4096 the step was about 1 ms slower than at 131072 (median of 25
+# alternating steps, twice; 784 -> 256 -> 10, batch 64).
+_MIN_PART_WORK = 1 << 17
 
 
 def block_ranges(blocks: int, work: int, independent: bool, cores: int) -> list:
     """The ranges of blocks a launch runs at once, one per core: ``[(0, blocks)]`` unless its blocks are
     independent (``Translation.blocks_independent``) and each range gets enough ``work`` (the launch's
-    threads or its largest array's elements, whichever is more) to pay for a core.
+    threads, its largest array's elements or its operation's work, whichever is more) to pay for a core.
 
-    >>> block_ranges(8, 8192, True, 2), block_ranges(8, 8192, False, 2), block_ranges(2, 64, True, 2)
+    >>> block_ranges(8, 1 << 18, True, 2), block_ranges(8, 1 << 18, False, 2), block_ranges(2, 64, True, 2)
     ([(0, 4), (4, 8)], [(0, 8)], [(0, 2)])
     """
     n = max(1, min(cores, blocks, work // _MIN_PART_WORK)) if independent else 1
@@ -216,12 +222,14 @@ class CompiledKernel:
 
     # ---- a launch ---------------------------------------------------------------
 
-    def launch(self, prepared: _Prepared, grid, block, dynshared: int, args, hang_timeout, cores: int = 1) -> None:
-        """Run the launch (``cores``: how many CPU cores its blocks may use, ``block_ranges``): on this
+    def launch(self, prepared: _Prepared, grid, block, dynshared: int, args, hang_timeout, cores: int = 1,
+               operation_work: int = 0) -> None:
+        """Run the launch (``cores``: how many CPU cores its blocks may use, ``block_ranges``, which also
+        counts ``operation_work``, ``tiers.operation_work``'s measure of the operation it is part of): on this
         thread, watched by ``workers``' hang watch, unless this is the main thread, which hands it to a
         worker and watches it itself (``_watch``), so that Ctrl-C reaches it (``workers.py``)."""
         threads, blocks = block[0] * block[1] * block[2], grid[0] * grid[1] * grid[2]
-        work = max([blocks * threads] + [a.size for a in args if isinstance(a, np.ndarray)])
+        work = max([blocks * threads, operation_work] + [a.size for a in args if isinstance(a, np.ndarray)])
         ranges = block_ranges(blocks, work, prepared.independent and not prepared.module.COOPERATIVE, cores)
         self.last_ranges = len(ranges)
         report = np.zeros((len(ranges), 8), np.int64)   # a row per range of blocks

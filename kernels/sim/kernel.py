@@ -33,7 +33,7 @@ from pyflow.kernels.launch_config import split_config, validate_launch
 from . import settings as _settings
 from .fake_cuda import SharedMemory, SimCudaModule
 from .grid import GridRun, SimThread
-from .tiers import compiled_for
+from .tiers import compiled_for, current_operation_work
 
 __all__ = ["jit", "SimKernel", "SimDeviceFunction", "SimLaunch"]
 
@@ -170,7 +170,8 @@ class SimLaunch:
             compiled, prepared = chosen
             self.kernel.last_tier = "compiled"
             try:
-                compiled.launch(prepared, self.grid, self.block, self.dynshared, args, s.hang_timeout, s.cores)
+                compiled.launch(prepared, self.grid, self.block, self.dynshared, args, s.hang_timeout, s.cores,
+                                current_operation_work())
             except KernelError as error:
                 if cooperative or error.block_idx is None:
                     raise

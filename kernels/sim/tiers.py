@@ -79,7 +79,7 @@ import numpy as np
 from .compiled import CompiledKernel, Unsupported
 
 __all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "HOT_LAUNCHES", "CACHED_READY", "CACHED_LAUNCHES",
-           "compiled_for", "forget_counts", "argument_key", "operation_work", "explain"]
+           "compiled_for", "forget_counts", "argument_key", "operation_work", "current_operation_work", "explain"]
 
 TIERS = ("auto", "threads", "compiled")
 BIG_WORK = 1 << 15      # in auto: threads or array elements that make one launch worth compiling
@@ -109,6 +109,11 @@ def _compiled(kernel) -> CompiledKernel:
     if found is None:
         found = kernel.__dict__["_compiled_tier"] = CompiledKernel(kernel)
     return found
+
+
+def current_operation_work() -> int:
+    """The work of the operation this thread's launches belong to now (``operation_work``; 0 outside one)."""
+    return getattr(_operation, "work", 0)
 
 
 def _work(threads: int, args) -> int:
