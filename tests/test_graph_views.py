@@ -123,6 +123,32 @@ def test_a_training_step_copies_no_view_records_no_autograd_and_equals_eager(exe
         assert sum(counts.values()) <= 65, counts   # 125 before (each op of a fused run counted since)
 
 
+def test_a_linear_weights_gradient_is_made_in_the_weights_layout_as_in_eager():
+    """Inside build ``w.T`` knows its run-time layout (``LazyTensor.stride``), so matmul's backward makes the
+    weight's gradient as eager does (``ops/linalg.py``): a (out, batch) @ (batch, in) product, contiguous like
+    ``w``, not its transpose read strided by the optimizer's update."""
+    seen = {}
+
+    class G(nn.Graph):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 4)
+            self.add_optimizer(flow.optim.SGD(self.lin.parameters(), lr=0.1))
+
+        def build(self, x):
+            w = self.lin.weight
+            seen.update(w=w.stride(), wt=w.T.stride(), wtt=w.T.T.stride(), wt1=w.T.stride(1), wtm1=w.T.stride(-1))
+            loss = self.lin(x).sum()
+            loss.backward()
+            return loss
+
+    g = G()
+    g(flow.randn(3, 6))
+    assert seen == {"w": (6, 1), "wt": (1, 6), "wtt": (6, 1), "wt1": 6, "wtm1": 6}
+    products = [g.job.blobs[op.outputs[0]].shape for op in g.job.ops if op.type == "matmul"]
+    assert products == [(3, 4), (4, 6)], products   # the forward x @ w.T, then w's gradient g^T @ x
+
+
 def test_zero_cost_acts_make_few_python_calls():
     """The actor runtime's own cost per act (zero-cost kernels, every actor on the caller's thread), counted
     by cProfile: each act handles two messages (its input arriving, its output coming back)."""

@@ -147,6 +147,15 @@ class LazyTensor(Tensor):
     def _view(self, shape, strides, offset) -> "LazyTensor":
         return self._trace.view(self, shape, strides, offset)
 
+    def stride(self, dim: int | None = None):
+        """Strides in elements, as the blob will have them at run time where the trace knows them: a view op's
+        view (``w.T``) of a blob that is no view (contiguous at run time) has the view's; any other blob is
+        taken as contiguous.  A backward rule may pick its gradient's layout by them (``ops/linalg.py``)."""
+        strides = self._trace.view_strides.get(self._lbn)
+        if strides is None:
+            return Tensor.stride(self, dim)
+        return strides if dim is None else strides[dim if dim >= 0 else dim + self.ndim]
+
     def detach(self) -> "LazyTensor":
         return self._trace.view(self, self.shape, contiguous_strides(self.shape), 0, detach=True)
 
@@ -241,6 +250,7 @@ class LazyTracer:
         self.stage: int | None = None               # the pipeline stage of the module being called
         self.line: str | None = None                # set by passes: "backward of build.py:12"
         self.names: dict[int, str] = {}             # id(eager tensor) -> readable name ("first.weight")
+        self.view_strides: dict[str, tuple | None] = {}   # lbn of a view -> its strides at run time, if known
 
     # --- blobs ------------------------------------------------------------------------------------
 

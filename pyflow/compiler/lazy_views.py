@@ -51,6 +51,10 @@ def record_view(tracer, x, shape, strides, offset, detach: bool = False, op=None
             if perm is not None and signature.inputs[0] == tuple(source.sbp):
                 attrs["_perm"] = tuple(perm)
     (result,) = tracer._record("view", [x._lbn], [desc], attrs)
+    # its layout at run time, where the trace knows it (LazyTensor.stride): a view op's, over a blob that is
+    # no view; None: unknown (every view's output is a key: a view of it has an unknown layout too)
+    known = op is not None and source.placement is None and not detach and x._lbn not in tracer.view_strides
+    tracer.view_strides[result._lbn] = attrs["strides"] if known else None
     x._has_views = True
     result._is_view = not detach
     return result

@@ -7,7 +7,8 @@ first made a matrix (a row for ``a``, a column for ``b``), as matmul does.  A
 ``w.T``) gets its gradient column-major too, as PyTorch's ``mm_mat2_backward``
 does: ``grad_b = (g^T @ a)^T``, the same products summed in the same order, so
 that the gradient reaching ``w`` is contiguous and accumulating it copies no
-transposed matrix.
+transposed matrix.  Inside ``nn.Graph.build`` a view knows its run-time layout
+(``LazyTensor.stride``), so a compiled step makes the same products.
 
 SBP (2-D): (S0, B) -> S0 (rows), (B, S1) -> S1 (columns), (S1, S0) -> P (the
 inner dim: each rank's product is one term of the sum), (P, B) -> P and
@@ -58,8 +59,8 @@ def _column_major(t) -> bool:
     """
     if t.ndim != 2 or t.shape[0] < 2 or t.shape[1] < 2:
         return False
-    strides = t.stride()
-    return strides[0] == 1 and strides[1] == t.shape[0]
+    strides = tuple(t.stride())   # (a global tensor's: its piece's on this rank, or none where it has none)
+    return len(strides) == 2 and strides[0] == 1 and strides[1] == t.shape[0]
 
 
 def _matmul_rule(ctx, g):
