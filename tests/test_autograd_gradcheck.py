@@ -269,6 +269,15 @@ def test_a_column_major_matrix_gets_a_column_major_gradient_of_the_same_values(m
     assert grad_b.stride() == b.stride()
 
 
+def test_a_global_matrix_keeps_the_one_gradient_formula_on_every_rank():
+    """Each rank would judge its own piece's layout: a global operand takes ``a^T @ g`` whatever its strides,
+    so that every rank records the same ops."""
+    from pyflow.ops.linalg import _column_major
+
+    w = flow.randn(3, 4).to_global(placement=flow.placement("cpu", ranks=[0]), sbp=flow.sbp.broadcast)
+    assert not _column_major(w.T) and _column_major(w.to_local().T)
+
+
 @settings(max_examples=10)
 @given(data=st.data())
 def test_movement_and_indexing_gradients(data):

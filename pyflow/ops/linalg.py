@@ -50,17 +50,20 @@ def _matmul_signatures(shapes, out_shapes, attrs) -> list:
 
 
 def _column_major(t) -> bool:
-    """Is ``t`` a 2-D matrix laid out column-major (the transpose of a contiguous one), rows > 1?
+    """Is ``t`` a 2-D local matrix laid out column-major (the transpose of a contiguous one), rows > 1?
+
+    A global tensor never is: its pieces may differ in layout from rank to rank, and every rank must
+    record the same ops.
 
     >>> import pyflow as flow
     >>> w = flow.zeros(3, 4)
     >>> _column_major(w), _column_major(w.T), _column_major(w.T.contiguous())
     (False, True, False)
     """
-    if t.ndim != 2 or t.shape[0] < 2 or t.shape[1] < 2:
+    if t.ndim != 2 or t.shape[0] < 2 or t.shape[1] < 2 or t.is_global:
         return False
-    strides = tuple(t.stride())   # (a global tensor's: its piece's on this rank, or none where it has none)
-    return len(strides) == 2 and strides[0] == 1 and strides[1] == t.shape[0]
+    strides = t.stride()
+    return strides[0] == 1 and strides[1] == t.shape[0]
 
 
 def _matmul_rule(ctx, g):
