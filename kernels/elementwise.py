@@ -4,7 +4,9 @@ MiniTorch-style factories build every kernel from a scalar device function
 (``kernels/scalar_ops.py``): ``make_map(scalar_ops.relu)`` is the relu kernel,
 ``make_zip(scalar_ops.add)`` the add kernel.  Each factory has two versions:
 * **strided** - operands of any layout: transposed, sliced, broadcast with
-  stride 0 (see ``kernels/layout.py``);
+  stride 0 (see ``kernels/layout.py``); dims that every operand steps over
+  as one run are merged first (``layout.coalesce_dims``), so a ``where`` of
+  dense operands finds its elements with no division;
 * **contiguous** - a fast path when every operand is C-contiguous with the
   output's shape (zip: or a single element, as a Python scalar becomes: its
   step is 0, so ``x * 1.5`` needs no index arithmetic per element).
@@ -42,7 +44,7 @@ from pyflow.kernels.backend import cuda
 from pyflow.kernels.dtypes import BOOL, SUPPORTED_DTYPES, check_dtype
 from pyflow.kernels.jit import jit
 from pyflow.kernels.launch import elementwise_config, launcher, require_device_arrays
-from pyflow.kernels.layout import (as_kernel_shape, broadcast_shapes, contiguous_strides, flat,
+from pyflow.kernels.layout import (as_kernel_shape, broadcast_shapes, coalesce_dims, contiguous_strides, flat,
                                    kernel_operand)
 from pyflow.kernels.registry import register
 from pyflow.kernels.ufuncs import (BINARY, COMPARE, UNARY, binary_result_dtype, compute_dtype, device_function,
@@ -179,9 +181,10 @@ def _launch(op, strided, contiguous, out, inputs, extra=(), stream=0):
         args = [operands[0][0]] if len(steps) == 1 else [a for (st, _), k in zip(operands, steps) for a in (st, k)]
         launcher(contiguous, grid, block, stream)(out_storage, *args, n)
         return
+    shape, (out_strides, *strides) = coalesce_dims(shape, [out_strides] + [s for _, s in operands])
     args = [out_storage, out_strides, shape]
-    for storage, strides in operands:
-        args += [storage, strides]
+    for (storage, _), operand_strides in zip(operands, strides):
+        args += [storage, operand_strides]
     launcher(strided, grid, block, stream)(*args, *extra, n)
 
 

@@ -43,7 +43,7 @@ from pyflow.kernels.backend import cuda, is_simulator
 
 __all__ = ["is_device_array", "flat", "kernel_operand", "may_overlap", "broadcast_shapes", "broadcast_view",
            "permuted_view", "sliced_view", "normalize_axis", "normalize_axes", "padded_strides",
-           "contiguous_strides", "as_kernel_shape"]
+           "contiguous_strides", "as_kernel_shape", "coalesce_dims"]
 
 if is_simulator():
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _FakeCUDAArray
@@ -135,6 +135,34 @@ def contiguous_strides(shape) -> tuple:
         strides.append(step)
         step *= max(int(n), 1)
     return tuple(reversed(strides))
+
+
+def coalesce_dims(shape, strides_of) -> tuple:
+    """(shape, [strides, ...]): ``shape`` with every two neighbouring dims merged where each operand's
+    ``strides`` step over the inner one as one run (``strides[d] == strides[d + 1] * shape[d + 1]``), as
+    numpy's iterator and PyTorch's TensorIterator do.  Linear index ``i`` of the iteration still finds the
+    same element of every operand, with fewer divisions to find it (``elementwise.position``: one ``%``
+    and one ``//`` per dim after the first); dims of size 1 go.
+
+    >>> coalesce_dims((64, 256), [(256, 1), (256, 1), (0, 0)])     # two dense operands and a scalar
+    ((16384,), [(1,), (1,), (0,)])
+    >>> coalesce_dims((64, 256), [(256, 1), (0, 1)])                # a row broadcast: stays 2-D
+    ((64, 256), [(256, 1), (0, 1)])
+    >>> coalesce_dims((2, 1, 3), [(3, 7, 1)])
+    ((6,), [(1,)])
+    """
+    shape, strides_of = list(shape), [list(s) for s in strides_of]
+    keep = [d for d, n in enumerate(shape) if n != 1] or [len(shape) - 1]
+    shape = [shape[d] for d in keep]
+    strides_of = [[s[d] for d in keep] for s in strides_of]
+    d = len(shape) - 2
+    while d >= 0:   # from the innermost pair out: merge d + 1 into d
+        if all(s[d] == s[d + 1] * shape[d + 1] for s in strides_of):
+            shape[d:d + 2] = [shape[d] * shape[d + 1]]
+            for s in strides_of:
+                s[d:d + 2] = [s[d + 1]]
+        d -= 1
+    return tuple(shape), [tuple(s) for s in strides_of]
 
 
 def padded_strides(array_shape, strides, out_shape) -> tuple:

@@ -61,3 +61,29 @@ def test_a_device_array_gives_a_device_storage():
         storage, strides = flat(FakeCUDAArray(x))
         assert isinstance(storage, FakeCUDAArray) and np.shares_memory(storage._ary, x)
         _elements_at_their_positions(x)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_coalesced_dims_find_the_same_element_of_every_operand_with_fewer_dims(data):
+    """``coalesce_dims`` (elementwise kernels' strided path): for every linear index of the iteration, each
+    operand's element is the one the full shape finds; two operands laid out alike merge into one dim."""
+    from pyflow.kernels.elementwise import position
+    from pyflow.kernels.layout import coalesce_dims, padded_strides
+
+    shape = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4)))
+    strides_of = []
+    for _ in range(data.draw(st.integers(1, 3))):
+        view = np.arange(int(np.prod([n * 2 for n in shape]))).reshape(tuple(n * 2 for n in shape))
+        view = view[tuple(slice(0, None, data.draw(st.integers(1, 2))) for _ in shape)][tuple(slice(0, n) for n in shape)]
+        if data.draw(st.booleans()):   # broadcast along some dims
+            view = view[tuple(slice(0, 1) if data.draw(st.booleans()) else slice(None) for _ in shape)]
+        _, strides = flat(view)
+        strides_of.append(padded_strides(view.shape, strides, shape))
+    merged_shape, merged = coalesce_dims(shape, strides_of)
+    assert int(np.prod(merged_shape)) == int(np.prod(shape)) and len(merged_shape) <= len(shape)
+    for strides, merged_strides in zip(strides_of, merged):
+        for i in range(int(np.prod(shape))):
+            assert position.py_func(i, merged_shape, merged_strides) == position.py_func(i, shape, strides)
+    dense = tuple(int(np.prod(shape[d + 1:])) for d in range(len(shape)))
+    assert coalesce_dims(shape, [dense, dense]) == ((int(np.prod(shape)),), [(1,), (1,)])
