@@ -282,6 +282,7 @@ def _fill_cuda(out, value, *, stream=0):
     shape, n = as_kernel_shape(out.shape), math.prod(out.shape)
     if n:
         storage, strides = flat(out)
+        shape, (strides,) = coalesce_dims(shape, [strides])
         grid, block = elementwise_config(n, [out.dtype])
         launcher(fill_strided, grid, block, stream)(storage, strides, shape, out.dtype.type(value), n)
 
