@@ -154,7 +154,7 @@ class LazyTensor(Tensor):
         strides = self._trace.view_strides.get(self._lbn)
         if strides is None:
             return Tensor.stride(self, dim)
-        return strides if dim is None else strides[dim if dim >= 0 else dim + self.ndim]
+        return strides if dim is None else strides[args.dim(dim, self.ndim, "stride", self)]
 
     def detach(self) -> "LazyTensor":
         return self._trace.view(self, self.shape, contiguous_strides(self.shape), 0, detach=True)
