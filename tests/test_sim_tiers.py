@@ -433,8 +433,8 @@ def test_a_big_reductions_small_final_pass_runs_on_the_tier_of_its_first_pass(mo
     seen = []
     decide = sim_kernel.compiled_for
 
-    def recording(kernel, threads, args, settings):
-        chosen = decide(kernel, threads, args, settings)
+    def recording(kernel, threads, args, settings, work):
+        chosen = decide(kernel, threads, args, settings, work)
         seen.append((kernel.__name__, "threads" if chosen is None else "compiled"))
         return chosen
 

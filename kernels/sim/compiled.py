@@ -223,14 +223,13 @@ class CompiledKernel:
     # ---- a launch ---------------------------------------------------------------
 
     def launch(self, prepared: _Prepared, grid, block, dynshared: int, args, hang_timeout, cores: int = 1,
-               operation_work: int = 0) -> None:
-        """Run the launch (``cores``: how many CPU cores its blocks may use, ``block_ranges``, which also
-        counts ``operation_work``, ``tiers.operation_work``'s measure of the operation it is part of): on this
-        thread, watched by ``workers``' hang watch, unless this is the main thread, which hands it to a
-        worker and watches it itself (``_watch``), so that Ctrl-C reaches it (``workers.py``)."""
-        threads, blocks = block[0] * block[1] * block[2], grid[0] * grid[1] * grid[2]
-        work = max([blocks * threads, operation_work] + [a.size for a in args if isinstance(a, np.ndarray)])
-        ranges = block_ranges(blocks, work, prepared.independent and not prepared.module.COOPERATIVE, cores)
+               launch_work: int = 0) -> None:
+        """Run the launch (``cores``: how many CPU cores its blocks may use, ``block_ranges``, given its work as
+        ``tiers.launch_work`` measures it): on this thread, watched by ``workers``' hang watch, unless this is
+        the main thread, which hands it to a worker and watches it itself (``_watch``), so that Ctrl-C reaches
+        it (``workers.py``)."""
+        blocks = grid[0] * grid[1] * grid[2]
+        ranges = block_ranges(blocks, launch_work, prepared.independent and not prepared.module.COOPERATIVE, cores)
         self.last_ranges = len(ranges)
         report = np.zeros((len(ranges), 8), np.int64)   # a row per range of blocks
         where = np.full((len(ranges), 4), -1, np.int64)

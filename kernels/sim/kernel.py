@@ -33,7 +33,7 @@ from pyflow.kernels.launch_config import split_config, validate_launch
 from . import settings as _settings
 from .fake_cuda import SharedMemory, SimCudaModule
 from .grid import GridRun, SimThread
-from .tiers import compiled_for, current_operation_work
+from .tiers import compiled_for, launch_work
 
 __all__ = ["jit", "SimKernel", "SimDeviceFunction", "SimLaunch"]
 
@@ -165,13 +165,14 @@ class SimLaunch:
                 f"simulated GPU fits {limit} blocks of {threads} threads ({s.multiprocessor_count} SMs); "
                 "launch at most kernel.max_cooperative_grid_blocks(blockdim, dynsmem) blocks")
         args = [_kernel_argument(a) for a in args]
-        chosen = compiled_for(self.kernel, threads * blocks, args, s)
+        work = launch_work(threads * blocks, args)
+        chosen = compiled_for(self.kernel, threads * blocks, args, s, work)
         if chosen is not None:   # the compiled tier (tiers.py): no simulated threads, no launch lock
             compiled, prepared = chosen
             self.kernel.last_tier = "compiled"
             try:
                 compiled.launch(prepared, self.grid, self.block, self.dynshared, args, s.hang_timeout, s.cores,
-                                current_operation_work())
+                                work)
             except KernelError as error:
                 if cooperative or error.block_idx is None:
                     raise

@@ -79,7 +79,7 @@ import numpy as np
 from .compiled import CompiledKernel, Unsupported
 
 __all__ = ["TIERS", "BIG_WORK", "BIG_THREADS", "HOT_WORK", "HOT_LAUNCHES", "CACHED_READY", "CACHED_LAUNCHES",
-           "compiled_for", "forget_counts", "argument_key", "operation_work", "current_operation_work", "explain"]
+           "compiled_for", "forget_counts", "argument_key", "operation_work", "launch_work", "explain"]
 
 TIERS = ("auto", "threads", "compiled")
 BIG_WORK = 1 << 15      # in auto: threads or array elements that make one launch worth compiling
@@ -111,12 +111,10 @@ def _compiled(kernel) -> CompiledKernel:
     return found
 
 
-def current_operation_work() -> int:
-    """The work of the operation this thread's launches belong to now (``operation_work``; 0 outside one)."""
-    return getattr(_operation, "work", 0)
-
-
-def _work(threads: int, args) -> int:
+def launch_work(threads: int, args) -> int:
+    """A launch's work: its threads, its largest array's elements or its operation's (``operation_work``: a
+    matmul's multiply-adds), whichever is more.  It picks the tier (``compiled_for``) and the cores
+    (``compiled.block_ranges``)."""
     sizes = [a.size for a in args if isinstance(a, np.ndarray)]
     return max([threads, getattr(_operation, "work", 0)] + sizes)
 
@@ -127,9 +125,9 @@ def operation_work(work: int):
     that work for its tier, so a reduction's small final pass runs on the tier of its big first pass.
 
     >>> with operation_work(1 << 20):
-    ...     _work(32, [])
+    ...     launch_work(32, [])
     1048576
-    >>> _work(32, [])
+    >>> launch_work(32, [])
     32
     """
     outer = getattr(_operation, "work", 0)
@@ -153,9 +151,9 @@ def forget_counts() -> None:
     _counts_epoch += 1
 
 
-def compiled_for(kernel, threads: int, args, settings):
-    """The kernel's prepared compiled launch for ``args``, or None to run this launch threaded."""
-    work = _work(threads, args)
+def compiled_for(kernel, threads: int, args, settings, work: int):
+    """The kernel's prepared compiled launch for ``args`` (``work``: ``launch_work``'s), or None to run this
+    launch threaded."""
     if kernel.__dict__.get("_counts_epoch") != _counts_epoch:   # (``forget_counts`` since the last launch)
         kernel.__dict__.update(_counts_epoch=_counts_epoch, work_so_far=0, _launches_by_key={})
     kernel.work_so_far = getattr(kernel, "work_so_far", 0) + work
