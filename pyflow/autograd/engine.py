@@ -11,7 +11,10 @@
    as the forward (a trace shows them).  Grad mode is off while they run,
    unless ``create_graph`` asks to record them (for gradients of gradients).
 4. **Leaves**: ``AccumulateGrad`` adds the gradient into ``leaf.grad`` (in place,
-   after the first: the same tensor across backwards, as in PyTorch), then calls the
+   after the first: the same tensor across backwards, as in PyTorch).  The first
+   gradient becomes ``.grad`` as it is when the engine alone holds it (a rule made its
+   memory and shares it with no other gradient: ``_owned``), else a copy of it, as
+   PyTorch's AccumulateGrad steals a gradient nobody else holds.  Then it calls the
    leaf's ``register_post_accumulate_grad_hook`` hooks with the leaf (data parallel's
    all-reduce starts there: ``pyflow/nn/parallel.py``); a global
    leaf's gradient is boxed to the *dual* SBP of the leaf (B <-> P, S stays S),
@@ -30,6 +33,7 @@ from pyflow.autograd.mode import is_grad_enabled, set_grad_enabled
 from pyflow.errors import AutogradError, ShapeError
 from pyflow.framework.op_registry import NO_BACKWARD
 from pyflow.ops.to_global import dual_sbp
+from pyflow.vm.eager_blob_object import storage_mark
 
 __all__ = ["run_backward"]
 
@@ -57,17 +61,23 @@ def _check_gradient(root, grad, index: int):
     return grad
 
 
-def accumulate(leaf, grad) -> None:
-    """Add ``grad`` into ``leaf.grad`` (boxed to the dual SBP for a global leaf)."""
+def accumulate(leaf, grad, owned: bool = False) -> None:
+    """Add ``grad`` into ``leaf.grad`` (boxed to the dual SBP for a global leaf); ``owned``: nobody but the
+    engine holds ``grad`` or its memory (``_owned``), so it may become ``.grad`` with no copy."""
     info = meta(leaf)
     if leaf._global is not None and grad._global is not None:
         grad = grad.to_global(leaf.placement, dual_sbp(leaf.sbp))
+        owned = False
     if grad.dtype != leaf.dtype:
         grad = grad.to(dtype=leaf.dtype)
+        owned = grad._global is None   # (a new tensor of its own)
     if info.grad is None:
-        # copied: a rule may hand one tensor to several inputs (add), or an expanded view (sum),
-        # and .grad must be the leaf's own, writable memory (zero_grad zeroes it, later backwards add)
-        info.grad = grad.clone()
+        # .grad must be the leaf's own, writable memory (zero_grad zeroes it, later backwards add): a gradient
+        # someone else holds is copied (a rule may hand one tensor to several inputs, as add's does, or a
+        # view, as sum's expand; the caller's ``gradient=``), one the engine alone holds is taken as it is
+        # (PyTorch's AccumulateGrad steals it too): a Linear's weight gradient is not copied at every step
+        keep = owned and not is_grad_enabled() and grad._global is None and grad._blob.covers_storage()
+        info.grad = grad if keep else grad.clone()
     elif is_grad_enabled() or not info.grad.is_contiguous():   # create_graph: the sum is recorded
         info.grad = info.grad + grad
     else:
@@ -105,16 +115,17 @@ def run_backward(roots, grads, retain_graph: bool, create_graph: bool, wanted=No
     # 2-4. run the nodes in dependency order
     pending: dict = collections.defaultdict(dict)  # node -> {output_nr: summed gradient}
 
-    def deliver(edge, grad) -> None:
+    def deliver(edge, grad, owned: bool = False) -> None:
         node, nr = edge
         if edge in wanted_edges:
             k = wanted_edges[edge]
             found[k] = grad if found[k] is None else found[k] + grad
+            owned = False   # (``found`` holds it too)
         slot = pending[node]
-        slot[nr] = grad if nr not in slot else slot[nr] + grad
+        slot[nr] = (grad, owned) if nr not in slot else (slot[nr][0] + grad, True)   # a sum: a new tensor
 
     for edge, grad in starts:
-        deliver(edge, grad)
+        deliver(edge, grad)   # (the caller's ``gradient=`` is the caller's)
     ready = collections.deque(node for node in {e[0] for e, _ in starts} if deps[node] == 0)
     with set_grad_enabled(create_graph):
         while ready:
@@ -123,25 +134,44 @@ def run_backward(roots, grads, retain_graph: bool, create_graph: bool, wanted=No
             if isinstance(node, AccumulateGrad):
                 leaf = node.leaf()
                 if leaf is not None and wanted is None and 0 in arrived:
-                    accumulate(leaf, arrived[0])
+                    accumulate(leaf, *arrived[0])
                 continue
+            # the memory of the arrived gradients only the engine holds: a view rule's result over it is still owned
+            handed = {grad._blob.storage.id for grad, own in arrived.values() if own}
+            arrived = {nr: grad for nr, (grad, _) in arrived.items()}
             for nr, tensor_ref in node.retained.items():  # non-leaf tensors that called retain_grad()
                 t = tensor_ref()
-                if t is not None and nr in arrived:
+                if t is not None and nr in arrived:   # a copy, as in PyTorch: its own memory, contiguous
                     info = meta(t)
-                    info.grad = arrived[nr] if info.grad is None else info.grad + arrived[nr]
+                    info.grad = arrived[nr].clone() if info.grad is None else info.grad + arrived[nr]
+            mark = storage_mark()
             input_grads = _run_rule(node, arrived)
             if not retain_graph:
                 node.free()
-            for edge, grad in zip(node.edges, input_grads):
+            owned = _owned(input_grads, mark, handed)
+            for edge, grad, own in zip(node.edges, input_grads, owned):
                 if edge is None:
                     continue
                 if grad is not None:
-                    deliver(edge, grad)
+                    deliver(edge, grad, own)
                 deps[edge[0]] -= 1
                 if deps[edge[0]] == 0:
                     ready.append(edge[0])
     return found
+
+
+def _owned(grads: list, mark: int, handed: set) -> list:
+    """Per gradient a rule returned (its run began at ``storage_mark()`` ``mark``): does the engine alone hold it?
+    Yes for a local tensor over memory the rule made (a storage newer than ``mark``) or over the memory of an
+    arrived gradient the engine alone held (``handed``: storage ids; a view's rule hands on a view of it), that
+    no other gradient of the list shares (a rule handing one tensor, or two views of one, to two inputs).  No
+    for an arrived gradient someone else holds, a saved tensor, and a lazy tensor (no memory: ``nn.Graph.build``)."""
+    def memory(g):
+        blob = getattr(g, "_blob", None)
+        return None if blob is None or g._global is not None else blob.storage
+    storages = [memory(g) for g in grads]
+    counts = collections.Counter(id(m) for m in storages if m is not None)
+    return [m is not None and (m.id > mark or m.id in handed) and counts[id(m)] == 1 for m in storages]
 
 
 def _run_rule(node, arrived: dict) -> list:

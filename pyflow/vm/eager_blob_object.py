@@ -27,13 +27,20 @@ from pyflow.kernels.backend import cuda
 from pyflow.kernels.layout import contiguous_strides
 from pyflow.vm.dependence import LocalDepObject
 
-__all__ = ["TensorStorage", "EagerBlobObject", "NoMemoryError"]
+__all__ = ["TensorStorage", "EagerBlobObject", "NoMemoryError", "storage_mark"]
 
 
 class NoMemoryError(RuntimeError):
     """``array()`` of a blob whose storage has no memory (the op that makes it failed to prepare)."""
 
 _storage_ids = itertools.count()
+
+
+def storage_mark() -> int:
+    """A number below every later storage's ``id`` and above every earlier one's: a storage whose ``id`` is
+    higher than a mark taken before some work was made by that work (the autograd engine asks it of a
+    backward rule's results: ``pyflow/autograd/engine.py``)."""
+    return next(_storage_ids)
 
 
 class TensorStorage:
