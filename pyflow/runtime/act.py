@@ -166,10 +166,11 @@ def _make_act(plan, task):
         return lambda ins, outs, j, call: [bind(ins)[0]]
     if kind == "output":   # a fresh tensor: the regst's memory is the runtime's, the value is the caller's
         index = attrs["index"]
+        clone = _Issuer("contiguous", {}, site)   # ``Tensor.clone``, its checks made once (``PreparedOpCall``)
 
         def output(ins, outs, j, call):
             desc = call.output_layouts.get(index)
-            piece = bind(ins)[0].clone()
+            piece = clone([bind(ins)[0]], [])[0]
             call.outputs[index] = piece if desc is None else make_global(piece, *desc)
             return [piece]   # (the output regst is that tensor: its consumers hear once it is written)
         return output
