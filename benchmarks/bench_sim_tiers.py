@@ -25,7 +25,8 @@ ratios compare tiers measured in the same run:
    process with an empty kernel cache, then with the cache the first run left.
 
 Times are the median of ``--repeats`` after one warm call (which compiles); compile times are
-printed apart.  ``--quick`` shrinks every size (a smoke run for the tests).
+printed apart.  The big MLP's cpu and cuda steps alternate (``alternating``), so that a busy spell
+of the machine falls on both sides of its ratio.  ``--quick`` shrinks every size (a smoke run for the tests).
 
     python benchmarks/bench_sim_tiers.py [--repeats 5] [--quick] [--sections ops,matmul,mlp,cocktailer,library,first]
                                          [--write benchmarks/results/sim_tiers_cpu.txt]
@@ -73,6 +74,23 @@ def timed(fn, repeats: int) -> tuple:
         fn()
         times.append(time.perf_counter() - start)
     return first, statistics.median(times)
+
+
+def alternating(steps: dict, repeats: int) -> dict:
+    """``timed`` for several steps at once, one call of each in turn (after one warm call of each): a change in
+    the machine's load hits them all alike, where timing one step's repeats and then the other's let a busy
+    spell fall on one side of the ratio.  {name: (first call, median of ``repeats`` later calls)}."""
+    first, times = {}, {name: [] for name in steps}
+    for name, fn in steps.items():
+        start = time.perf_counter()
+        fn()
+        first[name] = time.perf_counter() - start
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: (first[name], statistics.median(times[name])) for name in steps}
 
 
 def on(device: str, tier: str = "compiled"):
@@ -185,14 +203,14 @@ def mlp(args) -> None:
     x = rng.standard_normal((batch, 784)).astype(np.float32)
     y = rng.integers(0, 10, size=batch).astype(np.int64)
     say(f"== one SGD step, MLP 784 -> {hidden} -> 10, batch {batch} ==")
-    times, losses = {}, {}
+    steps, losses = {}, {}
     for device in ("cpu", "cuda"):
         flow.manual_seed(0)
         model = nn.Sequential(nn.Linear(784, hidden), nn.ReLU(), nn.Linear(hidden, 10)).to(device)
         opt = flow.optim.SGD(model.parameters(), lr=0.05)
         loss_fn = nn.CrossEntropyLoss()
         xs, ys = flow.tensor(x, device=device), flow.tensor(y, device=device)
-        seen = []
+        seen = losses[device] = []
 
         def step(model=model, opt=opt, loss_fn=loss_fn, xs=xs, ys=ys, seen=seen):
             opt.zero_grad()
@@ -200,10 +218,9 @@ def mlp(args) -> None:
             loss.backward()
             opt.step()
             seen.append(loss.item())
-
-        with on(device):
-            times["compiled" if device == "cuda" else "cpu"] = timed(step, args.repeats)
-        losses[device] = seen
+        steps["compiled" if device == "cuda" else "cpu"] = step
+    with on("cuda"):
+        times = alternating(steps, args.repeats)
     np.testing.assert_allclose(losses["cuda"], losses["cpu"], rtol=1e-4)
     ratio_row("SGD step", times, 3)
     small_mlp(args)
