@@ -235,6 +235,33 @@ def test_broadcast_batch_operand_is_read_not_copied(monkeypatch):
     assert _start_address(storage) == _start_address(a_device), "a was copied"
 
 
+@pytest.mark.skipif(not is_simulator(), reason="the simulator's compiled tier picks its own block tile")
+@pytest.mark.parametrize("m, n, k", [(64, 10, 256), (10, 64, 256), (64, 256, 10), (100, 30, 8), (3, 5, 7)])
+def test_a_compiled_skinny_product_computes_at_most_twice_its_cells(monkeypatch, m, n, k):
+    """Every cell of a block's tile is computed, inside the matrices or not: the default tile of a product
+    with a narrow side (a Linear to 10 classes, its gradients) must fit that side, not compute 6.4 times
+    the product's cells as a 64-wide tile over 10 columns did."""
+    from pyflow.kernels import sim
+
+    launched = []
+    real_launcher = matmul_module.launcher
+
+    def spy(kernel, grid, block, stream=0):
+        launched.append((kernel, grid, block))
+        return real_launcher(kernel, grid, block, stream)
+
+    monkeypatch.setattr(matmul_module, "launcher", spy)
+    a, b = values((m, k), np.float32, seed=5), values((k, n), np.float32, seed=6)
+    with sim.configure(tier="compiled"):
+        result = run_matmul("cuda", cuda.to_device(a), cuda.to_device(b))
+    assert_matmul_close(result, a, b, what=f"({m}, {k}) @ ({k}, {n})")
+    (kernel, (gx, gy, _), (tile, _)), = launched
+    per_thread = next(r for r in range(1, 9) if matmul_module.make_matmul_kernel(tile, np.dtype(np.float32), r) is kernel)
+    side = tile * per_thread
+    cells = gx * side * gy * side
+    assert cells <= max(2 * m * n, 16 * 16), f"a {side}-wide tile computes {cells} cells for {m} x {n}"
+
+
 def _start_address(device_array) -> int:
     """Where a device array's first element lives (the numpy buffer behind it in the simulator)."""
     if is_simulator():
