@@ -113,11 +113,12 @@ def make_zip(fn, compute=None):
             i += cuda.gridsize(1)
 
     @jit
-    def zip_contiguous(out, a, a_step, b, b_step, n):
-        # a step is 1 (an operand laid out as the output) or 0 (one element, read by every i)
+    def zip_contiguous(out, a, b, steps, n):
+        # a step is 1 (an operand laid out as the output) or 0 (one element, read by every i); ``steps`` is
+        # (a's, b's): a tuple, so that the simulator's compiled tier takes (1, 1) as a constant and vectorizes
         i = cuda.grid(1)
         while i < n:
-            out[i] = fn(to(a[i * a_step]), to(b[i * b_step]))
+            out[i] = fn(to(a[i * steps[0]]), to(b[i * steps[1]]))
             i += cuda.gridsize(1)
 
     return zip_strided, zip_contiguous
@@ -176,9 +177,9 @@ def _launch(op, strided, contiguous, out, inputs, extra=(), stream=0):
     out_storage, out_strides = flat(out)
     operands = [kernel_operand(x, shape) for x in inputs]
     dense, single = contiguous_strides(shape), (0,) * len(shape)
-    steps = [1 if s == dense else 0 if s == single else None for _, s in operands]   # zip's a_step, b_step
+    steps = [1 if s == dense else 0 if s == single else None for _, s in operands]   # zip's steps
     if contiguous is not None and out_strides == dense and None not in steps and (len(steps) == 2 or steps == [1]):
-        args = [operands[0][0]] if len(steps) == 1 else [a for (st, _), k in zip(operands, steps) for a in (st, k)]
+        args = [operands[0][0]] if len(steps) == 1 else [operands[0][0], operands[1][0], tuple(steps)]
         launcher(contiguous, grid, block, stream)(out_storage, *args, n)
         return
     shape, (out_strides, *strides) = coalesce_dims(shape, [out_strides] + [s for _, s in operands])
@@ -352,7 +353,7 @@ def ptx_cases():
                           (out, t2, t2, array(a), t2, array(b), t2, i64), False))
             if (a, b) == mixed:
                 cases.append((f"{op}[{a},{b}] contiguous", contiguous.py_func,
-                              (out, array(a), i64, array(b), i64, i64), False))   # operands with their steps
+                              (out, array(a), array(b), t2, i64), False))   # the operands, their steps
     b1 = array("bool")
     for dtype in SUPPORTED_DTYPES:
         a, scalar = array(dtype.name), getattr(types, dtype.name)

@@ -124,3 +124,34 @@ def test_shared_memory_has_its_declared_shape_and_checked_indexes():
         run("compiled", shared_past_its_end, (1, 9), np.zeros(9))
     assert "IndexError" in str(caught.value.__cause__) and caught.value.__cause__.thread_idx == (8, 0, 0)
     assert tiers._compiled(shared_past_its_end)._prepared[(numba.typeof(np.zeros(9)),)].independent
+
+
+@jit
+def strided_add(out, o_strides, a, a_strides, b, b_strides, n):
+    """out[i * s] = a[i * s] + b[i * s], each operand with its own stride (a tuple, as the library passes it)."""
+    i = cuda.grid(1)
+    while i < n:
+        out[i * o_strides[0]] = a[i * a_strides[0]] + b[i * b_strides[0]]
+        i += cuda.gridsize(1)
+
+
+@settings(max_examples=20, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.integers(0, 3)), min_size=1, max_size=4),
+       n=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_unit_strides_are_constants_of_their_own_module_and_other_strides_are_not(steps, n, seed):
+    """A launch whose stride tuples are all ones runs a module that holds them as constants
+    (``compiled.unit_tuples``, which lets LLVM vectorize); the same kernel launched after it with other
+    strides, of the same numba types, must not run that module: every launch gives numpy's values."""
+    rng = np.random.default_rng(seed)
+    for a_step, o_step, b_step in steps:
+        a, b = rng.standard_normal(n * a_step + 1), rng.standard_normal(n * b_step + 1)
+        out = np.full(n * o_step + 1, -7.0)
+        run("compiled", strided_add, (2, 8), out, (o_step,), a, (a_step,), b, (b_step,), n)
+        expected = np.full_like(out, -7.0)
+        idx = np.arange(n)
+        expected[idx * o_step] = a[idx * a_step] + b[idx * b_step]
+        np.testing.assert_array_equal(out, expected)
+    if any(step == (1, 1, 1) for step in steps):
+        prepared = tiers._compiled(strided_add)._prepared
+        units = [p for key, p in prepared.items() if "units" in key and not isinstance(p, Exception)]
+        assert any("cu_unit_o_strides = (1,)" in open(p.source_path).read() for p in units)

@@ -232,7 +232,9 @@ def _value_key(value):
         return "scalar", value.dtype
     if kind is tuple:
         if value and set(map(type, value)) == {int} and _INT64_MIN <= min(value) and max(value) < _INT64_END:
-            return "ints", len(value)   # shapes and strides: UniTuple(int64, n), said at C speed
+            # shapes and strides: UniTuple(int64, n), said at C speed; all ones: a unit stride the compiled code may
+            # take as a constant (``compiled.unit_tuples``)
+            return "ints", len(value), value.count(1) == len(value)
         keys = [_value_key(v) for v in value]
         return None if None in keys else ("tuple", *keys)
     return None
