@@ -138,9 +138,9 @@ def strided_add(out, o_strides, a, a_strides, b, b_strides, n):
 @settings(max_examples=20, deadline=None)
 @given(steps=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.integers(0, 3)), min_size=1, max_size=4),
        n=st.integers(1, 40), seed=st.integers(0, 2**16))
-def test_unit_strides_are_constants_of_their_own_module_and_other_strides_are_not(steps, n, seed):
-    """A launch whose stride tuples are all ones runs a module that holds them as constants
-    (``compiled.unit_tuples``, which lets LLVM vectorize); the same kernel launched after it with other
+def test_strides_of_0s_and_1s_are_constants_of_their_own_module_and_other_strides_are_not(steps, n, seed):
+    """A launch whose stride tuples hold only 0s and 1s runs a module that holds them as constants
+    (``compiled.constant_tuples``, which lets LLVM vectorize); the same kernel launched after it with other
     strides, of the same numba types, must not run that module: every launch gives numpy's values."""
     rng = np.random.default_rng(seed)
     for a_step, o_step, b_step in steps:
@@ -153,5 +153,5 @@ def test_unit_strides_are_constants_of_their_own_module_and_other_strides_are_no
         np.testing.assert_array_equal(out, expected)
     if any(step == (1, 1, 1) for step in steps):
         prepared = tiers._compiled(strided_add)._prepared
-        units = [p for key, p in prepared.items() if "units" in key and not isinstance(p, Exception)]
-        assert any("cu_unit_o_strides = (1,)" in open(p.source_path).read() for p in units)
+        fixed = [p for key, p in prepared.items() if "constants" in key and not isinstance(p, Exception)]
+        assert any("cu_const_o_strides = (1,)" in open(p.source_path).read() for p in fixed)

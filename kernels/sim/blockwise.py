@@ -75,7 +75,7 @@ def write_blockwise(w) -> None:
     out(f"def cu_launch(cu_b0, cu_b1, {', '.join(t for t in tail if t not in ('cu_alive', 'cu_out'))}):")
     with out:
         out('"""Blocks ``cu_b0`` to ``cu_b1 - 1``, one after another: a launch result code."""')
-        _take_units(w)
+        _take_constants(w)
         out("cu_alive = np.ones(cu_bdx * cu_bdy * cu_bdz, np.bool_)")
         out("cu_out = np.zeros(3, np.int64)")
         with out.block("for cu_b in range(cu_b0, cu_b1):"):
@@ -91,11 +91,11 @@ def write_blockwise(w) -> None:
     out()
 
 
-def _take_units(w) -> None:
-    """At the top of ``cu_launch``: the parameters that are tuples of ones at this launch (``writer.write_module``'s
-    ``units``) take the module's constants, which LLVM folds into the functions it inlines there."""
-    for p in w.units:
-        w.out(f"{p} = cu_unit_{p}")
+def _take_constants(w) -> None:
+    """At the top of ``cu_launch``: the parameters that are tuples of 0s and 1s at this launch (``writer.write_module``'s
+    ``constants``) take the module's constants, which LLVM folds into the functions it inlines there."""
+    for p in w.constants:
+        w.out(f"{p} = cu_const_{p}")
 
 
 def _one_region(w, tail: list) -> None:
@@ -120,7 +120,7 @@ def _one_region(w, tail: list) -> None:
     out(f"def cu_launch(cu_b0, cu_b1, {', '.join(params)}):")
     with out:
         out('"""Blocks ``cu_b0`` to ``cu_b1 - 1``, one after another: a launch result code."""')
-        _take_units(w)
+        _take_constants(w)
         out("cu_nt = cu_bdx * cu_bdy * cu_bdz")
         out("cu_sb = 0")
         out(f"cu_where[3] = {k}")

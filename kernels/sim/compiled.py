@@ -73,17 +73,19 @@ _POLL_SECONDS = 0.02
 _MIN_PART_WORK = 1 << 17
 
 
-def unit_tuples(args) -> tuple:
-    """The indexes of the arguments that are tuples of ints all 1: a dense operand's strides (``(1,)`` once the
-    host merged its dims).  A module compiled for them holds them as constants (``writer.write_module``), so
+def constant_tuples(args) -> tuple:
+    """``(index, value)`` of each argument that is a tuple of ints all 0 or 1: a dense operand's strides (``(1,)``
+    once the host merged its dims), a broadcast one's (``(0,)``), zip's steps (``(1, 0)``: an array and a
+    number).  A module compiled for them holds them as constants (``writer.write_module``), so
     ``x[i * strides[0]]`` is ``x[i]`` to LLVM, which then vectorizes the loop: a dense 200k-element ``add`` or
-    optimizer update went from 270-360 us to tens (``p + i * strides[0]`` with a stride it cannot see is a
-    gather).  The same kernel with other strides gets its own module (``tiers.argument_key`` tells them apart).
+    optimizer update went from 270-360 us to 70-80 (``x[i * s]`` with an ``s`` it cannot see is a gather).
+    Another value, or a launch with other strides of the same types, gets its own module
+    (``tiers.argument_key`` tells them apart).
 
-    >>> unit_tuples([np.zeros(3), (1,), (4, 1), (1, 1), 1, (True,)])
-    (1, 3)
+    >>> constant_tuples([np.zeros(3), (1,), (4, 1), (1, 0), 1, (True,)])
+    ((1, (1,)), (3, (1, 0)))
     """
-    return tuple(i for i, a in enumerate(args) if type(a) is tuple and a and a.count(1) == len(a)
+    return tuple((i, a) for i, a in enumerate(args) if type(a) is tuple and a and a.count(0) + a.count(1) == len(a)
                  and all(type(v) is int for v in a))
 
 
@@ -149,16 +151,16 @@ class CompiledKernel:
         return bool(tr.barriers & {"grid", "group"})
 
     def prepare(self, args, boundscheck: bool = True) -> _Prepared:
-        """The compiled launch for these arguments' types (and its ``unit_tuples``); ``Unsupported`` if numba
+        """The compiled launch for these arguments' types (and its ``constant_tuples``); ``Unsupported`` if numba
         cannot take them."""
-        types, units = tuple(numba.typeof(a) for a in args), unit_tuples(args)
-        key = (types if boundscheck else types + ("unchecked",)) + (("units",) + units if units else ())
+        types, constants = tuple(numba.typeof(a) for a in args), constant_tuples(args)
+        key = (types if boundscheck else types + ("unchecked",)) + (("constants",) + constants if constants else ())
         with self.lock:
             found = self._prepared.get(key)
             if found is None:
                 started = time.perf_counter()
                 try:
-                    found = self._build(types, boundscheck, units)
+                    found = self._build(types, boundscheck, constants)
                 except Unsupported as error:
                     found = error
                 except Exception as error:   # numba's typing and lowering errors
@@ -179,7 +181,7 @@ class CompiledKernel:
         try:
             types = tuple(numba.typeof(a) for a in args)
             with self.lock:
-                text = self._source(types, boundscheck, remembered_only=True, units=unit_tuples(args))
+                text = self._source(types, boundscheck, remembered_only=True, constants=constant_tuples(args))
         except Exception:  # noqa: BLE001 - Unsupported, or numba's typeof: not compiled before, as far as we know
             return False
         if text is None:
@@ -189,11 +191,11 @@ class CompiledKernel:
         return compiled_before(text[0], tr.name, entries)
 
     def _source(self, types, boundscheck: bool, bare: bool | None = None, remembered_only: bool = False,
-                units: tuple = ()):
+                constants: tuple = ()):
         """(the module's text for these argument types, whether it is ``bare``); None if ``remembered_only`` and
         the threads' variable types were not remembered (``shadow_types.var_types``).  ``bare`` None: bare
-        unless a variable kept per thread needs numba's reference counts.  ``units``: the arguments (indexes)
-        that are tuples of ones, constants in this module (``unit_tuples``)."""
+        unless a variable kept per thread needs numba's reference counts.  ``constants``: the arguments (index,
+        value) that are tuples of 0s and 1s, constants in this module (``constant_tuples``)."""
         tr, sp = self.translated()
         if len(types) != len(tr.params):
             raise Unsupported(f"{len(types)} arguments for {len(tr.params)} parameters")
@@ -207,19 +209,19 @@ class CompiledKernel:
                   + "".join(f"  {p}: {t}\n" for p, t in param_types.items()))
         if not boundscheck:
             header += "indexes unchecked (PYFLOW_SIM_BOUNDSCHECK=0)\n"
-        unit_params = {tr.params[i]: types[i].count for i in units}
-        if unit_params:
-            header += f"constant: {', '.join(f'{p} = {(1,) * n}' for p, n in unit_params.items())}\n"
+        fixed = {tr.params[i]: value for i, value in constants}
+        if fixed:
+            header += f"constant: {', '.join(f'{p} = {value}' for p, value in fixed.items())}\n"
         if bare is None:   # (per-thread code without reference counts where it can do without: cpu_runtime.BARE;
             # typed dicts need them, and numba says so only when it compiles)
             bare = all(not t.startswith("numba.") for t in storage_types.values())
         return write_module(tr, sp, var, storage_types, self.cooperative, header, _IMPORTS, boundscheck, bare,
-                            unit_params), bare
+                            fixed), bare
 
-    def _build(self, types, boundscheck: bool = True, units: tuple = ()) -> _Prepared:
+    def _build(self, types, boundscheck: bool = True, constants: tuple = ()) -> _Prepared:
         """Translate, split, type, write and compile: the module that runs this kernel for these types."""
         tr, sp = self.translated()
-        source, bare = self._source(types, boundscheck, units=units)
+        source, bare = self._source(types, boundscheck, constants=constants)
         while True:
             module = load_module(source, tr.name)
             storage = tuple(numba.typeof(x) for x in module.cu_allocate(1, 1, 0))
@@ -239,7 +241,7 @@ class CompiledKernel:
                 if not bare:
                     raise
                 bare = False   # something in the kernel needs numba's runtime: count references
-                source, _ = self._source(types, boundscheck, bare, units=units)
+                source, _ = self._source(types, boundscheck, bare, constants=constants)
 
     # ---- a launch ---------------------------------------------------------------
 

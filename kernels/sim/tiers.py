@@ -203,12 +203,15 @@ def _worth_compiling(work: int, threads: int, work_so_far: int, launches: int) -
 def argument_key(args, boundscheck: bool = True):
     """What decides the compiled launch for ``args``, read without ``numba.typeof`` (tens of us per
     array, which made most of a small launch's cost: 160-250 us per launch with it, 30-40 us without):
-    each array's dtype, dimensions, layout and writability, each scalar's type; None when only
+    each array's dtype, dimensions, layout and writability, each scalar's type, the value of a tuple of 0s
+    and 1s (``compiled.constant_tuples``: a constant of its module); None when only
     ``numba.typeof`` can tell (``CompiledKernel.prepare`` then asks it, at every such launch).
 
     >>> a = np.zeros((2, 3), np.float32)
-    >>> argument_key([a, 3, (1, 2)]) == argument_key([np.ones((4, 5), np.float32), 7, (0, 0)])
+    >>> argument_key([a, 3, (1, 2)]) == argument_key([np.ones((4, 5), np.float32), 7, (3, 4)])
     True
+    >>> argument_key([(1, 0)]) == argument_key([(0, 1)])   # 0s and 1s: constants of the module (compiled.py)
+    False
     >>> argument_key([a.T]) == argument_key([a]), argument_key([1 << 70])
     (False, None)
     """
@@ -232,9 +235,9 @@ def _value_key(value):
         return "scalar", value.dtype
     if kind is tuple:
         if value and set(map(type, value)) == {int} and _INT64_MIN <= min(value) and max(value) < _INT64_END:
-            # shapes and strides: UniTuple(int64, n), said at C speed; all ones: a unit stride the compiled code may
-            # take as a constant (``compiled.unit_tuples``)
-            return "ints", len(value), value.count(1) == len(value)
+            # shapes and strides: UniTuple(int64, n), said at C speed; all 0s and 1s: the compiled code takes the value
+            # as a constant (``compiled.constant_tuples``)
+            return "ints", len(value), value if value.count(0) + value.count(1) == len(value) else None
         keys = [_value_key(v) for v in value]
         return None if None in keys else ("tuple", *keys)
     return None

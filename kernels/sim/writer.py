@@ -50,17 +50,18 @@ class _Lines:
 
 
 def write_module(tr: Translation, sp: Split, var: Variables, storage_types: dict, cooperative: bool,
-                 header: str, imports: str, boundscheck: bool = True, bare: bool = True, units: dict | None = None) -> str:
+                 header: str, imports: str, boundscheck: bool = True, bare: bool = True,
+                 constants: dict | None = None) -> str:
     """The CPU module for one kernel (see the module docstring).
 
     Unchecked indexes if not ``boundscheck``; ``bare``: the per-thread functions without numba's
     reference counting (``cpu_runtime.BARE``), which a kernel using typed dicts cannot do without.
-    ``units``: parameter -> length of the int tuples that are all ones at this launch
-    (``compiled.unit_tuples``); ``cu_launch`` takes them as module constants, which LLVM folds into
+    ``constants``: parameter -> its value, a tuple of 0s and 1s at the launches this module is for
+    (``compiled.constant_tuples``); ``cu_launch`` takes them as module constants, which LLVM folds into
     the code it inlines.
     """
     writer = _ModuleWriter(tr, sp, var, storage_types, cooperative)
-    writer.units = dict(units or {})
+    writer.constants = dict(constants or {})
     if not boundscheck:
         writer.inner, writer.driver = "@cu_rt.INNER_UNCHECKED", "@cu_rt.DRIVER_UNCHECKED"
     if bare:
@@ -73,7 +74,7 @@ class _ModuleWriter:
     ``cu_launch`` (``blockwise.py``) or ``CODE``, ``cu_run`` and ``cu_drive`` (``gridwise.py``)."""
 
     inner, driver = "@cu_rt.INNER", "@cu_rt.DRIVER"   # the decorators: checked indexes
-    units: dict = {}   # parameter -> length: a tuple of ones at this launch, a constant (``write_module``)
+    constants: dict = {}   # parameter -> its value at this launch, a tuple of 0s and 1s (``write_module``)
 
     def __init__(self, tr, sp, var, storage_types, cooperative):
         self.tr, self.sp, self.var, self.types, self.coop = tr, sp, var, storage_types, cooperative
@@ -249,8 +250,8 @@ class _ModuleWriter:
                 out(f"T_{v} = {text}")
         for line in stack_declarations(self.tr.storage):
             out(line)
-        for p, n in self.units.items():
-            out(f"cu_unit_{p} = {(1,) * n!r}   # {p}: all ones at the launches this module is for")
+        for p, value in self.constants.items():
+            out(f"cu_const_{p} = {value!r}   # {p} at the launches this module is for")
         self.compile(self.sp.nodes)
         self.emit("END")
         out(f"COOPERATIVE = {self.coop}   # grid or group barriers: the whole grid is one scope")
