@@ -209,7 +209,8 @@ class CompiledKernel:
                   + "".join(f"  {p}: {t}\n" for p, t in param_types.items()))
         if not boundscheck:
             header += "indexes unchecked (PYFLOW_SIM_BOUNDSCHECK=0)\n"
-        fixed = {tr.params[i]: value for i, value in constants}
+        # (a cooperative kernel's control machine takes no constants: its module stays one for all values)
+        fixed = {} if self.cooperative else {tr.params[i]: value for i, value in constants}
         if fixed:
             header += f"constant: {', '.join(f'{p} = {value}' for p, value in fixed.items())}\n"
         if bare is None:   # (per-thread code without reference counts where it can do without: cpu_runtime.BARE;

@@ -113,7 +113,7 @@ def run_backward(roots, grads, retain_graph: bool, create_graph: bool, wanted=No
                 stack.append(edge[0])
 
     # 2-4. run the nodes in dependency order
-    pending: dict = collections.defaultdict(dict)  # node -> {output_nr: summed gradient}
+    pending: dict = collections.defaultdict(dict)  # node -> {output_nr: (summed gradient, the engine alone holds it)}
 
     def deliver(edge, grad, owned: bool = False) -> None:
         node, nr = edge
