@@ -56,7 +56,7 @@ MATMUL_DTYPES = tuple(d for d in SUPPORTED_DTYPES if d.name in ("float32", "floa
 GPU_TILE = 16      # 16 x 16 = 256 threads per block
 GPU_PER_THREAD = 4  # each thread computes 4 x 4 outputs: a block computes a 64 x 64 tile of out
 SIM_TILE = 4       # 16 simulated threads per block: every thread is a Python thread
-SKINNY = 32        # a compiled simulated product this narrow gets a block tile to fit (``default_tile``)
+SKINNY = 32        # a compiled simulated product this narrow gets a 16-wide block tile (``default_tile``)
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z; further batches loop inside the kernel
 
 
@@ -65,8 +65,8 @@ def default_tile(work: int = 0, rows: int | None = None, cols: int | None = None
 
     ``work`` (its multiply-adds, or its largest operand's elements if more) says whether a simulated
     launch will be compiled (``launch.compiled_launch``); there a thread costs no Python thread, so a
-    GPU's configuration serves, with a block tile no wider than twice the product's narrow side
-    (``rows`` or ``cols``) where that side is 32 or less: 16 (4, 4) or 32 (8, 4).  The compiled tier
+    GPU's configuration serves, but with a 16-wide block tile, (4, 4), where the product's narrow side
+    (``rows`` or ``cols``) is 32 or less (one more kernel variant per dtype to compile).  The compiled tier
     computes every cell of a block's tile, so a 64-wide one over 10 columns (a Linear to 10 classes,
     its gradients) did 6.4 times the product's work (measured 0.36-0.40 ms against 0.22 for (64, 256)
     @ (256, 10) and (10, 64) @ (64, 256)).  The threaded tier keeps the
@@ -76,14 +76,13 @@ def default_tile(work: int = 0, rows: int | None = None, cols: int | None = None
     >>> from pyflow.kernels.sim import configure
     >>> with configure(tier="compiled"):
     ...     default_tile(1 << 20, 64, 256), default_tile(1 << 20, 64, 10), default_tile(1 << 20, 20, 64)
-    ((16, 4), (4, 4), (8, 4))
+    ((16, 4), (4, 4), (4, 4))
     """
     if is_simulator():
         if not compiled_launch(work):
             return SIM_TILE, 1
-        narrow = min(rows or SKINNY + 1, cols or SKINNY + 1)
-        if narrow <= SKINNY:
-            return (4 if narrow <= 16 else 8), GPU_PER_THREAD
+        if min(rows or SKINNY + 1, cols or SKINNY + 1) <= SKINNY:
+            return GPU_TILE // 4, GPU_PER_THREAD
     return GPU_TILE, GPU_PER_THREAD
 
 

@@ -76,7 +76,7 @@ _MIN_PART_WORK = 1 << 17
 def constant_tuples(args) -> tuple:
     """``(index, value)`` of each argument that is a tuple of ints all 0 or 1: a dense operand's strides (``(1,)``
     once the host merged its dims), a broadcast one's (``(0,)``), zip's steps (``(1, 0)``: an array and a
-    number).  A module compiled for them holds them as constants (``writer.write_module``), so
+    number).  A module compiled for them, for a kernel without barriers, holds them as constants (``_source``), so
     ``x[i * strides[0]]`` is ``x[i]`` to LLVM, which then vectorizes the loop: a dense 200k-element ``add`` or
     optimizer update went from 270-360 us to 70-80 (``x[i * s]`` with an ``s`` it cannot see is a gather).
     Another value, or a launch with other strides of the same types, gets its own module
@@ -209,8 +209,11 @@ class CompiledKernel:
                   + "".join(f"  {p}: {t}\n" for p, t in param_types.items()))
         if not boundscheck:
             header += "indexes unchecked (PYFLOW_SIM_BOUNDSCHECK=0)\n"
-        # (a cooperative kernel's control machine takes no constants: its module stays one for all values)
-        fixed = {} if self.cooperative else {tr.params[i]: value for i, value in constants}
+        # only a kernel without barriers (one region: a grid-stride loop, what LLVM vectorizes) takes constants; any
+        # other keeps one module for all values (a matmul's or a reduction's strides gain nothing, and every module
+        # is a compile of its own: 10 s a matmul variant)
+        one_region = len(sp.all_nodes) == 1 and isinstance(sp.nodes[0], Region)
+        fixed = {tr.params[i]: value for i, value in constants} if one_region and not self.cooperative else {}
         if fixed:
             header += f"constant: {', '.join(f'{p} = {value}' for p, value in fixed.items())}\n"
         if bare is None:   # (per-thread code without reference counts where it can do without: cpu_runtime.BARE;
