@@ -153,7 +153,7 @@ class CompiledKernel:
     def prepare(self, args, boundscheck: bool = True) -> _Prepared:
         """The compiled launch for these arguments' types (and its ``constant_tuples``); ``Unsupported`` if numba
         cannot take them."""
-        types, constants = tuple(numba.typeof(a) for a in args), constant_tuples(args)
+        types, constants = tuple(numba.typeof(a) for a in args), self._constants(args)
         key = (types if boundscheck else types + ("unchecked",)) + (("constants",) + constants if constants else ())
         with self.lock:
             found = self._prepared.get(key)
@@ -172,6 +172,14 @@ class CompiledKernel:
             raise found
         return found
 
+    def _constants(self, args) -> tuple:
+        """``constant_tuples(args)`` for a kernel without barriers (one region: a grid-stride loop, what LLVM
+        vectorizes); () for any other, which keeps one module, and one prepared launch, for all values (a matmul's
+        or a reduction's strides gain nothing, and every module is a compile of its own: 10 s a matmul variant)."""
+        tr, sp = self.translated()
+        one_region = len(sp.all_nodes) == 1 and isinstance(sp.nodes[0], Region)
+        return constant_tuples(args) if one_region and not tr.barriers else ()
+
     def compiled_before(self, args, boundscheck: bool = True) -> bool:
         """Did a run before this one leave this launch's machine code in the cache directory
         (``module_cache.compiled_before``)?  Then ``prepare`` only loads it, in milliseconds: ``auto`` takes
@@ -181,7 +189,7 @@ class CompiledKernel:
         try:
             types = tuple(numba.typeof(a) for a in args)
             with self.lock:
-                text = self._source(types, boundscheck, remembered_only=True, constants=constant_tuples(args))
+                text = self._source(types, boundscheck, remembered_only=True, constants=self._constants(args))
         except Exception:  # noqa: BLE001 - Unsupported, or numba's typeof: not compiled before, as far as we know
             return False
         if text is None:
@@ -209,11 +217,7 @@ class CompiledKernel:
                   + "".join(f"  {p}: {t}\n" for p, t in param_types.items()))
         if not boundscheck:
             header += "indexes unchecked (PYFLOW_SIM_BOUNDSCHECK=0)\n"
-        # only a kernel without barriers (one region: a grid-stride loop, what LLVM vectorizes) takes constants; any
-        # other keeps one module for all values (a matmul's or a reduction's strides gain nothing, and every module
-        # is a compile of its own: 10 s a matmul variant)
-        one_region = len(sp.all_nodes) == 1 and isinstance(sp.nodes[0], Region)
-        fixed = {tr.params[i]: value for i, value in constants} if one_region and not self.cooperative else {}
+        fixed = {tr.params[i]: value for i, value in constants}
         if fixed:
             header += f"constant: {', '.join(f'{p} = {value}' for p, value in fixed.items())}\n"
         if bare is None:   # (per-thread code without reference counts where it can do without: cpu_runtime.BARE;
