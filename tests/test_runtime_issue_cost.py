@@ -33,7 +33,7 @@ def test_a_compiled_training_call_makes_at_most_0_7_of_eager_python_calls(featur
     for p, q in zip(model.parameters(), eager.parameters()):
         np.testing.assert_array_equal(p.numpy(), q.numpy())
     per_call = lambda file_end, name: calls_of(graph, file_end, name) / CALLS   # noqa: E731
-    acts = len(g.plan.tasks)
+    acts = len(g.runtime.plan.tasks)   # (its view tasks act inside their readers' acts: ``runtime/fold.py``)
     assert per_call("failure.py", "issue_site") <= 10   # the caller's own (launch, read) and apply's (the output's
     #                                                     clone, the step count's fill); over 100 before
     assert per_call("op_call.py", "<genexpr>") == 0   # (an OpCall's dependences and bytes: plain loops)

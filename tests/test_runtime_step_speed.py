@@ -120,7 +120,7 @@ def test_recording_an_act_makes_no_act_record_until_the_timeline_is_read(monkeyp
     g.runtime.wait_calls()
     assert not made, len(made)   # before: one ActRecord per act
     records = g.runtime.timeline()[before:]
-    assert len(records) == len(g.plan.tasks) and all(isinstance(r, ActRecord) for r in records)
+    assert len(records) == len(g.runtime.plan.tasks) and all(isinstance(r, ActRecord) for r in records)
     matmul = next(r for r in records if r.op_name.startswith("matmul"))
     assert matmul.piece == (1, 0) and matmul.start <= matmul.end and matmul.consumed and matmul.produced
     assert any(run.task == "matmul" for run in matmul.device)   # when its kernel ran, as before

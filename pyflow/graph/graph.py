@@ -350,7 +350,7 @@ class Graph:
             runtime = None
         if runtime is None:
             runtime = Runtime(self._plan, self._job, deterministic=deterministic, name=self.name,
-                              max_calls_in_flight=self.config.outputs_buffer_size, act_fn=self.act_fn)
+                              max_calls_in_flight=self.config.outputs_buffer_size, act_fn=self.act_fn, fold=True)
             object.__setattr__(self, "_runtime", runtime)
             # closes the runtime when the graph is garbage-collected (holds no ref to the graph), on a thread
             # of its own; at exit live.py closes it

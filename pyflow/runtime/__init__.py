@@ -14,6 +14,8 @@ Map of the package (read in this order):
 * ``regst``       - Regst (one copy of a regst desc: tensor, piece id, reading count), RegstMgr
                     (every regst where the Plan's memory plan put it, bytes shared)
 * ``act``         - what a task does when its actor acts (OneFlow's kernel call on the regsts' blobs)
+* ``view_acts``   - the act of a view task: a layout over its input's memory, no VM instruction
+* ``fold``        - the Runtime's own Plan: view tasks folded into the acts of the tasks that read them
 * ``device_ctx``  - when an act's device work is done: the callback that sends its messages
 * ``actors/``     - the Actor state machine (``base``), the tick actors, Repeat/Unpack/Acc/Pack,
                     the actors of send / recv / collective tasks, InputWise (a boxing concat / add

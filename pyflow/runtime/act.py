@@ -54,7 +54,7 @@ from pyflow.framework.interpreter import apply, build_op_call, copy_overlapping_
 from pyflow.framework.op_registry import get_op
 from pyflow.framework.tensor import Tensor, tensor
 from pyflow.runtime.call import CallContext
-from pyflow.runtime.view_acts import made_by_view, make_view_act
+from pyflow.runtime.view_acts import made_by_view, make_view_act, viewing_act
 
 __all__ = ["act", "make_act", "act_table", "act_input", "produced_regsts", "PreparedOpCall", "issues_nothing",
            "quiet_tasks"]
@@ -82,10 +82,16 @@ def act(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
     return make_act(plan, task)(ins, outs, j, call)
 
 
-def act_table(plan, tasks):
+def act_table(plan, tasks, folded=None):
     """An ``act`` for the actor runtime that runs each of ``tasks`` with its ``make_act``, made now, once per
-    task: at every act, one dict look-up by task id."""
+    task: at every act, one dict look-up by task id.  ``folded``: ``(the Plan before fold.fold_views, its
+    chains)``: a task that reads folded views makes them first (``view_acts.viewing_act``)."""
     acts = {task.task_id: make_act(plan, task) for task in tasks}
+    if folded is not None:
+        unfolded, chains = folded
+        for tid, chain in chains.items():
+            if tid in acts:
+                acts[tid] = viewing_act(acts[tid], unfolded, chain)
 
     def act_of(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
         return acts[task.task_id](ins, outs, j, call)

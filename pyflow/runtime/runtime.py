@@ -7,8 +7,8 @@ nothing is central: actors react to messages.  pyflow's Runtime:
 1. **Globals**: the ``RegstMgr`` (every regst, memory allocated once, as the Plan's
    memory plan lays it out; a Plan whose regst nums were edited by hand is planned
    again first, ``regst.py``; one closed for fewer calls in flight, ``rank_ticks.py``, is
-   closed again: new Plans, never an edit), the ``ActorMsgBus``, the ``ThreadMgr`` (one
-   thread per stream id of the Plan).
+   closed again; for nn.Graph, its view tasks folded into their readers' acts, ``fold.py``: new Plans,
+   never an edit), the ``ActorMsgBus``, the ``ThreadMgr`` (one thread per stream id of the Plan).
 2. **Construct**: a ``construct`` command per task goes to its thread; the thread
    builds the actor there; the runtime waits until all are built.  Interrupted (Ctrl-C), or
    failed (an actor that cannot be built), construction tells every thread it started to leave.
@@ -24,10 +24,9 @@ nothing is central: actors react to messages.  pyflow's Runtime:
    far; its eord spreads through the graph, every actor exits once its regsts are
    back, every thread leaves its loop and is joined (``live.py`` closes those still open at exit).
 
-**Deterministic mode** (``deterministic=True``): no threads at all.  One pool of
-messages, delivered on the caller's thread (``CallHandle.result()`` drives it, or
-``step()`` one message at a time); with ``seed`` the next message is picked at random,
-so tests can try many interleavings and replay any of them (``deterministic.py``).
+**Deterministic mode** (``deterministic=True``): no threads at all.  One pool of messages, delivered on the
+caller's thread (``CallHandle.result()`` drives it, or ``step()`` one message at a time); with ``seed`` the next
+message is picked at random, so tests can try many interleavings and replay any of them (``deterministic.py``).
 
 **Watchdog** (``watchdog.py``): a thread notices when calls are in flight, no device
 work the VM got to is running, and no actor acted for ``hang_timeout`` seconds
@@ -36,14 +35,12 @@ work the VM got to is running, and no actor acted for ``hang_timeout`` seconds
 waiting here blocks on ``changed`` (notified by what it waits for) and reports a hang itself the
 same way.  In deterministic mode an empty pool with a call unfinished is reported at once.
 
-**Ranks**: a Runtime runs the tasks of the rank that makes it (``rank_tasks``: each rank's
-calls are closed by its own ticks, the compiler's ``rank_ticks.py``); in a
-world of several ranks each rank makes its own, and they meet through send / recv /
+**Ranks**: a Runtime runs the tasks of the rank that makes it (``rank_tasks``: each rank's calls are closed
+by its own ticks, ``rank_ticks.py``); each rank makes its own, and they meet through send / recv /
 collective tasks (``comm_net.py``).
 
-**Faults**: an exception in an act stops the runtime: every pending ``result()`` raises
-it (an ``OpError`` naming the actor, the op and the piece), every thread leaves.  The
-runtime is then dead; make a new one (``nn.Graph`` does).
+**Faults**: an exception in an act stops the runtime: every pending ``result()`` raises it (an ``OpError``
+naming the actor, the op and the piece), every thread leaves.  The runtime is then dead (``nn.Graph`` makes a new one).
 """
 
 from __future__ import annotations
@@ -58,6 +55,7 @@ from pyflow.compiler.plan import replan_memory
 from pyflow.compiler.rank_ticks import close_calls, rank_tasks
 from pyflow.errors import RuntimeHangError
 from pyflow.runtime.act import act_table, quiet_tasks
+from pyflow.runtime.fold import fold_views
 from pyflow.runtime.call import CallContext, CallHandle, CallTemplate, frontier_tasks
 from pyflow.runtime.comm_net import CommOrder
 from pyflow.runtime.deterministic import deliver_until, step_once
@@ -80,12 +78,13 @@ class Runtime:
     ``job`` gives the variables and per-call feeds (``nn.Graph`` passes its Job); a
     hand-made Plan without variables may leave it None.  ``act_fn`` replaces
     ``act`` (``act.py``; tests and benchmarks: e.g. tasks that sleep).  ``timeline``
-    keeps that many act records (0: none), with when each act's device work ran (``timeline.py``).
+    keeps that many act records (0: none), with when each act's device work ran (``timeline.py``).  ``fold``
+    (nn.Graph's): view tasks act inside their readers' acts (``fold.py``; not with an ``act_fn``).
     """
 
     def __init__(self, plan, job=None, *, deterministic: bool = False, seed: int | None = None,
                  max_calls_in_flight: int = 2, hang_timeout: float | None = None, name: str = "",
-                 act_fn=None, timeline: int = 10_000):
+                 act_fn=None, timeline: int = 10_000, fold: bool = False):
         if max_calls_in_flight < 1:
             raise ValueError(f"max_calls_in_flight must be >= 1, got {max_calls_in_flight}")
         self.job, self.name = job, name
@@ -97,10 +96,11 @@ class Runtime:
             plan = replan_memory(plan)
         if plan.calls_in_flight < max_calls_in_flight:   # closed for fewer calls (or none): close it for ours
             plan = close_calls(plan, max_calls_in_flight)
-        self.plan = plan   # read, never edited: the two steps above make new Plans (the compiler's)
+        unfolded, (plan, self.folded) = plan, fold_views(plan) if fold and act_fn is None else (plan, {})
+        self.plan = plan   # read, never edited: the steps above make new Plans (the compiler's)
         mine, self.source_id, self.sink_id = rank_tasks(plan, self.rank)
         self.comm_order = CommOrder(self.plan, [t.task_id for t in mine])
-        self._act_fn = act_fn or act_table(self.plan, mine)   # each task's act made now (OneFlow's kernels)
+        self._act_fn = act_fn or act_table(self.plan, mine, (unfolded, self.folded))   # each task's act, made now
         self._device_work: dict = {}   # actor id -> its act's ActDeviceWork, until record_act takes it
         self.set_timeline_limit(timeline)   # (sets ``act_fn``: ``_act_fn``, timed if the timeline is on)
         self.error: BaseException | None = None

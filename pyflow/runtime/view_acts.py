@@ -13,7 +13,7 @@ from pyflow.errors import ShapeError
 from pyflow.framework.interpreter import apply
 from pyflow.framework.op_registry import get_op
 
-__all__ = ["make_view_act", "made_by_view"]
+__all__ = ["make_view_act", "made_by_view", "viewing_act"]
 
 _LAYOUTS_KEPT = 64   # layouts of one task's input remembered (cleared when full: a cache)
 
@@ -35,6 +35,23 @@ def make_view_act(plan, task, attrs: dict):
             return [x.permute(*attrs["_perm"])]
         return [x._view(attrs["shape"], attrs["strides"], x._blob.offset + attrs["offset"])]   # relative
     return _reusing_views(view, persists)
+
+
+def viewing_act(act, plan, chains: list):
+    """``act`` (a task's, ``act.make_act``) that first makes the views its inputs came through in ``plan``: per
+    ``(key, [view task ids])`` of ``chains`` (``fold.fold_views``), input ``key`` is the views' root, and each
+    view task's act, in order, views it as that task's actor would have."""
+    made = [(key, [make_view_act(plan, plan.tasks[v], plan.op_attrs[plan.tasks[v].op_name][2]) for v in views])
+            for key, views in chains]
+
+    def act_with_views(ins, outs, j, call):
+        for key, views in made:
+            x = ins[key]
+            for view in views:
+                (x,) = view({"in_0": x}, (), j, call)
+            ins[key] = x
+        return act(ins, outs, j, call)
+    return act_with_views
 
 
 def _view_op_act(layout, op_attrs: dict):
