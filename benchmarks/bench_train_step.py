@@ -212,8 +212,9 @@ def python_calls_per_eager_step(eager_step, x, y, calls: int = 5) -> int:
     return pstats.Stats(profile).total_calls // calls
 
 
-def python_calls_per_graph_call(graph, x, y, calls: int = 5) -> tuple[int, int]:
-    """(Python function calls per ``graph(x, y).item()``, tasks of the Plan), counted by cProfile.
+def python_calls_per_graph_call(graph, x, y, calls: int = 5) -> tuple[int, str]:
+    """(Python function calls per ``graph(x, y).item()``, "tasks of the Plan (actors)"), counted by cProfile: the
+    runtime folds the view tasks into their readers' acts (``pyflow/runtime/fold.py``), so it has fewer actors.
 
     cProfile sees one thread, so the graph runs with ``executor = "deterministic"`` here: its actors act on
     this thread, and the count is the whole runtime's work per call (the VM's worker threads, which run the
@@ -230,9 +231,10 @@ def python_calls_per_graph_call(graph, x, y, calls: int = 5) -> tuple[int, int]:
         for _ in range(calls):
             graph(x, y).item()
         profile.disable()
+        actors = len(graph.runtime.plan.tasks)
     finally:
         graph.executor = None
-    return pstats.Stats(profile).total_calls // calls, len(graph.plan.tasks)
+    return pstats.Stats(profile).total_calls // calls, f"{len(graph.plan.tasks)} ({actors})"
 
 
 def vm_instructions_per_step(step, calls: int = 3) -> int:
@@ -279,7 +281,7 @@ def graph_report(steps: int, batch: int) -> None:
     """Print the section: graph / eager per training step, Python calls per call, the runtime's acts/s."""
     print(f"\nnn.Graph vs eager, one training step (batch {batch}, SGD momentum, each step ends with loss.item()), "
           f"median of {steps} steps")
-    print(f"  {'model':16} {'graph ms':>9} {'eager ms':>9} {'graph/eager':>12} {'sequential/eager':>17} {'tasks':>6} "
+    print(f"  {'model':16} {'graph ms':>9} {'eager ms':>9} {'graph/eager':>12} {'sequential/eager':>17} {'tasks (actors)':>15} "
           f"{'Python calls: graph call':>25} {'eager step':>11} {'VM instructions: graph / eager':>31}")
     for case in GRAPH_CASES:
         graph_times, sequential_times, eager_times, graph, eager_step = graph_and_eager_steps(case, batch, steps)
@@ -293,7 +295,7 @@ def graph_report(steps: int, batch: int) -> None:
         g_vm = vm_instructions_per_step(lambda: graph(x, y).item())
         e_vm = vm_instructions_per_step(lambda: eager_step(x, y))
         graph._close_runtime()
-        print(f"  {case[0]:16} {g_ms:9.2f} {e_ms:9.2f} {g_ms / e_ms:12.2f} {s_ms / e_ms:17.2f} {tasks:6} {calls:25,} "
+        print(f"  {case[0]:16} {g_ms:9.2f} {e_ms:9.2f} {g_ms / e_ms:12.2f} {s_ms / e_ms:17.2f} {tasks:>15} {calls:25,} "
               f"{eager_calls:11,} {f'{g_vm} / {e_vm}':>31}")
     print("  (targets: graph/eager <= 0.8, stretch 0.5; sequential: the same Plan on the sequential interpreter, no "
           "actors: the floor the runtime can reach;\n   Python calls counted by cProfile with the graph's actors "
