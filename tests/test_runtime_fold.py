@@ -3,7 +3,8 @@
 * The folded Plan is a Plan: every regst a task reads lists it as a consumer and comes from a task that is
   there; no folded view is left, and no reader reads one root twice.
 * A training step, and random chains of views of inputs, variables and planned regsts, give eager's values bit
-  for bit, on the threaded and the deterministic runtime, as with ``fold=False``.
+  for bit, on the threaded and the deterministic runtime, as with ``fold=False``; with gradient accumulation
+  (views acting k times a call) and a cuda stage, the sequential interpreter's, every regst back at the end.
 * It pays in messages (counted, never timed): a call of a folded runtime delivers fewer messages than the same
   Plan with every view an actor, by two per folded view at least.
 """
@@ -19,7 +20,9 @@ import pyflow as flow
 from pyflow import nn
 from pyflow.runtime import Runtime
 from pyflow.runtime.fold import fold_views
+from pyflow.runtime.sequential import run_plan
 from tests.helpers_training import assert_trains_like_eager
+from tests.test_runtime import _train_graph, assert_all_regsts_back_and_actors_exited
 
 
 def _links_hold(plan) -> None:
@@ -168,3 +171,28 @@ def test_each_folded_view_saves_its_actors_messages(views):
     folded, with_actors = _messages_per_call(g, x, True), _messages_per_call(g, x, False)
     assert with_actors[1] - folded[1] == views   # tasks
     assert with_actors[0] - folded[0] >= 2 * views   # the view's input in and back, at least
+
+
+@settings(max_examples=4, deadline=None)
+@given(k=st.integers(1, 3), cuda_stage=st.booleans(), seed=st.sampled_from([None, 5]))
+def test_a_folded_runtime_with_gradient_accumulation_matches_the_sequential_interpreter(k, cuda_stage, seed):
+    """k micro-batches (views inside the loop act k times a call), optionally a cuda stage: two calls of a folded
+    runtime, threaded or deterministic, give run_plan's losses and weights bit for bit, and every regst comes back."""
+    x = flow.randn(2 * k, 3)
+    g_ref, m_ref = _train_graph(k, cuda_stage)
+    g_rt, m_rt = _train_graph(k, cuda_stage)
+    for g in (g_ref, g_rt):
+        g.executor = "sequential"
+        g(x)   # compiles; one sequential call on each
+    rt = Runtime(g_rt.plan, g_rt.job, deterministic=seed is not None, seed=seed, fold=True)
+    assert len(rt.plan.tasks) < len(g_rt.plan.tasks)   # a Linear's weight.T at least
+    for _ in range(2):
+        want = run_plan(g_ref.plan, [x], g_ref.job)
+        g_ref._after_call()
+        got = rt.launch([x]).result()
+        g_rt._after_call()
+        np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
+        for p, q in zip(m_rt.parameters(), m_ref.parameters()):
+            np.testing.assert_array_equal(p.numpy(), q.numpy())
+    rt.close()
+    assert_all_regsts_back_and_actors_exited(rt)
