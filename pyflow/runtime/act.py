@@ -82,16 +82,14 @@ def act(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
     return make_act(plan, task)(ins, outs, j, call)
 
 
-def act_table(plan, tasks, folded=None):
+def act_table(plan, tasks, chains=None):
     """An ``act`` for the actor runtime that runs each of ``tasks`` with its ``make_act``, made now, once per
-    task: at every act, one dict look-up by task id.  ``folded``: ``(the Plan before fold.fold_views, its
-    chains)``: a task that reads folded views makes them first (``view_acts.viewing_act``)."""
+    task: at every act, one dict look-up by task id.  ``chains`` (``fold.fold_views``'s, of ``plan``): a task
+    that reads folded view tasks makes their views first (``view_acts.viewing_act``)."""
     acts = {task.task_id: make_act(plan, task) for task in tasks}
-    if folded is not None:
-        unfolded, chains = folded
-        for tid, chain in chains.items():
-            if tid in acts:
-                acts[tid] = viewing_act(acts[tid], unfolded, chain)
+    for tid, chain in (chains or {}).items():
+        if tid in acts:
+            acts[tid] = viewing_act(acts[tid], plan, chain)
 
     def act_of(plan, task, ins: dict, outs: list, j: int, call: CallContext) -> list:
         return acts[task.task_id](ins, outs, j, call)

@@ -19,6 +19,9 @@ the same memory, now without an actor between.  Nothing else changes:
 * **memory**: a view's regst has no memory of its own, and the memory plan counts the readers of
   an alias as readers of the root already (``mem_guards.memory_readers``): offsets and guards
   stay as they are;
+* **what each task does** is made from the compiler's Plan, as without folding (``act.act_table``):
+  a view task left an actor whose input is now a root still gets its input through the views, so
+  its act sees the layout it was made for;
 * **the compiler's Plan** (``g.plan``, ``print(g.plan)``) keeps every view task: folding is how
   this runtime runs them, as OneFlow's runtime decides on its own how an actor runs its kernels.
 

@@ -100,11 +100,11 @@ class Runtime:
         self.plan = plan   # read, never edited: the steps above make new Plans (the compiler's)
         mine, self.source_id, self.sink_id = rank_tasks(plan, self.rank)
         self.comm_order = CommOrder(self.plan, [t.task_id for t in mine])
-        self._act_fn = act_fn or act_table(self.plan, mine, (unfolded, self.folded))   # each task's act, made now
+        acting = [unfolded.tasks[t.task_id] for t in mine]   # what a task does is the compiler's Plan's (fold.py)
+        self._act_fn = act_fn or act_table(unfolded, acting, self.folded)   # each task's act, made now
         self._device_work: dict = {}   # actor id -> its act's ActDeviceWork, until record_act takes it
         self.set_timeline_limit(timeline)   # (sets ``act_fn``: ``_act_fn``, timed if the timeline is on)
-        self.error: BaseException | None = None
-        self.closed, self.actors = False, {}
+        self.error, self.closed, self.actors = None, False, {}
         self._calls: dict[int, CallHandle] = {}
         self._next_call = 0
         self._lock = threading.Lock()
@@ -114,7 +114,7 @@ class Runtime:
         self.regst_mgr = RegstMgr(self.plan, [t.task_id for t in mine], self.rank)
         self.frontier = frontier_tasks(self.plan, mine)   # see call.py: what a call must issue before returning
         self.template = CallTemplate(self.plan, job, [t for t in mine if t.kind == "input"])   # what calls share
-        self.quiet = set() if act_fn else quiet_tasks(self.plan, mine, self.template.feeds)   # acts with no issuer
+        self.quiet = set() if act_fn else quiet_tasks(unfolded, acting, self.template.feeds)   # acts with no issuer
         self.bus = ActorMsgBus()
         self._task_count = len(mine)
         self.home = DeterministicThread(self, seed) if deterministic else None
