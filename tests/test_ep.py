@@ -302,6 +302,21 @@ def test_event_is_done_only_after_the_recorded_work(spec: str) -> None:
     assert event.query_done()
 
 
+def test_a_stream_whose_worker_is_gone_says_so_and_an_event_names_its_stream() -> None:
+    """Hang reports read ``busy()``: a worker that left with tasks queued (never expected) is named, not "idle";
+    an event remembers the stream it was last recorded on."""
+    (stream,) = make_streams("mock:0", "gone")
+    event = ep.get_device("mock:0").create_event()
+    assert stream.busy() is None and event.recorded_on is None
+    stream._queue.put(None)   # the worker's stop sentinel, without the stream being closed: the worker leaves
+    stream.thread.join(10)
+    stream.record_event(event)
+    assert event.recorded_on is stream and not event.query_done()
+    name, _ = stream.busy()
+    assert "worker thread is gone, 1 task(s) still queued" in name
+    stream.destroyed = True   # (so the test's cleanup does not wait for it)
+
+
 @pytest.mark.parametrize("spec", ASYNC_DEVICES)
 def test_recording_again_replaces_what_the_event_stands_for(spec: str) -> None:
     fast, slow = make_streams(spec, "fast", "slow")

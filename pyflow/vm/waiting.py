@@ -152,8 +152,14 @@ class WaitingMixin:
                 state = f"queued on worker {getattr(instruction.stream.thread_ctx, 'key', 'scheduler')}"
                 since = (instruction.dispatched_at or now)
             else:
-                busy = [b for b in (e.busy() for e in instruction.stream.ep_streams()) if b is not None]
+                streams = instruction.stream.ep_streams()
+                recorded_on = getattr(instruction.event, "recorded_on", None)
+                if recorded_on is not None and recorded_on not in streams:   # (a stream since replaced)
+                    streams = [recorded_on]
+                busy = [b for b in (e.busy() for e in streams) if b is not None]
                 doing = f"; its ep stream is at {busy[0][0]!r}" if busy else "; its ep stream is idle"
+                if recorded_on is not None and recorded_on not in instruction.stream.ep_streams():
+                    doing += f" (its event was recorded on {recorded_on!r}, which this stream no longer uses)"
                 state, since = f"launched, waiting for its device event{doing}", (instruction.launched_at or now)
             lines.append(f"  {instruction.name} #{instruction.serial} on {instruction.stream.name}: "
                          f"{state} (for {now - since:.1f} s)")

@@ -118,6 +118,7 @@ class EmulatedEvent(base.Event):
 
     def __init__(self) -> None:
         self._signal: threading.Event | None = None  # None: never recorded, so done
+        self.recorded_on = None   # the stream of the latest record
 
     def query_done(self) -> bool:
         """True when the latest record was reached (or there never was one)."""
@@ -185,9 +186,14 @@ class EmulatedStream(base.EpStream):
                 self._current = None
 
     def busy(self) -> tuple | None:
-        """``(task name, seconds)`` of the task the worker runs now, or None."""
+        """``(task name, seconds)`` of the task the worker runs now, or None.  A worker that is gone with tasks
+        still queued (which should never happen) says so, so a hang report names it rather than "idle"."""
         current = self._current
-        return None if current is None else (current[0], time.monotonic() - current[1])
+        if current is not None:
+            return (current[0], time.monotonic() - current[1])
+        if self.thread is not None and not self.thread.is_alive() and not self.destroyed:
+            return (f"nothing: its worker thread is gone, {self._queue.qsize()} task(s) still queued", None)
+        return None
 
     def _enqueue(self, fn: Callable[..., Any], args: tuple, name: str) -> None:
         with self._lock:
@@ -230,7 +236,7 @@ class EmulatedStream(base.EpStream):
             raise TypeError(f"record_event on {self!r} needs an EmulatedEvent, got {type(event).__name__}")
         signal = threading.Event()
         self._enqueue(signal.set, (), "record_event")
-        event._signal = signal
+        event._signal, event.recorded_on = signal, self   # (where: for hang reports)
 
     def wait_event(self, event: base.Event) -> None:
         """Later tasks wait (on the worker, not the host) for the event's latest record."""
