@@ -2,7 +2,7 @@
 
 The compiler (``pyflow/compiler``) turns a Job into a Plan: tasks, regst descs, thread
 ids.  ``Runtime(plan)`` turns each task into an **actor** on the **thread** of its
-stream; actors hand each other **regsts** (memory + a piece id) by **messages**, and
+stream (with ``fold=True``, nn.Graph's, a view task acts inside its readers' acts: ``fold.py``); actors hand each other **regsts** (memory + a piece id) by **messages**, and
 a call of the graph is nothing but pieces flowing from the source tick to the sink
 tick.  No scheduler decides anything: an actor acts when its inputs are there and it
 has a free output (``is_read_ready`` and ``is_write_ready``); the regst num of each
