@@ -152,13 +152,10 @@ def _train_graph(k, cuda_stage, momentum=0.9):
     return Train(), model
 
 
-@settings(max_examples=6, deadline=None)
-@given(st.integers(1, 4), st.booleans(), st.sampled_from([None, 3, 4]))
-def test_training_with_grad_acc_matches_run_plan_and_actors_follow_their_definitions(k, cuda_stage, seed):
-    """k micro-batches, optionally a cuda second stage: losses and weights after 2 calls equal run_plan's
-    bitwise.  From the timeline, per call: Unpack and Repeat act k times on one input piece and make pieces
-    j = 0..k-1 in order; Acc and Pack act k times and make one piece, at their k-th act; the rest act once
-    per piece of their time shape."""
+def two_training_calls_like_run_plan(k, cuda_stage, seed, **runtime_options):
+    """Two calls of ``_train_graph(k, cuda_stage)``'s Plan on a Runtime (``seed``: deterministic) give the losses and
+    weights of ``run_plan`` on a twin graph, bit for bit, and leave every regst back; returns (the closed runtime, its
+    graph)."""
     x = flow.randn(2 * k, 3)
     g_ref, m_ref = _train_graph(k, cuda_stage)
     g_ref.executor = "sequential"
@@ -166,7 +163,7 @@ def test_training_with_grad_acc_matches_run_plan_and_actors_follow_their_definit
     g_rt.executor = "sequential"
     g_ref(x)
     g_rt(x)   # compiles; one sequential call on each
-    rt = Runtime(g_rt.plan, g_rt.job, deterministic=seed is not None, seed=seed)
+    rt = Runtime(g_rt.plan, g_rt.job, deterministic=seed is not None, seed=seed, **runtime_options)
     for _ in range(2):
         want = run_plan(g_ref.plan, [x], g_ref.job)
         g_ref._after_call()
@@ -177,6 +174,17 @@ def test_training_with_grad_acc_matches_run_plan_and_actors_follow_their_definit
             np.testing.assert_array_equal(p.numpy(), q.numpy())
     rt.close()
     assert_all_regsts_back_and_actors_exited(rt)
+    return rt, g_rt
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(1, 4), st.booleans(), st.sampled_from([None, 3, 4]))
+def test_training_with_grad_acc_matches_run_plan_and_actors_follow_their_definitions(k, cuda_stage, seed):
+    """k micro-batches, optionally a cuda second stage: losses and weights after 2 calls equal run_plan's
+    bitwise.  From the timeline, per call: Unpack and Repeat act k times on one input piece and make pieces
+    j = 0..k-1 in order; Acc and Pack act k times and make one piece, at their k-th act; the rest act once
+    per piece of their time shape."""
+    rt, g_rt = two_training_calls_like_run_plan(k, cuda_stage, seed)
     timeline = rt.timeline()
     for task in g_rt.plan.tasks.values():
         acts = [r for r in timeline if r.actor_id == task.task_id]

@@ -20,9 +20,9 @@ import pyflow as flow
 from pyflow import nn
 from pyflow.runtime import Runtime
 from pyflow.runtime.fold import fold_views
-from pyflow.runtime.sequential import run_plan
 from tests.helpers_training import assert_trains_like_eager
-from tests.test_runtime import _train_graph, assert_all_regsts_back_and_actors_exited
+from tests.test_runtime import two_training_calls_like_run_plan
+from tests.test_runtime_step_speed import _mlp, _Train
 
 
 def _links_hold(plan) -> None:
@@ -43,30 +43,9 @@ def _links_hold(plan) -> None:
     assert sorted(plan.order) == sorted(plan.tasks)
 
 
-class _Train(nn.Graph):
-    def __init__(self, model, opt):
-        super().__init__()
-        self.model, self.loss_fn = model, nn.CrossEntropyLoss()
-        self.add_optimizer(opt)
-
-    def build(self, x, y):
-        loss = self.loss_fn(self.model(x), y)
-        loss.backward()
-        return loss
-
-
-def _mlp(widths: list, seed: int):
-    flow.manual_seed(seed)
-    layers = []
-    for a, b in zip(widths, widths[1:]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    model = nn.Sequential(*layers[:-1])
-    return model, flow.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-
 def test_a_training_steps_views_all_fold_and_the_plan_stays_whole():
-    model, opt = _mlp([6, 8, 3], 0)
-    g = _Train(model, opt)
+    model, opt, loss_fn = _mlp([6, 8, 3], 0)
+    g = _Train(model, opt, loss_fn)
     g(flow.ones(4, 6), flow.tensor(np.array([0, 1, 2, 0], np.int64))).numpy()
     views = {tid for tid, t in g.plan.tasks.items() if t.op_type == "view"}
     assert len(views) >= 6   # the weights' transposes, autograd's reshapes
@@ -87,11 +66,11 @@ def test_a_folded_training_step_trains_as_eager_does(widths, seed, executor):
     rng = np.random.default_rng(seed)
     data = [(flow.tensor(rng.standard_normal((3, widths[0])).astype(np.float32)),
              flow.tensor(rng.integers(0, widths[-1], size=3).astype(np.int64))) for _ in range(3)]
-    model, opt = _mlp(widths, seed)
-    g = _Train(model, opt)
+    model, opt, loss_fn = _mlp(widths, seed)
+    g = _Train(model, opt, loss_fn)
     g.executor = executor
-    eager_model, eager_opt = _mlp(widths, seed)
-    assert_trains_like_eager(g, model, eager_model, eager_opt, nn.CrossEntropyLoss(), data)
+    eager_model, eager_opt, _ = _mlp(widths, seed)
+    assert_trains_like_eager(g, model, eager_model, eager_opt, loss_fn, data)
 
 
 _VIEWS = {
@@ -178,21 +157,5 @@ def test_each_folded_view_saves_its_actors_messages(views):
 def test_a_folded_runtime_with_gradient_accumulation_matches_the_sequential_interpreter(k, cuda_stage, seed):
     """k micro-batches (views inside the loop act k times a call), optionally a cuda stage: two calls of a folded
     runtime, threaded or deterministic, give run_plan's losses and weights bit for bit, and every regst comes back."""
-    x = flow.randn(2 * k, 3)
-    g_ref, m_ref = _train_graph(k, cuda_stage)
-    g_rt, m_rt = _train_graph(k, cuda_stage)
-    for g in (g_ref, g_rt):
-        g.executor = "sequential"
-        g(x)   # compiles; one sequential call on each
-    rt = Runtime(g_rt.plan, g_rt.job, deterministic=seed is not None, seed=seed, fold=True)
+    rt, g_rt = two_training_calls_like_run_plan(k, cuda_stage, seed, fold=True)
     assert len(rt.plan.tasks) < len(g_rt.plan.tasks)   # a Linear's weight.T at least
-    for _ in range(2):
-        want = run_plan(g_ref.plan, [x], g_ref.job)
-        g_ref._after_call()
-        got = rt.launch([x]).result()
-        g_rt._after_call()
-        np.testing.assert_array_equal(got[0].numpy(), want[0].numpy())
-        for p, q in zip(m_rt.parameters(), m_ref.parameters()):
-            np.testing.assert_array_equal(p.numpy(), q.numpy())
-    rt.close()
-    assert_all_regsts_back_and_actors_exited(rt)
